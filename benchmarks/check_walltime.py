@@ -1,0 +1,51 @@
+"""Wall time of `nemo-rl-attn-align check` on the packaged example against `python -c pass`.
+
+Runs both as fresh subprocesses, interleaved, and prints the medians, the difference and the ratio
+from this one run. Target: the whole check returns in well under a second.
+
+    python benchmarks/check_walltime.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "configs" / "grpo_math_1B_megatron_flash.yaml"
+
+
+def wall(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    script = shutil.which("nemo-rl-attn-align")
+    check_cmd = [script] if script else [sys.executable, "-m", "nemo_rl_attn_align"]
+    check_cmd += ["check", str(EXAMPLE)]
+    commands = {"python -c pass": [sys.executable, "-c", "pass"], "check (example)": check_cmd}
+    times = {name: [] for name in commands}
+    wall(check_cmd)  # warm the file cache once
+    for _ in range(args.runs):
+        for name, cmd in commands.items():
+            times[name].append(wall(cmd))
+    base, check = (statistics.median(times[n]) for n in commands)
+    print(f"runs: {args.runs} each, interleaved; command: {' '.join(check_cmd)}")
+    for name in commands:
+        print(f"{name:>16}: median {statistics.median(times[name]) * 1e3:7.1f} ms  min {min(times[name]) * 1e3:7.1f} ms")
+    print(f"{'check - pass':>16}: {(check - base) * 1e3:7.1f} ms   ratio check/pass: {check / base:.1f}x")
+    print(f"target: check under 1000 ms -> {'met' if check < 1.0 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The ``nemo-rl-attn-align`` command line.
+
+Each sub-command lives in its own module of this package and exposes ``register(subparsers)``,
+which adds its parser and sets ``handler`` to a function ``(args) -> exit code``. Command modules
+import nothing heavy at module level: ``check`` must stay well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from nemo_rl_attn_align import __version__
+
+#: Sub-command modules, in the order ``--help`` lists them.
+COMMANDS = ("check",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every sub-command registered."""
+    parser = argparse.ArgumentParser(
+        prog="nemo-rl-attn-align",
+        description="Attention-backend pre-flight checks and train/rollout attention contracts for NeMo-RL.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m nemo_rl_attn_align.cli
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Errors and findings shared by every part of the plugin.
+
+Two kinds of failure exist, and the CLI maps them to exit codes:
+
+* ``UsageError`` (exit 2): the input cannot be used at all (missing file, YAML syntax error,
+  bad override, ...). Its message is one line naming what is wrong and how to fix it.
+* ``RuleViolation`` (exit 1): the input is readable but describes a configuration that cannot
+  work. It carries the ``Finding`` objects that say which rule, which key, which value, which fix.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class UsageError(Exception):
+    """Input that cannot be used at all; ``str(err)`` is one line naming the problem and the fix."""
+
+
+class Severity(str, enum.Enum):
+    """How much a finding matters: ``error`` stops the run, ``warning`` is shown, ``info`` is recorded."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule's verdict on one key: a stable ``code``, the key and value it is about, and the fix."""
+
+    code: str
+    severity: Severity
+    key: str
+    value: Any
+    message: str
+    fix: str
+
+    def line(self) -> str:
+        """The finding as one human-readable line."""
+        return f"{self.severity.value} {self.code}: {self.key}={self.value!r}: {self.message} Fix: {self.fix}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``value`` passed through ``repr`` when it is not a JSON scalar)."""
+        value = self.value if isinstance(self.value, (str, int, float, bool, type(None))) else repr(self.value)
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "key": self.key,
+            "value": value,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+class RuleViolation(Exception):
+    """A configuration that cannot work; carries the error-level findings that say why."""
+
+    def __init__(self, findings: list[Finding]):
+        self.findings = list(findings)
+        super().__init__("; ".join(f.line() for f in self.findings))

@@ -1,0 +1,320 @@
+"""Pre-flight rules: attention settings that cannot work, caught before any GPU work.
+
+Each rule reads ``PolicyFacts`` (what the policy config and the environment say, already read by
+``plan.read_policy_facts``) and returns ``Finding`` objects with a stable ``Code``. Every code is
+listed in ``Code`` with a one-line summary; the README's rule table is generated from the same
+text (``tests/test_readme.py`` keeps them equal).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from nemo_rl_attn_align.backend import BACKEND_NAMES, DEFAULT_BACKEND, HALF_PRECISION_ONLY, NVTE_BY_BACKEND
+from nemo_rl_attn_align.errors import Finding, Severity
+from nemo_rl_attn_align.suggest import describe_invalid
+
+#: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
+PRECISIONS = ("float32", "bfloat16", "float16")
+PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+
+MEGATRON_KEY = "policy.megatron_cfg"
+BACKEND_KEY = f"{MEGATRON_KEY}.attention_backend"
+
+
+class Code(str, enum.Enum):
+    """Stable rule codes. The value is the code; ``summary`` says what it catches."""
+
+    ATTN_BACKEND_INVALID = "ATTN_BACKEND_INVALID"
+    ATTN_BACKEND_NULL = "ATTN_BACKEND_NULL"
+    PRECISION_INVALID = "PRECISION_INVALID"
+    FLASH_REQUIRES_HALF_PRECISION = "FLASH_REQUIRES_HALF_PRECISION"
+    FUSED_REQUIRES_HALF_PRECISION = "FUSED_REQUIRES_HALF_PRECISION"
+    PRECISION_OVERRIDE_IGNORED = "PRECISION_OVERRIDE_IGNORED"
+    LOCAL_REQUIRES_LOCAL_SPEC = "LOCAL_REQUIRES_LOCAL_SPEC"
+    LOCAL_NO_CONTEXT_PARALLEL = "LOCAL_NO_CONTEXT_PARALLEL"
+    UNFUSED_NO_CONTEXT_PARALLEL = "UNFUSED_NO_CONTEXT_PARALLEL"
+    FP32_CONTEXT_PARALLEL_NO_BACKEND = "FP32_CONTEXT_PARALLEL_NO_BACKEND"
+    FLASH_UNSUPPORTED_SOFTMAX = "FLASH_UNSUPPORTED_SOFTMAX"
+    BATCH_INVARIANT_REQUIRES_FLASH = "BATCH_INVARIANT_REQUIRES_FLASH"
+    BATCH_INVARIANT_REQUIRES_BF16 = "BATCH_INVARIANT_REQUIRES_BF16"
+    BATCH_INVARIANT_NO_CONTEXT_PARALLEL = "BATCH_INVARIANT_NO_CONTEXT_PARALLEL"
+    MODEL_OVERRIDE_CONFLICT = "MODEL_OVERRIDE_CONFLICT"
+    NVTE_ENV_CONFLICT = "NVTE_ENV_CONFLICT"
+    NVTE_ENV_DISCARDED = "NVTE_ENV_DISCARDED"
+    BACKEND_WITHOUT_MEGATRON = "BACKEND_WITHOUT_MEGATRON"
+
+    @property
+    def summary(self) -> str:
+        """One line: what the rule catches and why it matters."""
+        return _SUMMARIES[self]
+
+    @property
+    def severity(self) -> Severity:
+        """The severity every finding of this code has."""
+        return _SEVERITIES.get(self, Severity.ERROR)
+
+
+_SUMMARIES = {
+    Code.ATTN_BACKEND_INVALID: "attention_backend is not one of flash, fused, unfused, local, auto (exact, lower case).",
+    Code.ATTN_BACKEND_NULL: "attention_backend: null; NeMo-RL treats it as unset, so Megatron's default (auto) applies.",
+    Code.PRECISION_INVALID: "policy.precision or megatron_cfg.pipeline_dtype is not float32, bfloat16 or float16.",
+    Code.FLASH_REQUIRES_HALF_PRECISION: "flash with policy.precision float32: TE's FlashAttention runs only fp16/bf16 and fails at the first forward.",
+    Code.FUSED_REQUIRES_HALF_PRECISION: "fused with policy.precision float32: TE's FusedAttention (cuDNN) runs only fp16/bf16/fp8.",
+    Code.PRECISION_OVERRIDE_IGNORED: "model_overrides sets params_dtype/bf16/fp16, which NeMo-RL overwrites from policy.precision.",
+    Code.LOCAL_REQUIRES_LOCAL_SPEC: "local needs megatron_cfg.transformer_impl: local; with the TE layer spec TE is left no backend.",
+    Code.LOCAL_NO_CONTEXT_PARALLEL: "local with context_parallel_size > 1: Megatron's DotProductAttention asserts CP is TE-only.",
+    Code.UNFUSED_NO_CONTEXT_PARALLEL: "unfused with context_parallel_size > 1: TE disables UnfusedDotProductAttention under CP.",
+    Code.FP32_CONTEXT_PARALLEL_NO_BACKEND: "float32 with context_parallel_size > 1 on TE: only Unfused runs FP32 and it has no CP.",
+    Code.FLASH_UNSUPPORTED_SOFTMAX: "flash with a non-vanilla softmax (gpt-oss learnable sinks): TE disables FlashAttention (NeMo-RL #1685).",
+    Code.BATCH_INVARIANT_REQUIRES_FLASH: "batch_invariant_mode with a backend other than flash: TransformerConfig asserts flash.",
+    Code.BATCH_INVARIANT_REQUIRES_BF16: "batch_invariant_mode needs policy.precision bfloat16.",
+    Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL: "batch_invariant_mode needs context_parallel_size 1.",
+    Code.MODEL_OVERRIDE_CONFLICT: "model_overrides repeats a first-class attention key; NeMo-RL rejects it at worker start.",
+    Code.NVTE_ENV_CONFLICT: "NVTE_* in the environment or megatron_cfg.env_vars disagrees with what Megatron sets; its assert fails at model build.",
+    Code.NVTE_ENV_DISCARDED: "NVTE_* set while attention_backend is set: NeMo-RL removes it before the model is built, so it has no effect.",
+    Code.BACKEND_WITHOUT_MEGATRON: "attention_backend set while megatron_cfg.enabled is false: it has no effect.",
+}
+
+_SEVERITIES = {
+    Code.ATTN_BACKEND_NULL: Severity.WARNING,
+    Code.PRECISION_OVERRIDE_IGNORED: Severity.WARNING,
+    Code.NVTE_ENV_DISCARDED: Severity.WARNING,
+    Code.BACKEND_WITHOUT_MEGATRON: Severity.WARNING,
+}
+
+
+def finding(code: Code, key: str, value: Any, message: str, fix: str) -> Finding:
+    """A ``Finding`` with the code's own severity."""
+    return Finding(code.value, code.severity, key, value, message, fix)
+
+
+#: Marks a key that is absent from the config (as opposed to present with value null).
+UNSET = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
+
+
+@dataclass(frozen=True)
+class PolicyFacts:
+    """What the rules need, read once from the policy config and the environment."""
+
+    megatron_enabled: bool
+    backend_raw: Any  # UNSET, None, or the value as written
+    backend: str | None  # a valid AttnBackend name, or None when unset/null/invalid
+    precision_raw: Any
+    pipeline_dtype_raw: Any
+    transformer_impl: str
+    context_parallel_size: int
+    model_name: str | None
+    model_overrides: dict = field(default_factory=dict)
+    #: NVTE_* variable -> (value, where it comes from) as the worker will see it.
+    nvte_env: dict = field(default_factory=dict)
+
+    @property
+    def precision(self) -> str | None:
+        """``policy.precision`` when valid, else None."""
+        return self.precision_raw if self.precision_raw in PRECISIONS else None
+
+    @property
+    def effective_backend(self) -> str | None:
+        """The backend in effect: the valid request, Megatron's default when unset, None when invalid."""
+        if self.backend is not None:
+            return self.backend
+        return DEFAULT_BACKEND if self.backend_raw is UNSET or self.backend_raw is None else None
+
+
+def _backend_value(facts: PolicyFacts) -> list[Finding]:
+    raw = facts.backend_raw
+    if raw is UNSET:
+        return []
+    if raw is None:
+        return [finding(Code.ATTN_BACKEND_NULL, BACKEND_KEY, None,
+                        "null is treated by NeMo-RL as unset, so Megatron's default backend (auto) applies.",
+                        "remove the key, or set one of flash, fused, unfused, local, auto.")]
+    if facts.backend is None:
+        return [finding(Code.ATTN_BACKEND_INVALID, BACKEND_KEY, raw, describe_invalid(raw, BACKEND_NAMES) + ".",
+                        "set policy.megatron_cfg.attention_backend to one of flash, fused, unfused, local, auto.")]
+    return []
+
+
+def _precision_values(facts: PolicyFacts) -> list[Finding]:
+    out = []
+    checks = [("policy.precision", facts.precision_raw)]
+    if facts.megatron_enabled:
+        checks.append((f"{MEGATRON_KEY}.pipeline_dtype", facts.pipeline_dtype_raw))
+    for key, raw in checks:
+        if raw is UNSET and key.endswith("pipeline_dtype"):
+            continue  # NeMo-RL's own exemplars always set it; absent means the run fails elsewhere first
+        if raw not in PRECISIONS:
+            why = "is required" if raw is UNSET else describe_invalid(raw, PRECISIONS, PRECISION_ALIASES)
+            out.append(finding(Code.PRECISION_INVALID, key, raw, f"{why}.",
+                               f"set {key} to bfloat16 (recommended), float16 or float32."))
+    return out
+
+
+def _half_precision(facts: PolicyFacts) -> list[Finding]:
+    backend = facts.backend
+    if not facts.megatron_enabled or backend not in HALF_PRECISION_ONLY or facts.precision != "float32":
+        return []
+    code = Code.FLASH_REQUIRES_HALF_PRECISION if backend == "flash" else Code.FUSED_REQUIRES_HALF_PRECISION
+    return [finding(code, "policy.precision", "float32",
+                    f"attention_backend={backend} runs only in fp16/bf16; with float32 Transformer Engine finds no "
+                    "attention backend at the first forward, after all the setup.",
+                    "set policy.precision=bfloat16 (float16 also works), or use attention_backend=unfused for FP32.")]
+
+
+def _precision_overrides(facts: PolicyFacts) -> list[Finding]:
+    # setup.py::setup_model_config merges model_overrides first, then _apply_precision_config sets
+    # bf16/fp16/params_dtype from policy.precision (NeMo-RL 7ea279a), so these overrides never stick.
+    keys = [k for k in ("params_dtype", "bf16", "fp16") if k in facts.model_overrides]
+    if not facts.megatron_enabled or not keys:
+        return []
+    key = f"{MEGATRON_KEY}.model_overrides.{keys[0]}"
+    return [finding(Code.PRECISION_OVERRIDE_IGNORED, key, facts.model_overrides[keys[0]],
+                    f"NeMo-RL overwrites {', '.join(keys)} from policy.precision={facts.precision_raw!r} after "
+                    "applying model_overrides, so the checks use policy.precision.",
+                    "set policy.precision instead and remove the override.")]
+
+
+def _local_spec(facts: PolicyFacts) -> list[Finding]:
+    if not facts.megatron_enabled or facts.backend != "local":
+        return []
+    out = []
+    if facts.transformer_impl != "local":
+        out.append(finding(Code.LOCAL_REQUIRES_LOCAL_SPEC, f"{MEGATRON_KEY}.transformer_impl", facts.transformer_impl,
+                           "attention_backend=local sets NVTE_FLASH/FUSED/UNFUSED_ATTN=0, which leaves TE's "
+                           "DotProductAttention no backend; local needs Megatron's local layer spec.",
+                           "set policy.megatron_cfg.transformer_impl=local, or choose flash/fused/unfused/auto for TE."))
+    if facts.context_parallel_size > 1:
+        out.append(finding(Code.LOCAL_NO_CONTEXT_PARALLEL, f"{MEGATRON_KEY}.context_parallel_size",
+                           facts.context_parallel_size,
+                           "megatron/core/transformer/dot_product_attention.py asserts context parallelism is "
+                           "supported only by TEDotProductAttention.",
+                           "set context_parallel_size=1, or use a TE backend (flash/fused/auto)."))
+    return out
+
+
+def _context_parallel(facts: PolicyFacts) -> list[Finding]:
+    # TE get_attention_backend: "Disabling UnfusedDotProductAttention as it does not support context
+    # parallelism"; FP32 is left to Unfused alone ("Filter: Data type").
+    if not facts.megatron_enabled or facts.context_parallel_size <= 1 or facts.transformer_impl == "local":
+        return []
+    key = f"{MEGATRON_KEY}.context_parallel_size"
+    if facts.backend == "unfused":
+        return [finding(Code.UNFUSED_NO_CONTEXT_PARALLEL, key, facts.context_parallel_size,
+                        "Transformer Engine disables UnfusedDotProductAttention under context parallelism, so "
+                        "attention_backend=unfused leaves no backend.",
+                        "use attention_backend=flash or fused with bfloat16, or set context_parallel_size=1.")]
+    if facts.effective_backend == "auto" and facts.precision == "float32":
+        return [finding(Code.FP32_CONTEXT_PARALLEL_NO_BACKEND, key, facts.context_parallel_size,
+                        "with policy.precision=float32 only UnfusedDotProductAttention qualifies, and it does not "
+                        "support context parallelism, so TE finds no backend.",
+                        "set policy.precision=bfloat16, or context_parallel_size=1.")]
+    return []
+
+
+_LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
+
+
+def _softmax_type(facts: PolicyFacts) -> list[Finding]:
+    # TE get_attention_backend: "Disabling FlashAttention for softmax_type = learnable"; gpt-oss's Megatron
+    # Bridge provider uses learnable attention sinks (NeMo-RL issue #1685).
+    if not facts.megatron_enabled or facts.backend != "flash":
+        return []
+    softmax = facts.model_overrides.get("softmax_type")
+    if softmax is not None and softmax != "vanilla":
+        return [finding(Code.FLASH_UNSUPPORTED_SOFTMAX, f"{MEGATRON_KEY}.model_overrides.softmax_type", softmax,
+                        "Transformer Engine's FlashAttention supports only softmax_type=vanilla.",
+                        "use attention_backend=fused or auto, or softmax_type=vanilla.")]
+    if softmax is None and facts.model_name and _LEARNABLE_SOFTMAX_MODELS.search(facts.model_name):
+        return [finding(Code.FLASH_UNSUPPORTED_SOFTMAX, "policy.model_name", facts.model_name,
+                        "gpt-oss uses learnable softmax sinks, for which Transformer Engine disables FlashAttention.",
+                        "use attention_backend=fused or auto for gpt-oss.")]
+    return []
+
+
+def _batch_invariant(facts: PolicyFacts) -> list[Finding]:
+    # TransformerConfig.__post_init__ asserts flash (megatron-core 0.16.1); bf16 and CP == 1 are required by
+    # Megatron-LM's batch-invariant kernels (design.md section 3).
+    if not facts.megatron_enabled or facts.model_overrides.get("batch_invariant_mode") is not True:
+        return []
+    key = f"{MEGATRON_KEY}.model_overrides.batch_invariant_mode"
+    out = []
+    if facts.effective_backend not in (None, "flash"):
+        out.append(finding(Code.BATCH_INVARIANT_REQUIRES_FLASH, BACKEND_KEY, facts.effective_backend,
+                           "batch_invariant_mode supports only FlashAttention (TransformerConfig asserts it).",
+                           "set policy.megatron_cfg.attention_backend=flash."))
+    if facts.precision not in (None, "bfloat16"):
+        out.append(finding(Code.BATCH_INVARIANT_REQUIRES_BF16, "policy.precision", facts.precision,
+                           f"{key}=true needs bfloat16.", "set policy.precision=bfloat16."))
+    if facts.context_parallel_size > 1:
+        out.append(finding(Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL, f"{MEGATRON_KEY}.context_parallel_size",
+                           facts.context_parallel_size, f"{key}=true needs context_parallel_size=1.",
+                           "set context_parallel_size=1 or turn batch_invariant_mode off."))
+    return out
+
+
+def _model_override_conflict(facts: PolicyFacts) -> list[Finding]:
+    # setup.py::_validate_model_override_conflicts rejects overrides of first-class megatron_cfg keys.
+    first_class = ("attention_backend", "transformer_impl", "context_parallel_size")
+    return [
+        finding(Code.MODEL_OVERRIDE_CONFLICT, f"{MEGATRON_KEY}.model_overrides.{name}", facts.model_overrides[name],
+                f"NeMo-RL rejects model_overrides.{name} because policy.megatron_cfg.{name} is a first-class setting.",
+                f"move it to policy.megatron_cfg.{name}.")
+        for name in first_class
+        if facts.megatron_enabled and name in facts.model_overrides
+    ]
+
+
+def _nvte_environment(facts: PolicyFacts) -> list[Finding]:
+    # NeMo-RL >= 0.6 pops NVTE_FUSED/FLASH/UNFUSED_ATTN when attention_backend is set; otherwise
+    # Megatron's _set_attention_backend asserts the values it finds equal the ones it would set.
+    if not facts.megatron_enabled or facts.effective_backend is None:
+        return []
+    expected = NVTE_BY_BACKEND[facts.effective_backend]
+    out = []
+    for name, (value, source) in sorted(facts.nvte_env.items()):
+        if value == expected[name]:
+            continue
+        if facts.backend is not None:
+            out.append(finding(Code.NVTE_ENV_DISCARDED, source, value,
+                               f"NeMo-RL removes {name} before building the model because attention_backend is set; "
+                               f"Megatron then sets {name}={expected[name]} for {facts.backend}.",
+                               f"remove {name}; attention_backend alone chooses the backend."))
+        else:
+            out.append(finding(Code.NVTE_ENV_CONFLICT, source, value,
+                               f"Megatron sets {name}={expected[name]} for its default backend auto and asserts that "
+                               "an existing value agrees, so the model build fails.",
+                               f"remove {name} and set policy.megatron_cfg.attention_backend instead."))
+    return out
+
+
+def _without_megatron(facts: PolicyFacts) -> list[Finding]:
+    if facts.megatron_enabled or facts.backend_raw is UNSET or facts.backend_raw is None:
+        return []
+    return [finding(Code.BACKEND_WITHOUT_MEGATRON, BACKEND_KEY, facts.backend_raw,
+                    "policy.megatron_cfg.enabled is false, so the Megatron backend and this key are not used.",
+                    "set policy.megatron_cfg.enabled=true, or remove attention_backend.")]
+
+
+#: Every rule, in the order findings are reported.
+RULES: tuple[Callable[[PolicyFacts], list[Finding]], ...] = (
+    _backend_value,
+    _precision_values,
+    _half_precision,
+    _precision_overrides,
+    _local_spec,
+    _context_parallel,
+    _softmax_type,
+    _batch_invariant,
+    _model_override_conflict,
+    _nvte_environment,
+    _without_megatron,
+)
+
+
+def evaluate(facts: PolicyFacts) -> list[Finding]:
+    """Run every rule on ``facts``; findings in rule order."""
+    return [f for rule in RULES for f in rule(facts)]

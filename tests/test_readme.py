@@ -1,0 +1,27 @@
+"""The README's rule table and set-up commands match the code."""
+
+from __future__ import annotations
+
+import re
+
+from nemo_rl_attn_align.rules import Code
+
+from .conftest import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def test_every_rule_code_is_documented_with_its_summary_and_severity():
+    for code in Code:
+        assert f"| `{code.value}` | {code.severity.value} | {code.summary} |" in README, code
+
+
+def test_no_undocumented_code_in_the_readme_table():
+    table_codes = set(re.findall(r"^\| `([A-Z0-9_]+)` \| (?:error|warning|info) \|", README, flags=re.M))
+    assert table_codes <= {c.value for c in Code}
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    assert 'pip install torch==2.13.0 -e ".[test]" && python -m pytest' in README
+    assert 'pip install -q torch==2.13.0 -e ".[test]"' in ci and "python -m pytest" in ci
