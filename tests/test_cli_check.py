@@ -96,3 +96,49 @@ def test_check_imports_neither_torch_nor_megatron():
 def test_bad_flag_is_a_usage_error():
     proc = check("--no-such-flag")
     assert proc.returncode == 2
+
+
+def test_binding_preview_is_shown_and_only_warns_by_default():
+    proc = check(GRPO)
+    assert proc.returncode == 0
+    assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
+    assert "on_mismatch=warn: the run would warn and go on" in proc.stdout
+
+
+def test_failing_preview_with_on_mismatch_error_exits_1():
+    proc = check(GRPO, "++attention_align.on_mismatch=error")
+    assert proc.returncode == 1
+    assert "the run would stop at start" in proc.stdout
+
+
+def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():
+    proc = check(GRPO, "++attention_align.on_mismatch=error",
+                 "++policy.generation.vllm_cfg.env_vars={VLLM_BATCH_INVARIANT:'1'}",
+                 "++policy.megatron_cfg.env_vars={CUBLAS_WORKSPACE_CONFIG:':4096:8'}")
+    assert proc.returncode == 0, proc.stdout
+    assert "binding preview ('pending' = known once the engines run): incomparable" in proc.stdout
+
+
+def test_bad_attention_align_block_is_unusable_input():
+    proc = check(GRPO, "++attention_align.on_mismatch=eror")
+    assert proc.returncode == 2
+    assert "attention_align.on_mismatch" in proc.stderr and "did you mean 'error'" in proc.stderr
+
+
+def test_full_lists_every_field():
+    proc = check("--full", GRPO)
+    assert proc.returncode == 0
+    for field in ("architecture", "merge_rule", "kv_page_size", "versions"):
+        assert field in proc.stdout
+
+
+def test_sft_has_no_binding_to_preview():
+    proc = check(str(EXAMPLES / "sft_megatron_flash.yaml"))
+    assert "binding preview: not applicable" in proc.stdout
+
+
+def test_json_carries_the_preview_and_settings():
+    doc = json.loads(check("--json", GRPO).stdout)
+    align = doc["attention_align"]
+    assert align["settings"]["on_mismatch"] == "warn"
+    assert align["verdict"] == "fail" and align["training"]["side"] == "training"

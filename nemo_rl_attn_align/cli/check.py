@@ -1,8 +1,10 @@
 """``nemo-rl-attn-align check [CONFIG] [OVERRIDES...]``: can these attention settings work?
 
-Reads the config exactly as NeMo-RL's recipes do, builds the backend plan and runs every rule.
-Exit 0: it can work (warnings allowed); 1: a rule is violated; 2: the input is unusable.
-Imports neither torch nor megatron-core.
+Reads the config exactly as NeMo-RL's recipes do, builds the backend plan, runs every rule,
+validates the ``attention_align:`` block and previews the training/rollout attention binding.
+Exit 0: it can work (warnings allowed); 1: a rule is violated, or the preview fails the binding
+while ``attention_align.on_mismatch`` is ``error`` (the run would stop at start); 2: the input is
+unusable. Imports neither torch nor megatron-core.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def register(subparsers) -> None:
         "Exit 0: can work; 1: a rule is violated; 2: unusable input.",
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--full", action="store_true", help="show every field of the binding preview")
     parser.add_argument("args", nargs="*", metavar="CONFIG [OVERRIDES...]",
                         help="the YAML file, then Hydra-style overrides: a.b=v, ++a.b=v (new key), ~a.b (delete)")
     parser.set_defaults(handler=run)
@@ -45,21 +48,42 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
     return Path(tokens[0]), list(tokens[1:])
 
 
-def evaluate(config_path: Path, overrides: list[str], environ=None) -> dict[str, Any]:
-    """Load, plan and check; the result as the JSON-ready dict that ``--json`` prints."""
+def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool = False) -> dict[str, Any]:
+    """Load, plan, check and preview the binding; the JSON-ready dict that ``--json`` prints."""
     from nemo_rl_attn_align.config import load_config
     from nemo_rl_attn_align.plan import build_plan
+    from nemo_rl_attn_align.preview import preview_binding
+    from nemo_rl_attn_align.settings import load_settings
 
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
-    result: dict[str, Any] = {
+    settings = load_settings(cfg)
+    preview = preview_binding(cfg, settings, environ)
+    stops_at_start = settings.on_mismatch == "error" and preview.to_dict()["verdict"] == "fail"
+    ok = plan.ok and not stops_at_start
+    return {
         "config": str(config_path),
         "overrides": overrides,
         "plan": plan.to_dict(),
-        "verdict": "ok" if plan.ok else "violation",
-        "exit_code": EXIT_OK if plan.ok else EXIT_VIOLATION,
+        "attention_align": {"settings": settings.model_dump(mode="json"), **preview.to_dict()},
+        "preview_text": preview.render() if full else _short_preview(preview),
+        "verdict": "ok" if ok else "violation",
+        "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
-    return result
+
+
+def _short_preview(preview) -> str:
+    from nemo_rl_attn_align.report import render_findings
+
+    if preview.binding is None:
+        lines = ["binding preview: not applicable (the config has no training and rollout side to bind)"]
+    else:
+        binding = preview.binding.to_dict()
+        lines = [f"binding preview ('pending' = known once the engines run): {binding['summary']}"]
+        lines += [f"  {line}" for line in render_findings(binding["findings"], shown=("error",))]
+        lines.append("  (--full shows every field)")
+    lines += [f"  note: {note}" for note in preview.notes]
+    return "\n".join(lines)
 
 
 def render_text(result: dict[str, Any]) -> str:
@@ -80,8 +104,19 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append("NVTE already set: " + (", ".join(f"{k}={v['value']} ({v['source']})" for k, v in existing.items()) or "none"))
     for f in plan["findings"]:
         lines.append(f"{f['severity']} {f['code']}: {f['key']}={f['value']!r}: {f['message']} Fix: {f['fix']}")
-    verdict = "OK: these attention settings can work" if result["exit_code"] == EXIT_OK else "FAIL: a rule is violated"
-    lines.append(f"verdict: {verdict}")
+    lines.append(result["preview_text"])
+    align = result["attention_align"]
+    on_mismatch = align["settings"]["on_mismatch"]
+    if align["verdict"] == "fail":
+        consequence = {"error": "the run would stop at start", "warn": "the run would warn and go on",
+                       "record": "the run would only record it"}[on_mismatch]
+        lines.append(f"binding preview: fail; attention_align.on_mismatch={on_mismatch}: {consequence}")
+    if result["exit_code"] == EXIT_OK:
+        lines.append("verdict: OK: these attention settings can work")
+    elif not plan["ok"]:
+        lines.append("verdict: FAIL: a rule is violated")
+    else:
+        lines.append("verdict: FAIL: the binding preview fails and attention_align.on_mismatch is error")
     return "\n".join(lines)
 
 
@@ -91,11 +126,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config_path, overrides = split_config_and_overrides(args.args)
-        result = evaluate(config_path, overrides)
+        result = evaluate(config_path, overrides, full=args.full)
     except UsageError as err:
         if args.json:
             print(json.dumps({"error": str(err), "exit_code": EXIT_UNUSABLE}))
         print(f"error: {err}", file=sys.stderr)
         return EXIT_UNUSABLE
-    print(json.dumps(result, indent=2) if args.json else render_text(result))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "preview_text"}, indent=2))
+    else:
+        print(render_text(result))
     return result["exit_code"]

@@ -1,0 +1,108 @@
+"""``nemo-rl-attn-align drift [CONFIG] [OVERRIDES...] [options]``: measure train/rollout attention drift.
+
+Runs the reference and each engine's replay (see ``nemo_rl_attn_align.reference.materializers``)
+on the attention shape of the config's model, prints a table (or ``--json``), and writes
+``drift-report.json`` and ``drift-heatmap.png`` into ``--out`` (default: the current directory).
+Exit 0: done; 2: unusable input. torch is imported only inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_UNUSABLE = 0, 2
+REPORT_NAME, HEATMAP_NAME = "drift-report.json", "drift-heatmap.png"
+
+
+def register(subparsers) -> None:
+    """Add the ``drift`` parser."""
+    p = subparsers.add_parser(
+        "drift",
+        help="measure attention drift between training and rollout engines (reference vs replays)",
+        description="Run the deterministic reference attention and replays of Transformer Engine, "
+        "FlashAttention and vLLM reduction orders on the config's attention shape; report max/mean "
+        "|d out|, |d lse| (abs and ulps) and per-token logprob drift for every (training, rollout) pair. "
+        "With no CONFIG, uses the packaged example grpo_math_1B_megatron_flash.yaml.",
+    )
+    p.add_argument("args", nargs="*", metavar="CONFIG [OVERRIDES...]",
+                   help="the NeMo-RL YAML, then Hydra-style overrides (a.b=v, ++a.b=v, ~a.b)")
+    shape = p.add_argument_group("attention shape (each overrides the config)")
+    shape.add_argument("--heads", type=int, help="query heads")
+    shape.add_argument("--kv-heads", type=int, help="KV heads (query groups)")
+    shape.add_argument("--head-dim", type=int, help="head dim")
+    shape.add_argument("--window", type=int, help="left sliding window in tokens (FlashAttention convention)")
+    shape.add_argument("--seq-len", type=int, help="sequence length (default: policy.max_total_sequence_length, else 1024)")
+    p.add_argument("--dtypes", default="bf16,fp16,fp32", help="comma list of bf16, fp16, fp32 (default: all)")
+    p.add_argument("--training", action="append", metavar="ENGINE",
+                   help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: reference, te-p2p:cp=2, "
+                   "te-allgather:cp=2, flash, plain)")
+    p.add_argument("--rollout", action="append", metavar="ENGINE",
+                   help="a rollout engine, repeatable, e.g. vllm:chunk=256,splits=4 (default: reference, "
+                   "vllm:chunk=256, vllm:chunk=256,splits=4, flash-splitkv:splits=4, flash)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
+    p.add_argument("--vocab", type=int, default=512, help="vocabulary of the random LM head (default 512)")
+    p.add_argument("--out", type=Path, default=Path("."), help="directory for drift-report.json and drift-heatmap.png")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
+    p.add_argument("--no-plot", action="store_true", help="do not write the PNG heatmap")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(handler=run)
+
+
+def _prepare(args: argparse.Namespace):
+    """Everything checked before any numeric work: (config path, overrides, shape, dtypes, engines)."""
+    from nemo_rl_attn_align import drift
+    from nemo_rl_attn_align.cli.check import split_config_and_overrides
+    from nemo_rl_attn_align.config import load_config
+    from nemo_rl_attn_align.errors import UsageError
+
+    config_path, overrides = split_config_and_overrides(args.args)
+    cfg = load_config(config_path, overrides)
+    flags = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
+             "window": args.window, "seq_len": args.seq_len}
+    shape = drift.resolve_shape(cfg, flags)
+    dtypes = drift.parse_dtypes(args.dtypes)
+    training = drift.parse_materializers(args.training or list(drift.DEFAULT_TRAINING), "--training")
+    rollout = drift.parse_materializers(args.rollout or list(drift.DEFAULT_ROLLOUT), "--rollout")
+    drift.check_materializers([*training, *rollout], shape)
+    if args.vocab < 2:
+        raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a file. Fix: pass a directory (it is created if missing).")
+    return config_path, overrides, shape, dtypes, training, rollout
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``drift``; returns the exit code."""
+    from nemo_rl_attn_align.errors import UsageError
+
+    try:
+        config_path, overrides, shape, dtypes, training, rollout = _prepare(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    from nemo_rl_attn_align import drift
+
+    result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab,
+                             progress=drift.Progress(0, enabled=not args.no_progress))
+    result = {"config": str(config_path), "overrides": overrides, **result}
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = args.out / REPORT_NAME
+    result["report"] = str(report)
+    result["heatmap"] = None
+    if not args.no_plot:
+        result["heatmap"] = drift.write_heatmap(result, args.out / HEATMAP_NAME)
+        if result["heatmap"] is None:
+            print("note: matplotlib is not installed (pip install 'nemo-rl-attn-align[plot]'); no heatmap written",
+                  file=sys.stderr)
+    tmp = report.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(report)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(drift.render_table(result))
+        print(f"report: {report}" + (f"\nheatmap: {result['heatmap']}" if result["heatmap"] else ""))
+    return EXIT_OK

@@ -1,0 +1,485 @@
+"""The attention contract: one schema for the training side and the rollout side.
+
+A contract lists what one worker's attention computes, field by field. Every field belongs to a
+binding tier (``identity``, ``semantic``, ``recorded``; see ``binding.py``) and carries its value
+together with *how it was known* (``Provenance``): read back from the running engine, taken from
+the configuration, not observable at all, or (in a preview) not knowable before the run starts.
+
+The schema is versioned (``CONTRACT_SCHEMA_VERSION``) and ``to_dict``/``from_dict`` round-trip
+exactly through JSON. ``FIELDS`` is the documented field list; ``ContractBuilder`` is how the
+Megatron and vLLM hooks fill one in. Stdlib only: importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+from nemo_rl_attn_align.suggest import did_you_mean
+
+#: Version of the contract schema; ``from_dict`` rejects any other.
+CONTRACT_SCHEMA_VERSION = 1
+
+#: The two sides a contract can describe.
+SIDES = ("training", "rollout")
+
+
+class ContractError(ValueError):
+    """A contract (or one of its fields) that does not fit the schema; the message names the field."""
+
+
+class Provenance(str, enum.Enum):
+    """How a field's value was known.
+
+    * ``observed``: read back from the running engine after it started.
+    * ``configured``: what the configuration asked for (or a rule derived from it); not read back.
+    * ``unobservable``: the engine offers no readback; the value, if any, is what was requested and
+      is never claimed as applied.
+    * ``pending``: not knowable before the run starts (``check`` previews only); the hooks fill it.
+    """
+
+    OBSERVED = "observed"
+    CONFIGURED = "configured"
+    UNOBSERVABLE = "unobservable"
+    PENDING = "pending"
+
+    @property
+    def known(self) -> bool:
+        """True when the value may take part in a comparison (observed or configured)."""
+        return self in (Provenance.OBSERVED, Provenance.CONFIGURED)
+
+
+class Tier(str, enum.Enum):
+    """Binding tier of a field: identity must be equal, semantic must also meet the mandate,
+    recorded differences are listed and never rejected."""
+
+    IDENTITY = "identity"
+    SEMANTIC = "semantic"
+    RECORDED = "recorded"
+
+
+# --- value kinds -------------------------------------------------------------------------------
+
+_DTYPE_ALIASES = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "torch.float": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16", "torch.half": "fp16",
+    "fp8": "fp8", "float8": "fp8", "fp8_e4m3": "fp8", "torch.float8_e4m3fn": "fp8",
+}
+
+#: Canonical dtype spellings used by every dtype field.
+DTYPES = ("fp32", "bf16", "fp16", "fp8")
+
+
+def normalize_dtype(value: Any) -> str:
+    """Canonical short dtype name for a torch dtype, a torch spelling or a short spelling.
+
+    ``torch.bfloat16``, ``"bfloat16"`` and ``"bf16"`` all give ``"bf16"``; anything else raises
+    ``ContractError``.
+    """
+    key = str(value).strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise ContractError(f"unknown dtype {value!r}; use one of {', '.join(DTYPES)} (torch spellings are accepted)")
+    return _DTYPE_ALIASES[key]
+
+
+def _check_json(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data (tuples become lists); rejects NaN/inf and non-string keys."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ContractError(f"{where}: {value!r} is not a finite number (JSON cannot carry it)")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_check_json(item, where) for item in value]
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ContractError(f"{where}: mapping key {key!r} is not a string")
+            out[key] = _check_json(item, where)
+        return out
+    raise ContractError(f"{where}: {type(value).__name__} value {value!r} is not JSON data")
+
+
+def _kind_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _kind_non_negative_int(value: Any, where: str) -> int:
+    value = _kind_int(value, where)
+    if value < 0:
+        raise ContractError(f"{where}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _kind_positive_int(value: Any, where: str) -> int:
+    value = _kind_int(value, where)
+    if value < 1:
+        raise ContractError(f"{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _kind_float(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError(f"{where}: expected a number, got {value!r}")
+    return _check_json(float(value), where)
+
+
+def _kind_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ContractError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _kind_str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ContractError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _kind_dtype(value: Any, where: str) -> str:
+    try:
+        return normalize_dtype(value)
+    except ContractError as err:
+        raise ContractError(f"{where}: {err}") from None
+
+
+def _kind_mapping(value: Any, where: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise ContractError(f"{where}: expected a mapping, got {value!r}")
+    return _check_json(value, where)
+
+
+def _kind_backend(value: Any, where: str) -> Any:
+    """One backend name, or a mapping layer -> backend name when layers differ."""
+    if isinstance(value, Mapping):
+        return {key: _kind_str(item, f"{where}[{key!r}]") for key, item in _kind_mapping(value, where).items()}
+    return _kind_str(value, where)
+
+
+_SPLIT_KV_RE = re.compile(r"^(none|heuristic|fixed_count:[1-9][0-9]*|fixed_size:[1-9][0-9]*)$")
+
+
+def _kind_split_kv(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _SPLIT_KV_RE.match(value):
+        raise ContractError(
+            f"{where}: expected none, heuristic, fixed_count:<n> or fixed_size:<tokens>, got {value!r}"
+        )
+    return value
+
+
+def _choice(*choices: str) -> Callable[[Any, str], str]:
+    def check(value: Any, where: str) -> str:
+        if value not in choices:
+            close = did_you_mean(value, choices) if isinstance(value, str) else None
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise ContractError(f"{where}: {value!r} is not one of {', '.join(choices)}{hint}")
+        return value
+
+    return check
+
+
+# --- the field list ----------------------------------------------------------------------------
+
+MERGE_RULES = ("online_softmax_lse", "full_softmax")
+REDUCTION_ORDERS = ("kv_index", "ring_step", "split_kv", "unspecified")
+DOWNCASTS = ("final_write", "per_partial")
+MODES = ("prefill", "prefill+decode", "chunked_prefill+decode")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One contract field: its tier, how its value is checked, whether ``None`` is a value, and docs."""
+
+    name: str
+    tier: Tier
+    check: Callable[[Any, str], Any]
+    nullable: bool
+    doc: str
+    fix: str = ""
+
+    def validate(self, value: Any) -> Any:
+        """The canonical form of ``value`` for this field, or ``ContractError``."""
+        if value is None:
+            if self.nullable:
+                return None
+            raise ContractError(f"field {self.name}: null is not a value of this field")
+        return self.check(value, f"field {self.name}")
+
+
+def _spec(name, tier, check, doc, *, nullable=False, fix=""):
+    return FieldSpec(name, tier, check, nullable, doc, fix)
+
+
+_ID, _SEM, _REC = Tier.IDENTITY, Tier.SEMANTIC, Tier.RECORDED
+_MODEL_FIX = "both sides must load the same model: check policy.model_name and policy.hf_config_overrides"
+
+#: Every contract field, in the order reports list them.
+FIELDS: tuple[FieldSpec, ...] = (
+    # identity: the model fingerprint, the tokenizer and the logical batch
+    _spec("architecture", _ID, _kind_str, "model class, e.g. Qwen2ForCausalLM (HF architectures[0])", fix=_MODEL_FIX),
+    _spec("num_layers", _ID, _kind_positive_int, "number of transformer layers", fix=_MODEL_FIX),
+    _spec("num_attention_heads", _ID, _kind_positive_int, "query heads (whole model, before TP split)", fix=_MODEL_FIX),
+    _spec("num_query_groups", _ID, _kind_positive_int, "key/value heads (GQA groups)", fix=_MODEL_FIX),
+    _spec("head_dim", _ID, _kind_positive_int, "per-head channels (Megatron kv_channels)", fix=_MODEL_FIX),
+    _spec("softmax_scale", _ID, _kind_float, "the float the kernel multiplies QK^T by, resolved (never a default)", fix=_MODEL_FIX),
+    _spec("causal", _ID, _kind_bool, "causal mask", fix=_MODEL_FIX),
+    _spec("sliding_window", _ID, _kind_non_negative_int, "left window in tokens as the kernel receives it; null = full attention", nullable=True, fix=_MODEL_FIX),
+    _spec("rope_type", _ID, _kind_str, "rotary embedding type: default, linear, dynamic, yarn, llama3, mrope, none", fix=_MODEL_FIX),
+    _spec("rope_parameters", _ID, _kind_mapping, "rotary parameters: theta, scaling factors, partial rotary fraction", fix=_MODEL_FIX),
+    _spec("vocab_size", _ID, _kind_positive_int, "logical (unpadded) vocabulary the logprobs are taken over", fix=_MODEL_FIX),
+    _spec("tokenizer", _ID, _kind_str, "tokenizer that produced the token ids (name or path)", fix="use one tokenizer on both sides (policy.tokenizer.name)"),
+    _spec("batch_size", _ID, _kind_positive_int, "logical batch: sequences whose token logprobs are compared", fix="score the same batch on both sides"),
+    # semantic: what the reduction means; must agree with each other and with the mandate
+    _spec("merge_rule", _SEM, _choice(*MERGE_RULES), "how partial results combine: online_softmax_lse (merge (out, lse) partials) or full_softmax (one softmax over the whole row)",
+          fix="use a FlashAttention/FusedAttention-family backend on both sides (unfused and local compute one full softmax), or relax attention_align.mandate.merge_rule"),
+    _spec("reduction_order", _SEM, _choice(*REDUCTION_ORDERS), "order partials are folded: kv_index (by global KV block index, canonical), ring_step (TE CP ring), split_kv (split-KV combine), unspecified",
+          fix="rollout: VLLM_BATCH_INVARIANT=1 in policy.generation.vllm_cfg.env_vars (one KV split); training: context_parallel_size 1 or cp_comm_type all_gather/a2a; or relax attention_align.mandate.reduction_order"),
+    _spec("acc_dtype", _SEM, _kind_dtype, "dtype of the running (out, lse) accumulators",
+          fix="use kernels that accumulate in the demanded dtype, or relax attention_align.mandate.acc_dtype"),
+    _spec("downcast", _SEM, _choice(*DOWNCASTS), "where the output leaves acc_dtype: final_write (once) or per_partial (each partial before the merge)",
+          fix="per-partial downcasts come from TE context parallelism over a p2p ring: use context_parallel_size 1 or cp_comm_type all_gather/a2a, or relax attention_align.mandate.downcast"),
+    _spec("dtype", _SEM, _kind_dtype, "dtype of Q/K/V and of the attention output",
+          fix="set policy.precision and policy.generation.vllm_cfg.precision to the same dtype, or set attention_align.allow_dtype_difference: true for a deliberate sweep"),
+    # recorded: how it was materialized; every difference is listed, none rejected
+    _spec("engine", _REC, _kind_str, "engine: megatron-te, megatron-local, vllm"),
+    _spec("backend", _REC, _kind_backend, "attention backend id (TE FlashAttention/FusedAttention/UnfusedDotProductAttention, vLLM FLASH_ATTN/FLASHINFER/...); a mapping layer -> backend when layers differ"),
+    _spec("reduction_engine", _REC, _kind_str, "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, fa_split_combine, ..."),
+    _spec("split_kv_policy", _REC, _kind_split_kv, "none, heuristic (kernel picks the split count), fixed_count:<n>, fixed_size:<tokens>"),
+    _spec("kv_page_size", _REC, _kind_positive_int, "paged-KV block size in tokens; null when KV is not paged", nullable=True),
+    _spec("kv_cache_dtype", _REC, _kind_str, "KV-cache dtype (auto, fp8, ...); null when there is no KV cache", nullable=True),
+    _spec("chunked_prefill_chunk", _REC, _kind_positive_int, "chunked-prefill token budget per step; null when prefill is not chunked", nullable=True),
+    _spec("prefix_caching", _REC, _kind_bool, "KV prefix caching on; null when there is no KV cache", nullable=True),
+    _spec("cp_size", _REC, _kind_positive_int, "context-parallel size"),
+    _spec("cp_layout", _REC, _choice("none", "load_balanced", "contiguous"), "sequence layout over CP ranks (load_balanced: rank r holds chunks r and 2cp-1-r)"),
+    _spec("cp_comm_type", _REC, _choice("p2p", "all_gather", "a2a", "a2a+p2p"), "CP communication; null when cp_size is 1", nullable=True),
+    _spec("tp_size", _REC, _kind_positive_int, "tensor-parallel size"),
+    _spec("mode", _REC, _choice(*MODES), "prefill (full-sequence forward), prefill+decode, chunked_prefill+decode"),
+    _spec("rope_fusion", _REC, _kind_bool, "fused RoPE kernel; null when the engine has no such switch", nullable=True),
+    _spec("physical_batch", _REC, _kind_positive_int, "sequences per kernel launch (micro batch, max_num_seqs)", nullable=True),
+    _spec("batch_invariant", _REC, _kind_bool, "batch-invariant mode (Megatron batch_invariant_mode, VLLM_BATCH_INVARIANT)", nullable=True),
+    _spec("deterministic", _REC, _kind_bool, "deterministic mode (Megatron deterministic_mode); null when the engine has none", nullable=True),
+    _spec("flash_attention_version", _REC, _kind_positive_int, "flash-attn major version in use (2, 3, 4)", nullable=True),
+    _spec("versions", _REC, _kind_mapping, "library versions: torch, megatron.core, transformer_engine, vllm, flash_attn, nccl"),
+)
+
+FIELD_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS)
+_SPECS: dict[str, FieldSpec] = {spec.name: spec for spec in FIELDS}
+
+
+def field_spec(name: str) -> FieldSpec:
+    """The spec of field ``name``; unknown names raise ``ContractError`` with a did-you-mean."""
+    try:
+        return _SPECS[name]
+    except KeyError:
+        close = did_you_mean(name, FIELD_NAMES)
+        hint = f"; did you mean {close!r}?" if close else ""
+        raise ContractError(f"unknown contract field {name!r}{hint}") from None
+
+
+def fields_of(tier: Tier) -> tuple[str, ...]:
+    """Names of the fields in ``tier``, in report order."""
+    return tuple(spec.name for spec in FIELDS if spec.tier is tier)
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldValue:
+    """A field's value, how it was known, and where it was read (``source``, free text).
+
+    For ``unobservable`` the value is what was requested (or null); for ``pending`` it is null.
+    Build with the class methods; ``ContractBuilder`` validates the value against the field.
+    """
+
+    value: Any
+    provenance: Provenance
+    source: str = ""
+
+    @classmethod
+    def observed(cls, value: Any, source: str = "") -> "FieldValue":
+        return cls(value, Provenance.OBSERVED, source)
+
+    @classmethod
+    def configured(cls, value: Any, source: str = "") -> "FieldValue":
+        return cls(value, Provenance.CONFIGURED, source)
+
+    @classmethod
+    def unobservable(cls, requested: Any = None, source: str = "") -> "FieldValue":
+        return cls(requested, Provenance.UNOBSERVABLE, source)
+
+    @classmethod
+    def pending(cls, source: str = "") -> "FieldValue":
+        return cls(None, Provenance.PENDING, source)
+
+    @property
+    def known(self) -> bool:
+        """True when the value can take part in a comparison."""
+        return self.provenance.known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "provenance": self.provenance.value, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "field") -> "FieldValue":
+        if not isinstance(data, Mapping) or set(data) != {"value", "provenance", "source"}:
+            raise ContractError(f"{where}: expected an object with value, provenance and source, got {data!r}")
+        try:
+            provenance = Provenance(data["provenance"])
+        except ValueError:
+            choices = ", ".join(p.value for p in Provenance)
+            raise ContractError(f"{where}: provenance {data['provenance']!r} is not one of {choices}") from None
+        if not isinstance(data["source"], str):
+            raise ContractError(f"{where}: source must be a string, got {data['source']!r}")
+        return cls(data["value"], provenance, data["source"])
+
+
+def _validated(name: str, fv: FieldValue) -> FieldValue:
+    """``fv`` with its value in canonical form for field ``name``."""
+    spec = field_spec(name)
+    if not isinstance(fv, FieldValue):
+        raise ContractError(f"field {name}: expected a FieldValue, got {fv!r}")
+    if fv.provenance is Provenance.PENDING:
+        if fv.value is not None:
+            raise ContractError(f"field {name}: a pending field has no value yet (got {fv.value!r})")
+        return fv
+    if fv.provenance is Provenance.UNOBSERVABLE and fv.value is None:
+        return fv
+    if fv.known and fv.value is None and not spec.nullable:
+        raise ContractError(f"field {name}: {fv.provenance.value} needs a value; use FieldValue.pending or unobservable")
+    return FieldValue(spec.validate(fv.value), fv.provenance, fv.source)
+
+
+# --- the contract ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionContract:
+    """What one worker's attention computes: every field of ``FIELDS`` with its provenance.
+
+    ``side`` is ``training`` or ``rollout``; ``worker_id`` names the worker (e.g. ``policy-rank0``).
+    """
+
+    side: str
+    worker_id: str
+    fields: Mapping[str, FieldValue]
+    schema_version: int = CONTRACT_SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.side not in SIDES:
+            raise ContractError(f"side {self.side!r} is not one of {', '.join(SIDES)}")
+        if not isinstance(self.worker_id, str) or not self.worker_id:
+            raise ContractError(f"worker_id must be a non-empty string, got {self.worker_id!r}")
+        if self.schema_version != CONTRACT_SCHEMA_VERSION:
+            raise ContractError(
+                f"contract schema_version {self.schema_version!r} is not supported (this version reads {CONTRACT_SCHEMA_VERSION})"
+            )
+        missing = [name for name in FIELD_NAMES if name not in self.fields]
+        if missing:
+            raise ContractError(f"contract lacks fields: {', '.join(missing)}")
+        for name in self.fields:
+            field_spec(name)
+        ordered = {name: _validated(name, self.fields[name]) for name in FIELD_NAMES}
+        object.__setattr__(self, "fields", ordered)
+
+    def __getitem__(self, name: str) -> FieldValue:
+        field_spec(name)
+        return self.fields[name]
+
+    def __iter__(self) -> Iterator[tuple[str, FieldValue]]:
+        return iter(self.fields.items())
+
+    def value(self, name: str) -> Any:
+        """The value of field ``name`` (whatever its provenance)."""
+        return self[name].value
+
+    def replace(self, **changes: FieldValue) -> "AttentionContract":
+        """A copy with some fields replaced (``name=FieldValue``)."""
+        for name in changes:
+            field_spec(name)
+        return AttentionContract(self.side, self.worker_id, {**self.fields, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; ``from_dict(to_dict(c)) == c``."""
+        return {
+            "schema_version": self.schema_version,
+            "side": self.side,
+            "worker_id": self.worker_id,
+            "fields": {name: fv.to_dict() for name, fv in self.fields.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AttentionContract":
+        """Inverse of ``to_dict``; any deviation from the schema raises ``ContractError``."""
+        if not isinstance(data, Mapping):
+            raise ContractError(f"a contract must be a JSON object, got {type(data).__name__}")
+        expected = {"schema_version", "side", "worker_id", "fields"}
+        if set(data) != expected:
+            extra = sorted(set(data) - expected)
+            missing = sorted(expected - set(data))
+            raise ContractError(f"contract keys: missing {missing}, unexpected {extra}")
+        if not isinstance(data["fields"], Mapping):
+            raise ContractError("contract fields must be a JSON object")
+        fields = {name: FieldValue.from_dict(raw, f"field {name}") for name, raw in data["fields"].items()}
+        return cls(data["side"], data["worker_id"], fields, data["schema_version"])
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "AttentionContract":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ContractError(f"contract is not valid JSON: {err}") from None
+        return cls.from_dict(data)
+
+
+@dataclass
+class ContractBuilder:
+    """Fills a contract one field at a time; fields left unset become ``unobservable``.
+
+    >>> b = ContractBuilder("training", "policy-rank0")
+    >>> b.observed("num_attention_heads", 16, "TransformerConfig.num_attention_heads")  # doctest: +ELLIPSIS
+    <...>
+    >>> contract = b.build(unset_source="not recorded by this host")
+
+    Each setter validates the value at once, so a wrong value fails where it was recorded.
+    """
+
+    side: str
+    worker_id: str
+    _fields: dict[str, FieldValue] = field(default_factory=dict)
+
+    def set(self, name: str, fv: FieldValue) -> "ContractBuilder":
+        """Set field ``name`` to ``fv`` (validated now)."""
+        self._fields[name] = _validated(name, fv)
+        return self
+
+    def observed(self, name: str, value: Any, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.observed(value, source))
+
+    def configured(self, name: str, value: Any, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.configured(value, source))
+
+    def unobservable(self, name: str, requested: Any = None, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.unobservable(requested, source))
+
+    def pending(self, name: str, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.pending(source))
+
+    def build(self, unset: Provenance = Provenance.UNOBSERVABLE, unset_source: str = "not recorded") -> AttentionContract:
+        """The contract; every field not set gets ``unset`` provenance (unobservable or pending)."""
+        if unset not in (Provenance.UNOBSERVABLE, Provenance.PENDING):
+            raise ContractError("fields left unset can only be unobservable or pending")
+        filler = FieldValue(None, unset, unset_source)
+        return AttentionContract(self.side, self.worker_id, {name: self._fields.get(name, filler) for name in FIELD_NAMES})

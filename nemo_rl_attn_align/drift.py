@@ -1,0 +1,414 @@
+"""The drift sweep: how far each (training engine, rollout engine) pair lands from each other.
+
+For every dtype and every pair of materializers it runs both on the same random inputs and reports
+the max and mean ``|d out|`` (absolute and in ulps of the dtype), ``|d lse|`` (absolute and in FP32
+ulps) and the per-token log-probability difference through a small fixed-seed LM head, summarised
+like NeMo-RL's ``token_mult_prob_error = mean(exp(|gen_lp - train_lp|))``. Each engine is also
+scored against the reference and against the FP64 exact attention.
+
+Attention shapes come, field by field, from the first of: explicit flags, the config's
+``attention_align.drift`` block, ``policy.megatron_cfg.model_overrides`` (``num_attention_heads``,
+``num_query_groups``, ``kv_channels``, ``window_size``), ``policy.hf_config_overrides``
+(``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the built-in
+table of well-known ``policy.model_name`` values. ``kv_heads`` defaults to ``heads`` (MHA) and
+``window`` to none (full causal), as in Megatron and Hugging Face.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rl_attn_align.config import get_path
+from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
+from nemo_rl_attn_align.reference.blocks import ReferenceSpec
+from nemo_rl_attn_align.reference.materializers import Materializer, parse_materializer
+
+#: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
+#: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).
+BUILTIN_MODELS: dict[str, dict[str, int]] = {
+    "Qwen/Qwen3-0.6B": {"heads": 16, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen3-1.7B": {"heads": 16, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen3-4B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen3-8B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen2.5-1.5B": {"heads": 12, "kv_heads": 2, "head_dim": 128},
+    "Qwen/Qwen2.5-7B": {"heads": 28, "kv_heads": 4, "head_dim": 128},
+    "meta-llama/Llama-3.1-8B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "meta-llama/Llama-3.2-1B": {"heads": 32, "kv_heads": 8, "head_dim": 64},
+}
+_MODEL_SUFFIXES = ("-Instruct", "-Base")
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_DTYPES = ("bf16", "fp16", "fp32")
+DEFAULT_TRAINING = ("reference", "te-p2p:cp=2", "te-allgather:cp=2", "flash", "plain")
+DEFAULT_ROLLOUT = ("reference", "vllm:chunk=256", "vllm:chunk=256,splits=4", "flash-splitkv:splits=4", "flash")
+DEFAULT_SEQ_LEN = 1024
+DEFAULT_VOCAB = 512
+#: Standard deviation of the random LM head's logits (RMS-normalised hidden state in).
+LOGIT_STD = 3.0
+
+
+@dataclass
+class Shape:
+    """One attention layer's shape and where each field came from."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    seq_len: int
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "window": self.window, "seq_len": self.seq_len, "sources": dict(self.sources)}
+
+
+def builtin_shape(model_name: str | None) -> dict[str, int] | None:
+    """The built-in table's entry for ``model_name`` (``-Instruct``/``-Base`` variants included)."""
+    if not model_name:
+        return None
+    name = str(model_name)
+    for suffix in _MODEL_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return BUILTIN_MODELS.get(name)
+
+
+def _left_window(value: Any) -> Any:
+    """Megatron's ``window_size`` is ``(left, right)``; keep the left size (``-1``/None: none)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return None if value in (None, -1) else value
+
+
+def _hf_window(hf: dict) -> Any:
+    """HF ``sliding_window`` counts the query itself; the left window is one less."""
+    if hf.get("use_sliding_window") is False or hf.get("sliding_window") in (None, 0):
+        return None
+    return hf["sliding_window"] - 1
+
+
+def _sources(cfg: dict | None) -> list[tuple[str, dict]]:
+    """Candidate ``(name, {field: value})`` layers, highest priority first (flags excluded)."""
+    if not cfg:
+        return []
+    layers = []
+    drift = get_path(cfg, "attention_align.drift", None)
+    if isinstance(drift, dict):
+        layers.append(("attention_align.drift", dict(drift)))
+    mo = get_path(cfg, "policy.megatron_cfg.model_overrides", None)
+    if isinstance(mo, dict):
+        layers.append(("policy.megatron_cfg.model_overrides", {
+            "heads": mo.get("num_attention_heads"), "kv_heads": mo.get("num_query_groups"),
+            "head_dim": mo.get("kv_channels"), "window": _left_window(mo.get("window_size")),
+            "hidden": mo.get("hidden_size")}))
+    hf = get_path(cfg, "policy.hf_config_overrides", None)
+    if isinstance(hf, dict):
+        layers.append(("policy.hf_config_overrides", {
+            "heads": hf.get("num_attention_heads"), "kv_heads": hf.get("num_key_value_heads"),
+            "head_dim": hf.get("head_dim"), "window": _hf_window(hf), "hidden": hf.get("hidden_size")}))
+    model = get_path(cfg, "policy.model_name", None)
+    table = builtin_shape(model)
+    if table:
+        layers.append((f"built-in table ({model})", dict(table)))
+    seq = get_path(cfg, "policy.max_total_sequence_length", None)
+    if seq is not None:
+        layers.append(("policy.max_total_sequence_length", {"seq_len": seq}))
+    return layers
+
+
+def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        flag = "--" + name.replace("_", "-")
+        raise UsageError(f"{where}: {name}={value!r} is not a positive integer. Fix: pass {flag} N or correct {where}.")
+    return value
+
+
+def resolve_shape(cfg: dict | None, flags: dict[str, Any]) -> Shape:
+    """Attention shape for the sweep: flags > drift block > model_overrides > hf overrides > built-in."""
+    layers = [("flags", {k: v for k, v in flags.items() if v is not None})] + _sources(cfg)
+    picked: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in ("heads", "kv_heads", "head_dim", "window", "seq_len", "hidden"):
+        for where, values in layers:
+            if values.get(name) is not None:
+                picked[name], sources[name] = values[name], where
+                break
+    if "heads" not in picked:
+        model = get_path(cfg or {}, "policy.model_name", None)
+        known = ", ".join(BUILTIN_MODELS)
+        raise UsageError(
+            f"policy.model_name={model!r}: attention shape unknown (not in the built-in table: {known}). "
+            "Fix: pass --heads N --kv-heads N --head-dim N (and --window N for sliding-window models).")
+    heads = _positive_int("heads", picked["heads"], sources["heads"])
+    if "kv_heads" not in picked:
+        picked["kv_heads"], sources["kv_heads"] = heads, "default (= heads)"
+    if "head_dim" not in picked and "hidden" in picked:
+        picked["head_dim"], sources["head_dim"] = picked["hidden"] // heads, f"{sources['hidden']} hidden_size // heads"
+    if "head_dim" not in picked:
+        raise UsageError(f"head dim unknown for heads={heads} ({sources['heads']}). Fix: pass --head-dim N.")
+    kv_heads = _positive_int("kv_heads", picked["kv_heads"], sources["kv_heads"])
+    if heads % kv_heads:
+        raise UsageError(f"heads={heads} is not a multiple of kv_heads={kv_heads}. Fix: pass matching --heads and --kv-heads.")
+    window = picked.get("window")
+    if window is not None:
+        window = _positive_int("window", window, sources["window"], allow_zero=True)
+    else:
+        sources["window"] = sources.get("window", "default (none)")
+    seq_len = picked.get("seq_len", DEFAULT_SEQ_LEN)
+    sources.setdefault("seq_len", "default")
+    sources.pop("hidden", None)
+    return Shape(heads, kv_heads, _positive_int("head_dim", picked["head_dim"], sources["head_dim"]),
+                 window, _positive_int("seq_len", seq_len, sources["seq_len"]), sources)
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """``"bf16,fp32"`` -> ``["bf16", "fp32"]``; UsageError on an unknown name."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in DTYPES]
+    if bad or not names:
+        raise UsageError(f"--dtypes {text!r}: unknown dtype {bad[0] if bad else '(empty)'}. Fix: a comma list of {', '.join(DTYPES)}.")
+    return names
+
+
+def parse_materializers(specs: list[str], flag: str) -> list[Materializer]:
+    """Materializer specs -> objects; UsageError naming the flag and the bad spec."""
+    out = []
+    for spec in specs:
+        try:
+            out.append(parse_materializer(spec))
+        except ValueError as err:
+            raise UsageError(f"{flag} {spec!r}: {err}. Fix: e.g. {flag} te-p2p:cp=2 or {flag} vllm:chunk=256,splits=4.") from None
+    return out
+
+
+def check_materializers(mats: list[Materializer], shape: Shape) -> None:
+    """Stop before any work when an engine cannot run this shape (TE needs length % 2cp == 0)."""
+    for m in mats:
+        cp = m.options.get("cp")
+        if m.engine.startswith("te-") and shape.seq_len % (2 * cp):
+            raise UsageError(f"{m.name}: seq_len={shape.seq_len} is not divisible by 2*cp={2 * cp}. "
+                             f"Fix: pass --seq-len {shape.seq_len - shape.seq_len % (2 * cp) or 2 * cp} or another cp.")
+        if m.engine == "te-p2p" and shape.window is not None and not m.canonical:
+            raise UsageError(f"{m.name}: the p2p ring is modelled for full causal attention only, window={shape.window}. "
+                             "Fix: use te-allgather for sliding-window models.")
+
+
+def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at the (FP64) values ``x``: ``2**(floor(log2|x|)) * eps``."""
+    info = torch.finfo(dtype)
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(info.tiny)))) * info.eps
+
+
+#: Magnitudes below this fraction of a tensor's largest are measured in the ulps at that floor,
+#: so that two tiny values of opposite sign do not count as thousands of ulps apart.
+ULP_FLOOR = 2.0 ** -8
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, floor: float | None = None) -> torch.Tensor:
+    """``|a - b|`` in ulps of ``dtype`` at ``max(|a|, |b|, floor)``; floor defaults to
+    ``ULP_FLOOR * max|b|`` (FP64 result)."""
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    floor = ULP_FLOOR * float(b.abs().max()) if floor is None else floor
+    return (a - b).abs() / ulp_of(torch.maximum(a.abs(), b.abs()).clamp_min(floor), dtype)
+
+
+class LMHead:
+    """A fixed-seed random LM head: RMS-normalised attention output -> logits -> token logprobs."""
+
+    def __init__(self, hidden: int, vocab: int, seed: int):
+        gen = torch.Generator().manual_seed(seed + 1)
+        self.weight = torch.randn(hidden, vocab, generator=gen, dtype=torch.float64) * (LOGIT_STD / math.sqrt(hidden))
+        self.seed = seed
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for r0 in range(0, out.shape[0], _ROWS):                    # row chunks keep temporaries small
+            h = out[r0:r0 + _ROWS].reshape(-1, self.weight.shape[0]).to(torch.float64)
+            rows.append((h / h.pow(2).mean(dim=-1, keepdim=True).sqrt()) @ self.weight)
+        return torch.cat(rows)
+
+    def sample(self, out: torch.Tensor) -> torch.Tensor:
+        """Tokens sampled (fixed seed) from the distribution of ``out``, as a rollout would."""
+        gen = torch.Generator().manual_seed(self.seed + 2)
+        return torch.multinomial(torch.softmax(self.logits(out), dim=-1), 1, generator=gen).squeeze(-1)
+
+    def logprobs(self, out: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.logits(out), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+#: Rows compared at a time: keeps every temporary small (no fresh large allocations per pair).
+_ROWS = 256
+
+
+def _chunked_stats(fields: dict[str, Any], n: int) -> dict[str, float]:
+    """Max and mean of each ``fields[name](rows)`` over row chunks of ``_ROWS``."""
+    out: dict[str, float] = {}
+    for name, fn in fields.items():
+        hi, total, count = 0.0, 0.0, 0
+        for r0 in range(0, n, _ROWS):
+            x = fn(slice(r0, min(n, r0 + _ROWS))).to(torch.float64)
+            hi, total, count = max(hi, float(x.max())), total + float(x.sum()), count + x.numel()
+        out[f"{name}_max"], out[f"{name}_mean"] = hi, total / max(1, count)
+    return out
+
+
+def compare(a: tuple, b: tuple, lp_a: torch.Tensor, lp_b: torch.Tensor) -> dict[str, float]:
+    """Drift figures between two ``(out, lse)`` results and their token logprobs."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    dlp = (lp_a - lp_b).abs()
+    out_floor = ULP_FLOOR * float(out_b.abs().max())
+    lse_floor = ULP_FLOOR * float(lse_b.abs().max())
+    stats = _chunked_stats({
+        "out_abs": lambda r: (out_a[r].double() - out_b[r].double()).abs(),
+        "out_ulp": lambda r: ulps(out_a[r], out_b[r], out_a.dtype, out_floor),
+        "lse_abs": lambda r: (lse_a[r].double() - lse_b[r].double()).abs(),
+        "lse_ulp": lambda r: ulps(lse_a[r], lse_b[r], torch.float32, lse_floor),
+    }, out_a.shape[0])
+    return {
+        **stats,
+        "logprob_abs_max": float(dlp.max()),
+        "logprob_abs_mean": float(dlp.mean()),
+        "token_mult_prob_error": float(torch.exp(dlp).mean()),
+        "bitwise_equal": bool(torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b)),
+    }
+
+
+def _vs_exact(result: tuple, exact: tuple, dtype: torch.dtype) -> dict[str, float]:
+    """Largest errors of ``(out, lse)`` against the FP64 exact attention."""
+    floor = ULP_FLOOR * float(exact[0].abs().max())
+    stats = _chunked_stats({
+        "out_abs": lambda r: (result[0][r].double() - exact[0][r]).abs(),
+        "out_ulp": lambda r: ulps(result[0][r], exact[0][r], dtype, floor),
+        "lse_abs": lambda r: (result[1][r].double() - exact[1][r]).abs(),
+    }, result[0].shape[0])
+    return {k: v for k, v in stats.items() if k.endswith("_max")}
+
+
+class Progress:
+    """A stdlib progress bar on stderr (a redrawn line on a terminal, one line per step elsewhere)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        filled = int(30 * self.done / max(1, self.total))
+        line = f"[{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total} {label}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(90) + ("\n" if self.done == self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def make_inputs(shape: Shape, seed: int):
+    """FP32 ``q, k, v`` ~ N(0, 1) for one sequence; each dtype rounds the same values."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape.seq_len, shape.heads, shape.head_dim, generator=gen)
+    k = torch.randn(shape.seq_len, shape.kv_heads, shape.head_dim, generator=gen)
+    v = torch.randn(shape.seq_len, shape.kv_heads, shape.head_dim, generator=gen)
+    return q, k, v
+
+
+def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rollout: list[Materializer], *,
+              seed: int = 0, vocab: int = DEFAULT_VOCAB, spec: ReferenceSpec = ReferenceSpec(),
+              progress: Progress | None = None) -> dict[str, Any]:
+    """Run every engine once per dtype and compare all (training, rollout) pairs."""
+    engines = list(dict.fromkeys([*training, *rollout]))
+    progress = progress or Progress(0, enabled=False)
+    progress.total = len(dtypes) * (len(engines) + 2)
+    head = LMHead(shape.heads * shape.head_dim, vocab, seed)
+    q32, k32, v32 = make_inputs(shape, seed)
+    pairs, plans, started = [], [], time.perf_counter()
+    for dname in dtypes:
+        q, k, v = (x.to(DTYPES[dname]) for x in (q32, k32, v32))
+        exact = exact_attention(q, k, v, window=shape.window)
+        progress.step(f"{dname} fp64 exact")
+        ref = reference_attention(q, k, v, window=shape.window, spec=spec)
+        tokens = head.sample(ref[0])
+        ref_lp = head.logprobs(ref[0], tokens)
+        progress.step(f"{dname} reference")
+        results, logprobs = {}, {}
+        for m in engines:
+            t0 = time.perf_counter()
+            results[m] = ref if m.engine == "reference" and not m.params else m(q, k, v, window=shape.window, spec=spec)
+            logprobs[m] = head.logprobs(results[m][0], tokens)
+            seconds = time.perf_counter() - t0
+            plans.append({"dtype": dname, "engine": m.name, "seconds": seconds,
+                          "vs_reference": compare(results[m], ref, logprobs[m], ref_lp),
+                          "vs_fp64": _vs_exact(results[m], exact, q.dtype)})
+            progress.step(f"{dname} {m.name}")
+        for t in training:
+            for r in rollout:
+                pairs.append({"dtype": dname, "training": t.name, "rollout": r.name,
+                              **compare(results[t], results[r], logprobs[t], logprobs[r])})
+    return {
+        "shape": shape.to_dict(),
+        "dtypes": list(dtypes),
+        "training": [m.name for m in training],
+        "rollout": [m.name for m in rollout],
+        "seed": seed,
+        "vocab": vocab,
+        "reference_spec": {"block_q": spec.block_q, "block_kv": spec.block_kv},
+        "pairs": pairs,
+        "engines": plans,
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """The pairs as a fixed-width text table."""
+    cols = ("dtype", "training", "rollout", "max|d out|", "max ulp", "max|d lse|", "max|d logp|", "mult_prob_err")
+    rows = [(p["dtype"], p["training"], p["rollout"], f"{p['out_abs_max']:.3g}", f"{p['out_ulp_max']:.1f}",
+             f"{p['lse_abs_max']:.3g}", f"{p['logprob_abs_max']:.3g}", f"{p['token_mult_prob_error']:.6f}")
+            for p in result["pairs"]]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    s = result["shape"]
+    title = (f"attention drift: heads={s['heads']} kv_heads={s['kv_heads']} head_dim={s['head_dim']} "
+             f"window={s['window']} seq_len={s['seq_len']}")
+    return "\n".join([title, line, "-" * len(line), *body])
+
+
+def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
+    """PNG heatmap of max |d logprob| (training x rollout, one panel per dtype); None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    training, rollout, dtypes = result["training"], result["rollout"], result["dtypes"]
+    fig, axes = plt.subplots(1, len(dtypes), figsize=((2.4 + 0.9 * len(rollout)) * len(dtypes), 1.6 + 0.5 * len(training)),
+                             squeeze=False)
+    for ax, dname in zip(axes[0], dtypes):
+        grid = [[next(p["logprob_abs_max"] for p in result["pairs"]
+                      if p["dtype"] == dname and p["training"] == t and p["rollout"] == r) for r in rollout] for t in training]
+        image = ax.imshow(grid, cmap="viridis")
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2g}", ha="center", va="center", color="w", fontsize=7)
+        ax.set_xticks(range(len(rollout)), rollout, rotation=40, ha="right", fontsize=7)
+        ax.set_yticks(range(len(training)), training, fontsize=7)
+        ax.set_title(f"{dname}: max |d logprob|", fontsize=9)
+        ax.set_xlabel("rollout", fontsize=8)
+        ax.set_ylabel("training", fontsize=8)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

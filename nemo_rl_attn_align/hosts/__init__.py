@@ -1,0 +1,7 @@
+"""Host adapters: one thin module per process kind the plugin runs in.
+
+Each host module names the modules it patches (``TARGETS``) and the host versions it supports
+(``SUPPORTED``) as data, and exposes idempotent ``attach()`` / ``detach()``. ``bootstrap`` is the
+stdlib-only machinery that runs at interpreter start and attaches a host only when its target
+module is imported.
+"""

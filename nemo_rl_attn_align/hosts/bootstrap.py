@@ -1,0 +1,201 @@
+"""Interpreter-start activation: stdlib only, lazy, idempotent.
+
+Three doors lead here, all calling ``activate()``:
+
+* ``nemo_rl_attn_align.pth`` in the environment the plugin is installed in (every interpreter of
+  that environment processes it at start, like coverage's and autowrapt's ``.pth`` files);
+* ``nemo_rl_attn_align/_shim/sitecustomize.py``, for interpreters of *other* environments that
+  inherit ``PYTHONPATH`` (NeMo-RL's per-worker uv venvs get the driver's whole environment through
+  Ray's ``runtime_env["env_vars"]``); it chains to the next ``sitecustomize`` like
+  ``opentelemetry-instrument`` and ``ddtrace-run`` do;
+* ``nemo-rl-attn-align run -- CMD`` (``cli/run.py``), where nothing automatic is allowed.
+
+``activate()`` imports no host library. It installs one ``sys.meta_path`` finder that wraps the
+loader of the few modules in ``WATCHED``; when such a module has finished executing, the host
+module that patches it is imported and attached. ``NEMO_RL_ATTN_ALIGN=0`` turns all of it off.
+"""
+
+# No ``from __future__ import annotations`` here: importing ``__future__`` alone costs ~0.2 ms at
+# every interpreter start, and the annotations below evaluate fine on Python 3.10+.
+import os
+import sys
+
+#: Master switch: ``0`` / ``false`` / ``no`` / ``off`` (any case) turn the plugin off everywhere.
+SWITCH = "NEMO_RL_ATTN_ALIGN"
+_OFF_VALUES = frozenset({"0", "false", "no", "off"})
+
+#: The directory holding the chaining ``sitecustomize.py`` that child interpreters pick up.
+SHIM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_shim")
+
+#: Host modules (under ``nemo_rl_attn_align.hosts``) keyed by the module each one patches.
+#: ``tests/hosts/test_bootstrap.py`` checks that this equals the union of the hosts' ``TARGETS``.
+WATCHED = {
+    "nemo_rl.algorithms.distillation": "nemo_rl_driver",
+    "nemo_rl.algorithms.dpo": "nemo_rl_driver",
+    "nemo_rl.algorithms.grpo": "nemo_rl_driver",
+    "nemo_rl.algorithms.ppo": "nemo_rl_driver",
+    "nemo_rl.algorithms.rm": "nemo_rl_driver",
+    "nemo_rl.algorithms.sft": "nemo_rl_driver",
+    "nemo_rl.models.megatron.setup": "megatron_worker",
+    "nemo_rl.models.policy.workers.megatron_policy_worker": "megatron_worker",
+    "transformer_engine.pytorch.attention.dot_product_attention.utils": "te_readback",
+    "vllm.v1.worker.gpu_worker": "vllm_worker",
+}
+
+#: module name -> callbacks run with the module once it has executed (or at once if it already has).
+_callbacks: dict[str, list] = {}
+#: How this process was activated ("pth", "shim", "run", "entry_point", ...); None while inactive.
+origin: str | None = None
+
+
+def enabled(environ=os.environ) -> bool:
+    """False when ``NEMO_RL_ATTN_ALIGN`` is set to 0/false/no/off."""
+    return environ.get(SWITCH, "1").strip().lower() not in _OFF_VALUES
+
+
+def warn(message: str) -> None:
+    """One line on stderr; safe to call during interpreter start."""
+    try:
+        sys.stderr.write(f"nemo-rl-attn-align: {message}\n")
+    except Exception:  # pragma: no cover - stderr closed
+        pass
+
+
+def activate(how: str = "pth") -> bool:
+    """Turn the plugin on in this interpreter; returns False when switched off. Never raises."""
+    global origin
+    if not enabled():
+        return False
+    try:
+        for target, host in WATCHED.items():
+            watch(target, _LazyHost.get(host))
+        export_shim(os.environ)
+    except Exception as exc:  # noqa: BLE001 - start-up must never break an interpreter
+        warn(f"activation failed ({type(exc).__name__}: {exc}); running without the plugin")
+        return False
+    if origin is None:
+        origin = how
+    return True
+
+
+def deactivate() -> None:
+    """Remove every pending hook and the import finder (already patched modules stay patched)."""
+    global origin
+    _callbacks.clear()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
+    origin = None
+
+
+def export_shim(environ) -> None:
+    """Put ``SHIM_DIR`` first on ``environ["PYTHONPATH"]`` (once) so child interpreters activate too."""
+    current = environ.get("PYTHONPATH", "")
+    entries = [p for p in current.split(os.pathsep) if p]
+    if SHIM_DIR not in entries:
+        environ["PYTHONPATH"] = os.pathsep.join([SHIM_DIR, *entries])
+
+
+def watch(module_name: str, callback) -> None:
+    """Run ``callback(module)`` when ``module_name`` has executed, or now if it already has.
+
+    Registering the same callback twice is a no-op. A module that is still executing is called back
+    when it has finished (if it was watched when its import began). A callback's exception is reported and
+    swallowed unless it carries ``stops_run = True`` (strict mode), which propagates to the import.
+    """
+    registered = _callbacks.setdefault(module_name, [])
+    if callback in registered:
+        return
+    registered.append(callback)
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder())
+    module = sys.modules.get(module_name)
+    # A module still executing (it is importing something that triggered us) is not ready; its
+    # notifying loader calls back when it has finished.
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        _run(callback, module)
+
+
+def unwatch(module_name: str, callback) -> None:
+    """Forget ``callback`` for ``module_name``."""
+    registered = _callbacks.get(module_name, [])
+    if callback in registered:
+        registered.remove(callback)
+
+
+def _run(callback, module) -> None:
+    try:
+        callback(module)
+    except Exception as exc:  # noqa: BLE001
+        if getattr(exc, "stops_run", False):
+            raise
+        warn(f"hook for {module.__name__} failed ({type(exc).__name__}: {exc}); that module runs unpatched")
+
+
+def _notify(module) -> None:
+    """Run every callback for ``module``, including those its callbacks register meanwhile."""
+    done: list = []
+    while True:
+        pending = [cb for cb in _callbacks.get(module.__name__, ()) if cb not in done]
+        if not pending:
+            return
+        for callback in pending:
+            done.append(callback)
+            _run(callback, module)
+
+
+class _LazyHost:
+    """Callback that imports ``nemo_rl_attn_align.hosts.<name>`` and calls its ``attach()``."""
+
+    _instances: dict[str, "_LazyHost"] = {}
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @classmethod
+    def get(cls, name: str) -> "_LazyHost":
+        """One instance per host, so ``watch`` sees the same callback every time."""
+        if name not in cls._instances:
+            cls._instances[name] = cls(name)
+        return cls._instances[name]
+
+    def __call__(self, module) -> None:
+        import importlib
+
+        importlib.import_module(f"nemo_rl_attn_align.hosts.{self.name}").attach()
+
+
+class _NotifyingLoader:
+    """Runs the real loader, puts it back on the module, then notifies the watchers."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        _notify(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder:
+    """``sys.meta_path`` entry that only answers for watched names, and then only to wrap the loader."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _callbacks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _PostImportFinder):
+                continue
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec(fullname, path, target) if find_spec else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _NotifyingLoader(spec.loader)
+                return spec
+        return None

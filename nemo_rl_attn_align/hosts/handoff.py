@@ -1,0 +1,63 @@
+"""What the driver hands to every worker through the environment (stdlib only).
+
+NeMo-RL copies the driver's whole ``os.environ`` into every Ray actor's ``runtime_env`` env_vars
+(``virtual_cluster.init_ray`` and ``RayWorkerGroup._create_workers_from_bundle_indices``), but a
+worker receives only the ``policy`` section of the config, never the top-level
+``attention_align:`` block. So the driver exports the settings the workers need as one JSON
+variable before the workers are created; the launcher (``nemo-rl-attn-align run``) can set the
+single-value variables instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Mapping, MutableMapping
+
+SETTINGS_ENV = "NEMO_RL_ATTN_ALIGN_SETTINGS"
+REPORT_DIR_ENV = "NEMO_RL_ATTN_ALIGN_REPORT_DIR"
+STRICT_ENV = "NEMO_RL_ATTN_ALIGN_STRICT"
+ON_MISMATCH_ENV = "NEMO_RL_ATTN_ALIGN_ON_MISMATCH"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """The part of ``attention_align:`` a worker acts on."""
+
+    strict: bool = False
+    on_mismatch: str = "warn"
+    report_dir: str | None = None
+
+
+def export_settings(settings: WorkerSettings, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Put ``settings`` where every worker created afterwards will find them."""
+    environ[SETTINGS_ENV] = json.dumps(asdict(settings), sort_keys=True)
+    if settings.report_dir:
+        environ[REPORT_DIR_ENV] = settings.report_dir
+
+
+def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
+    """The settings exported by the driver; single-value variables override; defaults otherwise."""
+    values: dict = {}
+    raw = environ.get(SETTINGS_ENV)
+    if raw:
+        try:
+            loaded = json.loads(raw)
+        except ValueError:
+            loaded = {}
+        if isinstance(loaded, dict):
+            values = {k: loaded[k] for k in ("strict", "on_mismatch", "report_dir") if k in loaded}
+    if STRICT_ENV in environ:
+        values["strict"] = environ[STRICT_ENV].strip().lower() in _TRUE
+    if ON_MISMATCH_ENV in environ:
+        values["on_mismatch"] = environ[ON_MISMATCH_ENV]
+    if environ.get(REPORT_DIR_ENV):
+        values["report_dir"] = environ[REPORT_DIR_ENV]
+    return WorkerSettings(
+        strict=bool(values.get("strict", False)),
+        on_mismatch=str(values.get("on_mismatch", "warn")),
+        report_dir=values.get("report_dir") or None,
+    )

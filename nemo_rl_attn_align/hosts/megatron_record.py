@@ -1,0 +1,207 @@
+"""The training side of the attention contract, read from a finished Megatron model config.
+
+``model_config_facts`` turns the model config (a megatron-core ``TransformerConfig`` or a
+Megatron-Bridge provider, which subclasses it) into a plain JSON-ready dict of every field that
+decides what the attention computes; ``training_contract`` maps those facts, plus what Transformer
+Engine was seen to choose (``te_readback``), onto ``contract.FIELDS``. No host library is imported
+here: values are read with ``getattr`` from the objects the hooks hand over.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, Mapping
+
+from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder, ContractError, normalize_dtype
+from nemo_rl_attn_align.hosts.worker_records import put_field
+from nemo_rl_attn_align.preview import _te_kernels as te_semantics  # the rule `check` previews with
+
+#: TransformerConfig / GPTModelProvider attributes recorded as they are (missing ones are listed).
+MODEL_CONFIG_FIELDS = (
+    "attention_backend",
+    "transformer_impl",
+    "params_dtype",
+    "bf16",
+    "fp16",
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "softmax_scale",
+    "attention_softmax_in_fp32",
+    "window_size",
+    "position_embedding_type",
+    "rotary_base",
+    "rotary_percent",
+    "rotary_interleaved",
+    "seq_len_interpolation_factor",
+    "apply_rope_fusion",
+    "vocab_size",
+    "tensor_model_parallel_size",
+    "context_parallel_size",
+    "pipeline_model_parallel_size",
+    "cp_comm_type",
+    "deterministic_mode",
+    "batch_invariant_mode",
+    "flash_attention_version",
+)
+
+#: AttnBackend name -> the Transformer Engine class that runs it (``local`` is Megatron's own).
+TE_CLASS_BY_BACKEND = {
+    "flash": "FlashAttention",
+    "fused": "FusedAttention",
+    "unfused": "UnfusedDotProductAttention",
+    "local": "local",
+}
+
+#: Distributions whose versions go into every record.
+VERSIONED = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "flash-attn", "nemo-rl")
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready form of a config value: enums by name, dtypes as text, tuples as lists."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    return str(value)
+
+
+def model_config_facts(model_cfg: Any, policy_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every attention-relevant field of the finished model config, plus the worker's batch sizes."""
+    missing = object()
+    facts: dict[str, Any] = {"model_config_class": type(model_cfg).__name__, "absent": []}
+    for name in MODEL_CONFIG_FIELDS:
+        value = getattr(model_cfg, name, missing)
+        if value is missing:
+            facts["absent"].append(name)
+        else:
+            facts[name] = _plain(value)
+    policy_cfg = policy_cfg or {}
+    for key in ("train_micro_batch_size", "logprob_batch_size"):
+        if isinstance(policy_cfg.get(key), int):
+            facts[key] = policy_cfg[key]
+    tokenizer = policy_cfg.get("tokenizer")
+    if isinstance(tokenizer, Mapping) and isinstance(tokenizer.get("name"), str):
+        facts["tokenizer"] = tokenizer["name"]
+    return facts
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries that decide the training attention."""
+    from nemo_rl_attn_align.hosts._patching import distribution_version
+
+    versions = {name: distribution_version(name) for name in VERSIONED}
+    return {name: version for name, version in versions.items() if version}
+
+
+def _rope(facts: Mapping[str, Any]) -> tuple[str | None, dict | None]:
+    kind = facts.get("position_embedding_type")
+    if kind is None:
+        return None, None
+    if kind in ("none", "learned_absolute"):
+        return "none", {}
+    params = {"theta": facts.get("rotary_base"), "partial_rotary_factor": facts.get("rotary_percent")}
+    if facts.get("seq_len_interpolation_factor") is not None:
+        params["scaling"] = {"type": "linear", "factor": facts["seq_len_interpolation_factor"]}
+    return ("default" if kind == "rope" else kind), {k: v for k, v in params.items() if v is not None}
+
+
+def _reduction_engine(backend: str | None, cp_size: int, cp_comm_type: str | None) -> str | None:
+    """Who merges partials: one kernel, or TE's context-parallel merge of the given comm type."""
+    if backend is None:
+        return None
+    if cp_size > 1 and backend in ("FlashAttention", "FusedAttention"):
+        return f"te_cp_{(cp_comm_type or 'p2p').replace('+', '_')}"
+    return "single_kernel"
+
+
+def training_contract(
+    facts: Mapping[str, Any],
+    worker_id: str,
+    observed: Mapping[str, Any] | None = None,
+    versions: Mapping[str, str] | None = None,
+) -> AttentionContract:
+    """The training-side contract for one worker.
+
+    ``observed`` is ``te_readback``'s result (``backend``, ``engine``, ``status``, ``source``);
+    without it the backend is what the config requested, recorded as not yet observed.
+    """
+    b = ContractBuilder("training", worker_id)
+    src = f"{facts.get('model_config_class', 'TransformerConfig')}."
+
+    def put(name: str, value: Any, source: str, how: str = "observed") -> None:
+        put_field(b, name, value, source, how)
+
+    put("num_layers", facts.get("num_layers"), src + "num_layers")
+    put("num_attention_heads", facts.get("num_attention_heads"), src + "num_attention_heads")
+    put("num_query_groups", facts.get("num_query_groups"), src + "num_query_groups")
+    put("head_dim", facts.get("kv_channels"), src + "kv_channels")
+    if facts.get("softmax_scale") is not None:
+        put("softmax_scale", facts["softmax_scale"], src + "softmax_scale")
+    elif facts.get("kv_channels"):
+        put("softmax_scale", 1.0 / math.sqrt(facts["kv_channels"]), f"1/sqrt({src}kv_channels) (softmax_scale unset)")
+    put("causal", True, "GPTModel causal self-attention mask", "configured")
+    window = facts.get("window_size")
+    put("sliding_window", window[0] if window else None, src + "window_size[0]", "configured" if not window else "observed")
+    rope_type, rope_params = _rope(facts)
+    put("rope_type", rope_type, src + "position_embedding_type")
+    put("rope_parameters", rope_params, src + "rotary_base/rotary_percent")
+    put("vocab_size", facts.get("vocab_size"), src + "vocab_size")
+    if facts.get("tokenizer"):
+        put("tokenizer", facts["tokenizer"], "policy.tokenizer.name", "configured")
+
+    cp_size = facts.get("context_parallel_size") or 1
+    put("cp_size", cp_size, src + "context_parallel_size")
+    put("cp_comm_type", facts.get("cp_comm_type") if cp_size > 1 else None, src + "cp_comm_type", "configured" if cp_size == 1 else "observed")
+    put("cp_layout", "load_balanced" if cp_size > 1 else "none", "TE CP load-balanced sequence split" if cp_size > 1 else "cp_size == 1", "configured")
+    put("tp_size", facts.get("tensor_model_parallel_size"), src + "tensor_model_parallel_size")
+    put("mode", "prefill", "training scores whole sequences", "configured")
+    put("rope_fusion", facts.get("apply_rope_fusion"), src + "apply_rope_fusion")
+    batch_key = "logprob_batch_size" if "logprob_batch_size" in facts else "train_micro_batch_size"
+    if batch_key in facts:
+        put("physical_batch", facts[batch_key], f"policy.{batch_key}", "configured")
+    for name, key in (("batch_invariant", "batch_invariant_mode"), ("deterministic", "deterministic_mode")):
+        if key in facts["absent"]:
+            b.unobservable(name, None, f"{src}{key} does not exist in this megatron-core")
+        else:
+            put(name, facts.get(key), src + key)
+    if "flash_attention_version" in facts["absent"]:
+        b.unobservable("flash_attention_version", None, f"{src}flash_attention_version does not exist in this megatron-core")
+    else:
+        put("flash_attention_version", facts.get("flash_attention_version"), src + "flash_attention_version", "configured")
+    for name in ("split_kv_policy",):
+        put(name, "none", "training forward does not split KV", "configured")
+    for name in ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching"):
+        put(name, None, "training has no KV cache", "configured")
+
+    requested = facts.get("attention_backend")
+    if observed and observed.get("status") == "observed":
+        backend = observed["backend"]
+    else:
+        backend = TE_CLASS_BY_BACKEND.get(requested)
+    # The reduction semantics follow from backend, dtype and CP by the same rule `check` previews with.
+    attn_backend = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}.get(backend, requested)
+    try:
+        dtype = normalize_dtype(facts.get("params_dtype"))
+    except ContractError:
+        dtype = None
+    te_semantics(b, attn_backend, dtype, cp_size, facts.get("cp_comm_type") or "p2p")
+    put("dtype", facts.get("params_dtype"), src + "params_dtype")
+    if observed and observed.get("status") == "observed":
+        put("backend", backend, observed.get("source", "read back"))
+        put("engine", observed.get("engine"), observed.get("source", "read back"))
+    else:
+        why = (observed or {}).get("source") or "not read back yet (before the first forward)"
+        b.unobservable("backend", requested, f"requested AttnBackend.{requested}; {why}")
+        b.unobservable("engine", None, why)
+    engine = _reduction_engine(backend, cp_size, facts.get("cp_comm_type"))
+    if engine:
+        put("reduction_engine", engine, "derived: backend and context_parallel_size", "configured")
+    if versions:
+        put("versions", dict(versions), "importlib.metadata", "observed")
+    return b.build(unset_source="not known to the Megatron worker at setup")

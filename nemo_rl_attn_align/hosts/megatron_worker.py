@@ -1,0 +1,290 @@
+"""Megatron policy worker hook: check before the model config is used, record what really ran.
+
+Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
+
+``setup-module`` layout (>= 0.6.0; main since 5e3f167 "refactor megatron init", 2026-01-22):
+  * ``nemo_rl.models.megatron.setup._apply_performance_config(model_cfg, config)``, called through
+    the module global by ``setup_model_config``. Before: the pre-flight rules on the worker's own
+    policy config (a flash + FP32 config stops here, never reaching TE). After: upstream maps
+    ``megatron_cfg.attention_backend`` to ``AttnBackend`` since 21337e5 (#1628, v0.6.0); on the
+    commits between the two we apply the same mapping, and never when upstream already did.
+  * ``megatron_policy_worker.validate_and_set_config`` (imported by name there, so patched there):
+    after it, the model config is finished (``finalize()`` / ``__post_init__`` ran): record it.
+  * ``megatron_policy_worker.setup_model_and_optimizer`` (imported by name): after it, the model is
+    built and Megatron's ``_set_attention_backend`` has set the NVTE variables: record them and
+    read back, after the first forward, what Transformer Engine chose.
+
+``worker-inline`` layout (0.5.x): the model config is built inline in
+``MegatronPolicyWorker.__init__`` and ``setup_megatron_model(policy_cfg, cfg, ...)`` (a module
+global of ``megatron_policy_worker``) builds the model from ``cfg.model``. There is no
+``attention_backend`` key upstream, so the mapping is applied to ``cfg.model`` here, before.
+
+Any other layout gets one warning naming the NeMo-RL version and the missing seam and runs
+untouched; ``attention_align.strict: true`` makes it an error.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff
+from nemo_rl_attn_align.hosts.worker_records import HostRecord
+
+SETUP_MODULE = "nemo_rl.models.megatron.setup"
+WORKER_MODULE = "nemo_rl.models.policy.workers.megatron_policy_worker"
+TARGETS = (SETUP_MODULE, WORKER_MODULE)
+
+
+@dataclass(frozen=True)
+class Seam:
+    """A function the hook wraps, and the leading parameters it relies on."""
+
+    module: str
+    name: str
+    params: tuple[str, ...]
+
+
+#: Layouts the hook recognises, with the NeMo-RL versions that have them.
+LAYOUTS = {
+    "setup-module": (
+        ">=0.6.0",
+        (
+            Seam(SETUP_MODULE, "_apply_performance_config", ("model_cfg", "config")),
+            Seam(WORKER_MODULE, "validate_and_set_config", ("config", "rank")),
+            Seam(WORKER_MODULE, "setup_model_and_optimizer", ("policy_cfg", "megatron_cfg")),
+        ),
+    ),
+    "worker-inline": (">=0.5.0,<0.6.0", (Seam(WORKER_MODULE, "setup_megatron_model", ("policy_cfg", "cfg")),)),
+}
+SUPPORTED = {"nemo-rl": {name: versions for name, (versions, _) in LAYOUTS.items()}, "megatron-core": ">=0.11"}
+
+log = logging.getLogger("nemo_rl_attn_align")
+
+
+def nemo_rl_version() -> str | None:
+    """NeMo-RL's version (it is not on PyPI: read ``nemo_rl.__version__`` first)."""
+    version = getattr(sys.modules.get("nemo_rl"), "__version__", None)
+    return version or _patching.distribution_version("nemo-rl")
+
+
+def _fits(seam: Seam) -> bool:
+    func = getattr(sys.modules.get(seam.module), seam.name, None)
+    if not callable(func):
+        return False
+    try:
+        names = tuple(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[: len(seam.params)] == seam.params
+
+
+def _layout() -> str | None:
+    """The layout whose seams are all present in the imported modules, or None."""
+    for name, (_, seams) in LAYOUTS.items():
+        if all(_fits(seam) for seam in seams):
+            return name
+    return None
+
+
+# --- what the hook does around each seam ---------------------------------------------------------
+
+
+class WorkerRecord(HostRecord):
+    """What this policy worker process learned so far."""
+
+    host = "megatron_worker"
+
+    def __init__(self):
+        super().__init__()
+        self.plan: Any = None
+        self.policy_cfg: dict = {}
+        self.facts: dict | None = None
+        self.observed: dict | None = None
+        self.nvte: dict[str, str | None] = {}
+        self.layout: str | None = None
+        self.backend_mapped_by: str | None = None
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+
+    @property
+    def worker_id(self) -> str:
+        return f"policy-rank{self.rank}"
+
+    def contract(self):
+        from nemo_rl_attn_align.hosts.megatron_record import library_versions, training_contract
+
+        return training_contract(self.facts or {}, self.worker_id, self.observed, library_versions())
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "nemo_rl": nemo_rl_version(),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+            "plan": self.plan.to_dict() if self.plan is not None else None,
+            "backend_mapped_by": self.backend_mapped_by,
+            "model_config": self.facts,
+            "nvte_after_build": self.nvte,
+            "te_readback": self.observed,
+        }
+
+
+record = WorkerRecord()
+
+
+def check_policy(policy_cfg: dict) -> None:
+    """The pre-flight rules on this worker's policy config and environment; errors always stop."""
+    from nemo_rl_attn_align.plan import build_plan_for_policy
+
+    plan = build_plan_for_policy(policy_cfg, os.environ)
+    record.plan, record.policy_cfg = plan, policy_cfg
+    for finding in plan.warnings:
+        log.warning("nemo-rl-attn-align: %s", finding.line())
+    plan.raise_for_errors()
+
+
+def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
+    """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0."""
+    from nemo_rl_attn_align.backend import NVTE_VARIABLES, to_attn_backend
+
+    requested = (policy_cfg.get("megatron_cfg") or {}).get("attention_backend")
+    if requested is None:
+        return
+    member = to_attn_backend(requested)
+    if getattr(model_cfg, "attention_backend", None) == member:
+        record.backend_mapped_by = record.backend_mapped_by or "nemo_rl"
+        return
+    for name in NVTE_VARIABLES:
+        os.environ.pop(name, None)
+    model_cfg.attention_backend = member
+    record.backend_mapped_by = mapper
+
+
+def _after_model_built(model: Any) -> None:
+    from nemo_rl_attn_align.backend import NVTE_VARIABLES
+    from nemo_rl_attn_align.determinism import probe
+    from nemo_rl_attn_align.hosts import te_readback
+
+    record.nvte = {name: os.environ.get(name) for name in NVTE_VARIABLES}
+    expected = dict(record.plan.nvte) if record.plan is not None else {}
+    if expected and any(record.nvte.get(k) != v for k, v in expected.items()):
+        record.note(f"Megatron set {record.nvte} but the plan expected {expected}")
+    record.probe = probe()
+    record.write("model_built")
+    record.stop_if_strict()
+
+    def on_first_forward(observed: dict) -> None:
+        def act() -> None:
+            record.observed = observed
+            problem = te_readback.mismatch(record.plan.effective if record.plan else None, observed)
+            if problem:
+                record.note(problem)
+            record.write("first_forward")
+            record.stop_if_strict()
+
+        record.guarded("reading back the attention backend", act)
+
+    te_readback.attach()
+    te_readback.watch_first_forward(model, on_first_forward)
+
+
+def _record_model_config(model_cfg: Any) -> None:
+    from nemo_rl_attn_align.hosts.megatron_record import model_config_facts
+
+    record.facts = model_config_facts(model_cfg, record.policy_cfg)
+    record.write("model_config")
+
+
+def _wrap_performance_config(original: Callable) -> Callable:
+    def _apply_performance_config(model_cfg, config, *args, **kwargs):
+        check_policy(config)
+        result = original(model_cfg, config, *args, **kwargs)
+        record.guarded("applying attention_backend", lambda: _map_backend(model_cfg, config, "nemo_rl_attn_align"))
+        return result
+
+    return _apply_performance_config
+
+
+def _wrap_validate_and_set_config(original: Callable) -> Callable:
+    def validate_and_set_config(config, rank, *args, **kwargs):
+        record.rank = int(rank)
+        runtime_config = original(config, rank, *args, **kwargs)
+        record.guarded("recording the model config", lambda: _record_model_config(runtime_config.model_cfg))
+        return runtime_config
+
+    return validate_and_set_config
+
+
+def _wrap_setup_model_and_optimizer(original: Callable) -> Callable:
+    def setup_model_and_optimizer(policy_cfg, megatron_cfg, *args, **kwargs):
+        state = original(policy_cfg, megatron_cfg, *args, **kwargs)
+        record.guarded("recording the built model", lambda: _after_model_built(state.model))
+        return state
+
+    return setup_model_and_optimizer
+
+
+def _wrap_setup_megatron_model(original: Callable) -> Callable:
+    def setup_megatron_model(policy_cfg, cfg, *args, **kwargs):
+        check_policy(policy_cfg)
+        _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)")
+        result = original(policy_cfg, cfg, *args, **kwargs)
+        record.guarded("recording the model config", lambda: _record_model_config(cfg.model))
+        record.guarded("recording the built model", lambda: _after_model_built(result[1]))
+        return result
+
+    return setup_megatron_model
+
+
+_WRAPPERS = {
+    "_apply_performance_config": _wrap_performance_config,
+    "validate_and_set_config": _wrap_validate_and_set_config,
+    "setup_model_and_optimizer": _wrap_setup_model_and_optimizer,
+    "setup_megatron_model": _wrap_setup_megatron_model,
+}
+
+
+def _patch(module) -> None:
+    """Wrap the seams of the module that has just been imported (each one once)."""
+    if module.__name__ == SETUP_MODULE:
+        seam = LAYOUTS["setup-module"][1][0]
+        if _fits(seam):
+            _patching.wrap(module, seam.name, _WRAPPERS[seam.name])
+        else:
+            _unsupported(f"{SETUP_MODULE} has no {seam.name}{seam.params}")
+        return
+    layout = _layout()
+    if layout is None:
+        seams = "; ".join(
+            f"{name} ({versions}): " + ", ".join(f"{s.module}.{s.name}{s.params}" for s in seams)
+            for name, (versions, seams) in LAYOUTS.items()
+        )
+        _unsupported(f"no known Megatron worker seam; looked for {seams}")
+        return
+    record.layout = layout
+    for seam in LAYOUTS[layout][1]:
+        _patching.wrap(sys.modules[seam.module], seam.name, _WRAPPERS[seam.name])
+
+
+def _unsupported(missing: str) -> None:
+    _patching.unsupported("NeMo-RL", nemo_rl_version(), missing, handoff.worker_settings().strict)
+
+
+def attach() -> None:
+    """Patch the Megatron worker seams now or when NeMo-RL's modules are imported (idempotent)."""
+    for name in TARGETS:
+        bootstrap.watch(name, _patch)
+
+
+def detach() -> None:
+    """Restore every wrapped seam and stop watching."""
+    for name in TARGETS:
+        bootstrap.unwatch(name, _patch)
+    for _, seams in LAYOUTS.values():
+        for seam in seams:
+            module = sys.modules.get(seam.module)
+            if module is not None:
+                _patching.unwrap(module, seam.name)

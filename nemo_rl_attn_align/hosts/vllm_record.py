@@ -1,0 +1,164 @@
+"""The rollout side of the attention contract, read from a vLLM worker after its engine is up.
+
+Everything is read with ``getattr`` from the objects vLLM hands the worker (``vllm_config`` and the
+attention layers in ``compilation_config.static_forward_context``), so the same code reads the
+vLLM versions NeMo-RL pinned (0.11.2 in v0.5.0, 0.17.1 in v0.6.0, 0.20.0 in v0.7.0, 0.25.1 at
+7ea279a). The requested backend comes from ``vllm_config.attention_config.backend`` (the
+``attention_backend`` engine argument, vLLM >= 0.13) or the ``VLLM_ATTENTION_BACKEND`` variable
+(read by vLLM before 0.15); the chosen one is each attention layer's ``attn_backend.get_name()``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Mapping
+
+from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder
+from nemo_rl_attn_align.hosts.worker_records import put_field
+
+VERSIONED = ("vllm", "torch", "flashinfer-python", "flash-attn", "triton")
+
+#: vLLM backends that merge (out, lse) tiles online and accumulate in fp32.
+ONLINE_SOFTMAX_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA", "CUTLASS_MLA")
+
+
+def _name(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.name
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def layer_backends(static_forward_context: Mapping[str, Any]) -> dict[str, str]:
+    """Layer name -> the backend vLLM chose for it (layers without an ``attn_backend`` are skipped)."""
+    chosen = {}
+    for layer_name, layer in (static_forward_context or {}).items():
+        backend = getattr(layer, "attn_backend", None)
+        if backend is not None and hasattr(backend, "get_name"):
+            chosen[layer_name] = str(backend.get_name())
+    return chosen
+
+
+def requested_backend(vllm_config: Any, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The backend the engine was asked for, and where that request was read."""
+    attention_config = getattr(vllm_config, "attention_config", None)
+    if attention_config is not None:
+        backend = getattr(attention_config, "backend", None)
+        return (_name(backend), "vllm_config.attention_config.backend (attention_backend engine arg)")
+    if environ.get("VLLM_ATTENTION_BACKEND"):
+        return environ["VLLM_ATTENTION_BACKEND"], "VLLM_ATTENTION_BACKEND"
+    return None, "not requested (vLLM selects by platform)"
+
+
+def rollout_facts(vllm_config: Any, static_forward_context: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Plain JSON-ready facts about one vLLM worker's attention."""
+    from nemo_rl_attn_align.determinism import vllm_batch_invariant
+
+    model = getattr(vllm_config, "model_config", None)
+    cache = getattr(vllm_config, "cache_config", None)
+    sched = getattr(vllm_config, "scheduler_config", None)
+    par = getattr(vllm_config, "parallel_config", None)
+    attn = getattr(vllm_config, "attention_config", None)
+    hf = getattr(model, "hf_config", None)
+    layers = layer_backends(static_forward_context)
+    first = next((layer for layer in (static_forward_context or {}).values() if hasattr(layer, "attn_backend")), None)
+    requested, requested_source = requested_backend(vllm_config, environ)
+    chunked = getattr(sched, "enable_chunked_prefill", getattr(sched, "chunked_prefill_enabled", None))
+    architectures = getattr(hf, "architectures", None) or [None]
+    get_head_size = getattr(model, "get_head_size", None)
+    return {
+        "requested_backend": requested,
+        "requested_source": requested_source,
+        "layer_backends": layers,
+        "architecture": architectures[0],
+        "num_layers": getattr(hf, "num_hidden_layers", None),
+        "num_attention_heads": getattr(hf, "num_attention_heads", None),
+        "num_key_value_heads": getattr(hf, "num_key_value_heads", None),
+        "head_size": get_head_size() if callable(get_head_size) else None,
+        "softmax_scale": getattr(getattr(first, "impl", None), "scale", None),
+        "sliding_window": getattr(hf, "sliding_window", None),
+        "rope_theta": getattr(hf, "rope_theta", None),
+        "rope_scaling": getattr(hf, "rope_scaling", None),
+        "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None),
+        "vocab_size": getattr(hf, "vocab_size", None),
+        "tokenizer": getattr(model, "tokenizer", None),
+        "dtype": _name(getattr(model, "dtype", None)),
+        "kv_cache_dtype": _name(getattr(cache, "cache_dtype", None)),
+        "block_size": getattr(cache, "block_size", None),
+        "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
+        "enable_chunked_prefill": chunked,
+        "max_num_batched_tokens": getattr(sched, "max_num_batched_tokens", None),
+        "max_num_seqs": getattr(sched, "max_num_seqs", None),
+        "tensor_parallel_size": getattr(par, "tensor_parallel_size", None),
+        "pipeline_parallel_size": getattr(par, "pipeline_parallel_size", None),
+        "flash_attn_version": getattr(attn, "flash_attn_version", None),
+        "batch_invariant": vllm_batch_invariant(environ),
+    }
+
+
+def split_kv_policy(facts: Mapping[str, Any]) -> str:
+    """vLLM's split-KV policy: batch-invariant mode forces one split in FLASH_ATTN; else the kernel picks."""
+    backends = set(facts.get("layer_backends", {}).values())
+    if facts.get("batch_invariant") and backends <= {"FLASH_ATTN"}:
+        return "fixed_count:1"
+    return "heuristic"
+
+
+def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping[str, str] | None = None) -> AttentionContract:
+    """The rollout-side contract for one vLLM worker."""
+    b = ContractBuilder("rollout", worker_id)
+
+    def put(name: str, value: Any, source: str, how: str = "observed") -> None:
+        put_field(b, name, value, source, how)
+
+    put("architecture", facts.get("architecture"), "model_config.hf_config.architectures[0]")
+    put("num_layers", facts.get("num_layers"), "hf_config.num_hidden_layers")
+    put("num_attention_heads", facts.get("num_attention_heads"), "hf_config.num_attention_heads")
+    put("num_query_groups", facts.get("num_key_value_heads"), "hf_config.num_key_value_heads")
+    put("head_dim", facts.get("head_size"), "model_config.get_head_size()")
+    put("softmax_scale", facts.get("softmax_scale"), "attention layer .impl.scale")
+    put("causal", True, "decoder self-attention", "configured")
+    put("sliding_window", facts.get("sliding_window"), "hf_config.sliding_window", "configured" if facts.get("sliding_window") is None else "observed")
+    scaling = facts.get("rope_scaling") or {}
+    rope_type = (scaling.get("rope_type") or scaling.get("type") or "default") if isinstance(scaling, Mapping) else "default"
+    put("rope_type", rope_type, "hf_config.rope_scaling")
+    params = {"theta": facts.get("rope_theta"), "partial_rotary_factor": facts.get("partial_rotary_factor") or 1.0}
+    if scaling:
+        params["scaling"] = dict(scaling)
+    put("rope_parameters", {k: v for k, v in params.items() if v is not None}, "hf_config.rope_theta/rope_scaling")
+    put("vocab_size", facts.get("vocab_size"), "hf_config.vocab_size")
+    put("tokenizer", facts.get("tokenizer"), "model_config.tokenizer")
+    put("dtype", facts.get("dtype"), "model_config.dtype")
+    put("engine", "vllm", "vLLM worker", "observed")
+    layers = facts.get("layer_backends") or {}
+    distinct = sorted(set(layers.values()))
+    if distinct:
+        put("backend", distinct[0] if len(distinct) == 1 else dict(layers), "attention layers' attn_backend.get_name()")
+    else:
+        b.unobservable("backend", facts.get("requested_backend"), "no attention layer with attn_backend in static_forward_context")
+    put("kv_page_size", facts.get("block_size"), "cache_config.block_size")
+    put("kv_cache_dtype", facts.get("kv_cache_dtype"), "cache_config.cache_dtype")
+    chunked = bool(facts.get("enable_chunked_prefill"))
+    put("chunked_prefill_chunk", facts.get("max_num_batched_tokens") if chunked else None, "scheduler_config.max_num_batched_tokens", "observed" if chunked else "configured")
+    put("prefix_caching", facts.get("enable_prefix_caching"), "cache_config.enable_prefix_caching")
+    put("tp_size", facts.get("tensor_parallel_size"), "parallel_config.tensor_parallel_size")
+    put("cp_size", 1, "vLLM prefill runs without context parallelism", "configured")
+    put("cp_layout", "none", "cp_size == 1", "configured")
+    put("cp_comm_type", None, "cp_size == 1", "configured")
+    put("mode", "chunked_prefill+decode" if chunked else "prefill+decode", "scheduler_config.enable_chunked_prefill", "configured")
+    put("rope_fusion", None, "vLLM has no rope-fusion switch", "configured")
+    put("physical_batch", facts.get("max_num_seqs"), "scheduler_config.max_num_seqs", "configured")
+    put("batch_invariant", facts.get("batch_invariant"), "VLLM_BATCH_INVARIANT in the worker")
+    put("deterministic", None, "vLLM has no deterministic-mode switch", "configured")
+    if facts.get("flash_attn_version") is not None:
+        put("flash_attention_version", facts["flash_attn_version"], "attention_config.flash_attn_version", "configured")
+    policy = split_kv_policy(facts)
+    put("split_kv_policy", policy, "VLLM_BATCH_INVARIANT forces num_splits=1 in FLASH_ATTN" if policy != "heuristic" else "the kernel picks the split count per batch", "configured")
+    if distinct and set(distinct) <= set(ONLINE_SOFTMAX_BACKENDS):
+        put("merge_rule", "online_softmax_lse", f"derived: {', '.join(distinct)} merge (out, lse) tiles online", "configured")
+        put("reduction_order", "kv_index" if policy == "fixed_count:1" else "split_kv", f"derived: split-KV policy {policy}", "configured")
+        put("acc_dtype", "fp32", f"derived: {', '.join(distinct)} accumulate in fp32", "configured")
+        put("downcast", "final_write", "derived: output written once", "configured")
+        put("reduction_engine", "single_kernel" if policy == "fixed_count:1" else "fa_split_combine", f"derived: split-KV policy {policy}", "configured")
+    if versions:
+        put("versions", dict(versions), "importlib.metadata")
+    return b.build(unset_source="not known to the vLLM worker at engine start")

@@ -1,0 +1,130 @@
+"""Deterministic reference attention (what all drift is measured against) and an FP64 exact one.
+
+``reference_attention`` returns ``(out, lse)``: FP32 partials per (query tile, KV block), merged by
+the online-softmax rule in global block-index order, downcast once. Its bits do not depend on the
+execution plan (CP size and layout, KV splits, chunked prefill and page size, batch makeup); see
+``blocks`` for why. Works on CPU and CUDA tensors alike (on CUDA, TF32 is switched off while it
+runs so FP32 matmuls stay FP32).
+
+Accuracy, checked against ``exact_attention`` (FP64 softmax attention on the same rounded
+inputs) by the tests. bf16/fp16 inputs: every output element is within one unit in the last place
+of the output dtype at the exact value, plus ``2**-20 * max|v|`` for values near zero (measured:
+at most 0.5 ulp, i.e. correctly rounded but for ties); ``|lse - lse64| <= 2**-20 * (1 + |lse64|)``.
+FP32 inputs: ``|out - out64| <= 2**-19 * max|v|``. The FP32 arithmetic error (about ``1e-6``
+relative) is far below half an ulp of bf16 (``2**-9``) or fp16 (``2**-12``), so the one-ulp
+allowance covers the final rounding landing on either neighbour.
+
+Layout: ``q`` ``[Tq, Hq, D]``, ``k``/``v`` ``[Tk, Hkv, D]``, packed ("thd") when ``cu_seqlens_q`` /
+``cu_seqlens_k`` are given (FlashAttention's varlen convention), one sequence otherwise. Returns
+``out`` ``[Tq, Hq, D]`` in ``q.dtype`` and ``lse`` ``[Tq, Hq]`` in FP32 (natural log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
+from nemo_rl_attn_align.reference.plans import SinglePass
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@contextlib.contextmanager
+def fp32_matmuls(device: torch.device):
+    """Keep FP32 matmuls in FP32 on CUDA (no TF32) for the duration; a no-op on CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _check(q, k, v):
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"expected q [T, Hq, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"head dim of q ({q.shape[-1]}) and k ({k.shape[-1]}) differ")
+    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one of {SUPPORTED_DTYPES}; got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def sequences(q, k, cu_seqlens_q=None, cu_seqlens_k=None) -> list[tuple[int, int, int, int]]:
+    """``[(q_start, q_end, k_start, k_end), ...]`` for each packed sequence."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("give both cu_seqlens_q and cu_seqlens_k, or neither")
+    if cu_seqlens_q is None:
+        return [(0, q.shape[0], 0, k.shape[0])]
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    if len(cq) != len(ck) or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] or ck[-1] != k.shape[0]:
+        raise ValueError("cu_seqlens must start at 0, have equal lengths and end at the packed lengths")
+    return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:]))
+
+
+def geometry(q, k, window, scale, seq_q: int, seq_kv: int) -> Geometry:
+    """The ``Geometry`` of one sequence of the packed ``q``/``k``."""
+    return Geometry(seq_q, seq_kv, q.shape[1], k.shape[1], q.shape[2], window, scale)
+
+
+def reference_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None,
+                        scale: float | None = None, plan=None, spec: ReferenceSpec = ReferenceSpec()):
+    """Causal (optionally sliding-window) GQA attention in the canonical order: ``(out, lse)``.
+
+    ``plan`` (default ``SinglePass()``) picks who computes which block; it never changes the result.
+    """
+    _check(q, k, v)
+    plan = SinglePass() if plan is None else plan
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+    with torch.no_grad(), fp32_matmuls(q.device):
+        for q0, q1, k0, k1 in sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+            if q1 == q0:
+                continue
+            geom = geometry(q, k, window, scale, q1 - q0, k1 - k0)
+            out[q0:q1], lse[q0:q1] = plan.run(q[q0:q1], k[k0:k1], v[k0:k1], geom, spec)
+    return out, lse
+
+
+def exact_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None,
+                    scale: float | None = None):
+    """The same attention computed plainly in FP64: ``(out, lse)``, both FP64."""
+    _check(q, k, v)
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float64, device=q.device)
+    with torch.no_grad():
+        for q0, q1, k0, k1 in sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+            if q1 == q0:
+                continue
+            geom = geometry(q, k, window, scale, q1 - q0, k1 - k0)
+            out[q0:q1], lse[q0:q1] = _exact_one(q[q0:q1], k[k0:k1], v[k0:k1], geom)
+    return out, lse
+
+
+#: Query rows per FP64 block in ``exact_attention`` (bounds its memory; no effect on the result).
+_EXACT_ROWS = 256
+
+
+def _exact_one(q, k, v, geom: Geometry):
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float64, device=q.device)
+    g = geom.group
+    k64, v64 = k.double(), v.double()
+    for r0 in range(0, geom.seq_q, _EXACT_ROWS):
+        r1 = min(geom.seq_q, r0 + _EXACT_ROWS)
+        rows = torch.arange(geom.q_start + r0, geom.q_start + r1, device=q.device)
+        lo = geom.first_key(geom.q_start + r0)
+        hi = geom.q_start + r1                                              # keys past the last row are masked
+        visible = geom.allowed(rows, torch.arange(lo, hi, device=q.device))  # [R, n]
+        for h in range(geom.num_kv_heads):                                  # one KV head and its g query heads
+            qh = q[r0:r1, h * g:(h + 1) * g].double().transpose(0, 1)       # [g, R, D]
+            s = (qh @ k64[lo:hi, h].T * geom.softmax_scale).masked_fill_(~visible, -math.inf)  # [g, R, n]
+            lse_h = torch.logsumexp(s, dim=-1)                              # [g, R]
+            out[r0:r1, h * g:(h + 1) * g] = (s.sub_(lse_h[..., None]).exp_() @ v64[lo:hi, h]).transpose(0, 1)
+            lse[r0:r1, h * g:(h + 1) * g] = lse_h.T
+    return out, lse

@@ -1,0 +1,284 @@
+"""The canonical block arithmetic every execution plan of the reference shares.
+
+The reference is invariant under the execution plan because of three rules, all enforced here:
+
+1. **Fixed tiles in global coordinates.** Query rows live in tiles of ``block_q`` rows and keys in
+   blocks of ``block_kv`` tokens, both indexed by the *global* token position (tile ``pos //
+   block_q``, row ``pos % block_q``). A worker that owns only some rows of a tile leaves the others
+   zero. Every (tile, block) partial is therefore computed by the same torch calls on tensors of
+   the same shape, strides and element positions, whichever plan asked for it; since no op mixes
+   rows (a GEMM's element (i, j) reads row i only, softmax reduces along a row), absent or
+   zero-filled rows and masked columns cannot change a present row's bits.
+2. **FP32 partials, one per (tile, block).** A partial is the online-softmax state ``(m, l, acc)``:
+   row max of the scaled scores, sum of ``exp(s - m)`` and the unnormalised ``exp(s - m) @ V``,
+   all in FP32. Nothing is rounded to the input dtype until the very end.
+3. **Merge in global block-index order.** Partials may arrive in any order (ring steps, splits,
+   chunks); ``TileAccumulator`` holds early ones back and folds them left to right by block index
+   with the online-softmax rule. A block that has no visible key for a row is an exact no-op for
+   that row (``acc * 1 + 0``), so a plan may skip it or not.
+
+Shapes (one sequence): ``q`` is ``[Sq, Hq, D]``, ``k``/``v`` are ``[Skv, Hkv, D]`` with ``Hq = g * Hkv``
+(query head ``h`` reads KV head ``h // g``). Queries are bottom-right aligned: query ``i`` sits at
+position ``Skv - Sq + i``. The mask is causal with an optional left window ``W`` in the
+FlashAttention/Megatron convention: position ``i`` sees keys ``j`` with ``i - W <= j <= i``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The canonical tiling; part of the reference's definition (two specs give different bits)."""
+
+    block_q: int = 128
+    block_kv: int = 128
+
+    def __post_init__(self):
+        for name in ("block_q", "block_kv"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ReferenceSpec.{name}={value!r} must be a positive int")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where one sequence's queries and keys sit, and which keys each query may see."""
+
+    seq_q: int
+    seq_kv: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    window: int | None = None
+    scale: float | None = None
+
+    def __post_init__(self):
+        if self.seq_q > self.seq_kv:
+            raise ValueError(f"seq_q={self.seq_q} > seq_kv={self.seq_kv}: queries must have their keys")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.window is not None and self.window < 0:
+            raise ValueError(f"window={self.window} must be >= 0 or None")
+
+    @property
+    def q_start(self) -> int:
+        """Global position of query row 0."""
+        return self.seq_kv - self.seq_q
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def first_key(self, pos: int) -> int:
+        """Smallest key position query ``pos`` sees."""
+        return 0 if self.window is None else max(0, pos - self.window)
+
+    def allowed(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[len(rows), len(cols)]``: True where query position row sees key position col."""
+        r, c = rows[:, None], cols[None, :]
+        ok = (c <= r) & (c < self.seq_kv)
+        if self.window is not None:
+            ok &= c >= r - self.window
+        return ok
+
+
+def tile_block_mask(geom: Geometry, spec: ReferenceSpec, tile: int, block: int) -> torch.Tensor | None:
+    """Masked entries (True) of the full (tile, block) square, or None when nothing is masked.
+
+    Decided from the tile and block indices alone, never from which rows a plan holds.
+    """
+    bq, bk = spec.block_q, spec.block_kv
+    row_lo, row_hi = tile * bq, tile * bq + bq - 1
+    col_lo, col_hi = block * bk, block * bk + bk - 1
+    inside = col_hi <= row_lo and col_hi < geom.seq_kv
+    if geom.window is not None:
+        inside = inside and col_lo >= row_hi - geom.window
+    if inside:
+        return None
+    rows = torch.arange(row_lo, row_hi + 1)
+    cols = torch.arange(col_lo, col_hi + 1)
+    return ~geom.allowed(rows, cols)
+
+
+def pair_partial(qt: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor | None,
+                 scale: float, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FP32 online-softmax state of one (tile, block) pair.
+
+    qt ``[Hkv, g*BQ, D]``, kb/vb ``[Hkv, BK, D]`` (FP32), mask ``[BQ, BK]`` (True = masked) or None.
+    Returns m, l ``[Hkv, g*BQ, 1]`` and acc ``[Hkv, g*BQ, D]``; a row with no visible key has
+    m = -inf, l = 0, acc = 0.
+    """
+    hkv, rows, _ = qt.shape
+    s = torch.baddbmm(qt.new_empty(()), qt, kb.transpose(1, 2), beta=0.0, alpha=scale)  # [Hkv, g*BQ, BK]
+    if mask is not None:
+        s.view(hkv, group, rows // group, -1).masked_fill_(mask, NEG_INF)
+    m = s.amax(dim=-1, keepdim=True)                            # [Hkv, g*BQ, 1]
+    m_safe = torch.where(m == NEG_INF, 0.0, m) if mask is not None else m
+    p = s.sub_(m_safe).exp_()                                   # in place: s becomes p
+    l = p.sum(dim=-1, keepdim=True)
+    acc = torch.bmm(p, vb)                                      # [Hkv, g*BQ, D]
+    return m, l, acc
+
+
+def merge_into(state: list, part: tuple) -> None:
+    """Fold ``part`` into ``state`` ([m, l, acc], updated in place) by the online-softmax rule."""
+    m, l, acc = state
+    m_b, l_b, acc_b = part
+    m_new = torch.maximum(m, m_b)
+    m_ref = torch.where(m_new == NEG_INF, 0.0, m_new)
+    a = torch.exp(m - m_ref)
+    b = torch.exp(m_b - m_ref)
+    acc.mul_(a).addcmul_(acc_b, b)
+    l.mul_(a).addcmul_(l_b, b)
+    state[0] = m_new
+
+
+class TileAccumulator:
+    """Merges one tile's partials in ascending block order, whatever order they arrive in."""
+
+    def __init__(self, blocks: Iterable[int]):
+        self.expected = sorted(blocks)
+        self._next = 0
+        self._pending: dict[int, tuple] = {}
+        self.state: list | None = None
+
+    def add(self, block: int, part: tuple) -> None:
+        if block in self._pending or block not in self.expected[self._next:]:
+            raise RuntimeError(f"block {block} delivered twice or not expected (expected {self.expected})")
+        self._pending[block] = part
+        while self._next < len(self.expected) and self.expected[self._next] in self._pending:
+            part = self._pending.pop(self.expected[self._next])
+            if self.state is None:
+                self.state = list(part)
+            else:
+                merge_into(self.state, part)
+            self._next += 1
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self.expected)
+
+
+class QueryTiles:
+    """The query rows one worker owns for one sequence, laid out in canonical tiles.
+
+    ``positions`` are global query positions (ascending); ``q_rows`` is ``[n, Hq, D]``.
+    """
+
+    def __init__(self, q_rows: torch.Tensor, positions: list[int], geom: Geometry, spec: ReferenceSpec):
+        self.geom, self.spec = geom, spec
+        self.positions = list(positions)
+        self.dtype = q_rows.dtype
+        bq, bk, hkv, g, d = spec.block_q, spec.block_kv, geom.num_kv_heads, geom.group, geom.head_dim
+        self.tiles: dict[int, dict] = {}
+        for idx, pos in enumerate(self.positions):
+            self.tiles.setdefault(pos // bq, {"idx": [], "off": []})
+            self.tiles[pos // bq]["idx"].append(idx)
+            self.tiles[pos // bq]["off"].append(pos % bq)
+        for t, tile in self.tiles.items():
+            buf = torch.zeros(bq, geom.num_heads, d, dtype=torch.float32, device=q_rows.device)
+            buf[tile["off"]] = q_rows[tile["idx"]].to(torch.float32)
+            # [BQ, Hkv, g, D] -> [Hkv, g, BQ, D] -> [Hkv, g*BQ, D]
+            tile["q"] = buf.view(bq, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * bq, d).contiguous()
+            first = [geom.first_key(tile_pos) for tile_pos in (t * bq + o for o in tile["off"])]
+            last = [t * bq + o for o in tile["off"]]
+            tile["acc"] = TileAccumulator(range(min(first) // bk, max(last) // bk + 1))
+
+    def blocks_wanted(self) -> list[int]:
+        """Every KV block some tile still needs, ascending."""
+        return sorted({b for tile in self.tiles.values() for b in tile["acc"].expected})
+
+    def partials(self, block: int, kb: torch.Tensor, vb: torch.Tensor) -> dict[int, tuple]:
+        """Partials of ``block`` for every tile that wants it: ``{tile: (m, l, acc)}``."""
+        out = {}
+        for t, tile in self.tiles.items():
+            if block in tile["acc"].expected:
+                mask = tile_block_mask(self.geom, self.spec, t, block)
+                out[t] = pair_partial(tile["q"], kb, vb, mask, self.geom.softmax_scale, self.geom.group)
+        return out
+
+    def accumulate(self, block: int, parts: dict[int, tuple]) -> None:
+        for t, part in parts.items():
+            self.tiles[t]["acc"].add(block, part)
+
+    def feed(self, block: int, kb: torch.Tensor, vb: torch.Tensor) -> None:
+        """Compute and merge ``block`` for every tile that wants it."""
+        self.accumulate(block, self.partials(block, kb, vb))
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out [n, Hq, D] in the input dtype, lse [n, Hq] FP32)``, downcast once, here."""
+        geom, bq = self.geom, self.spec.block_q
+        n = len(self.positions)
+        out = torch.empty(n, geom.num_heads, geom.head_dim, dtype=self.dtype, device=self._device())
+        lse = torch.empty(n, geom.num_heads, dtype=torch.float32, device=out.device)
+        for t, tile in self.tiles.items():
+            acc = tile["acc"]
+            if not acc.done:
+                raise RuntimeError(f"tile {t}: blocks {acc.expected[acc._next:]} never delivered by the plan")
+            m, l, a = acc.state
+            o = (a / l).view(geom.num_kv_heads, geom.group, bq, geom.head_dim)   # [Hkv, g, BQ, D]
+            o = o.permute(2, 0, 1, 3).reshape(bq, geom.num_heads, geom.head_dim)  # [BQ, Hq, D]
+            s = (m + torch.log(l)).view(geom.num_kv_heads, geom.group, bq).permute(2, 0, 1).reshape(bq, geom.num_heads)
+            out[tile["idx"]] = o[tile["off"]].to(self.dtype)
+            lse[tile["idx"]] = s[tile["off"]]
+        return out, lse
+
+    def _device(self):
+        return next(iter(self.tiles.values()))["q"].device
+
+
+class KVStore:
+    """Key/value tokens a worker has received, kept in canonical blocks (zero where absent)."""
+
+    def __init__(self, geom: Geometry, spec: ReferenceSpec, dtype: torch.dtype, device):
+        self.geom, self.spec, self.dtype, self.device = geom, spec, dtype, device
+        self._k: dict[int, torch.Tensor] = {}
+        self._v: dict[int, torch.Tensor] = {}
+        self._filled: dict[int, int] = {}
+
+    def put(self, start: int, k: torch.Tensor, v: torch.Tensor) -> list[int]:
+        """Store tokens at positions ``[start, start + len(k))``; return the blocks now complete."""
+        bk, done = self.spec.block_kv, []
+        pos, end = start, start + k.shape[0]
+        while pos < end:
+            b = pos // bk
+            stop = min(end, (b + 1) * bk)
+            if b not in self._k:
+                shape = (bk, self.geom.num_kv_heads, self.geom.head_dim)
+                self._k[b] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                self._v[b] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                self._filled[b] = 0
+            self._k[b][pos - b * bk: stop - b * bk] = k[pos - start: stop - start]
+            self._v[b][pos - b * bk: stop - b * bk] = v[pos - start: stop - start]
+            self._filled[b] += stop - pos
+            if self.complete(b):
+                done.append(b)
+            pos = stop
+        return done
+
+    def tokens_in(self, block: int) -> int:
+        """Tokens block ``block`` holds once complete (the last block may be short)."""
+        bk = self.spec.block_kv
+        return max(0, min(bk, self.geom.seq_kv - block * bk))
+
+    def complete(self, block: int) -> bool:
+        return self._filled.get(block, 0) == self.tokens_in(block)
+
+    def block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k, v)`` of ``block`` as FP32 ``[Hkv, BK, D]``."""
+        def as_heads(x):
+            return x.to(torch.float32).transpose(0, 1).contiguous()
+        return as_heads(self._k[block]), as_heads(self._v[block])

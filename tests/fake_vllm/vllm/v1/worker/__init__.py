@@ -1,0 +1,1 @@
+"""Stand-in package (see tests/fake_vllm/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Tests of the host adapters: bootstrap, Megatron worker, TE read-back, vLLM worker, Ray."""

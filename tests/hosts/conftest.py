@@ -1,0 +1,92 @@
+"""Fixtures for the host tests: a real install of the plugin in a fresh venv, stand-ins on sys.path,
+and the bootstrap's process state saved and restored around each in-process test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_attn_align.hosts import bootstrap
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_NEMO_RL = REPO / "tests" / "fake_nemo_rl"
+FAKE_VLLM = REPO / "tests" / "fake_vllm"
+PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "nemo_rl_attn_align.pth", "README.md")
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def make_bare_venv(path: Path) -> Path:
+    """A venv without pip and without system site-packages: only the stdlib (like a fresh uv venv)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    return venv_python(path)
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def plugin_wheel(tmp_path_factory) -> Path:
+    """The plugin built into a wheel from a copy of the source tree (the tree itself stays clean)."""
+    root = tmp_path_factory.mktemp("plugin-src")
+    for name in PROJECT_FILES:
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, root / name)
+    if not (root / "README.md").exists():  # pyproject names a readme; its text does not matter here
+        (root / "README.md").write_text("nemo-rl-attn-align\n")
+    shutil.copytree(REPO / "nemo_rl_attn_align", root / "nemo_rl_attn_align", ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(root)],
+        check=True, capture_output=True,
+    )
+    return next(wheels.glob("nemo_rl_attn_align-*.whl"))
+
+
+@pytest.fixture(scope="session")
+def plugin_venv(tmp_path_factory, plugin_wheel) -> Path:
+    """Python of a fresh stdlib-only venv with the plugin installed from its wheel (``.pth`` included)."""
+    python = make_bare_venv(tmp_path_factory.mktemp("plugin-venv") / "venv")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(plugin_wheel)],
+        check=True, capture_output=True,
+    )
+    return python
+
+
+@pytest.fixture
+def bootstrap_state():
+    """Save and restore the bootstrap's hooks and ``sys.meta_path`` (the dev env may have the .pth active)."""
+    saved_callbacks = {name: list(cbs) for name, cbs in bootstrap._callbacks.items()}
+    saved_meta_path, saved_origin = list(sys.meta_path), bootstrap.origin
+    yield bootstrap
+    bootstrap._callbacks.clear()
+    bootstrap._callbacks.update(saved_callbacks)
+    sys.meta_path[:] = saved_meta_path
+    bootstrap.origin = saved_origin
+
+
+@contextlib.contextmanager
+def standin(root: Path, package: str):
+    """Import ``package`` from the stand-in tree ``root``; forget it (and its submodules) afterwards."""
+    def purge():
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[name]
+
+    purge()
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
+        purge()

@@ -1,0 +1,190 @@
+"""Interpreter-start activation in fresh subprocesses against a real install of the plugin.
+
+``plugin_venv`` is a stdlib-only venv with the plugin installed from its wheel, so its
+``nemo_rl_attn_align.pth`` runs at every start; a second bare venv stands for an environment that
+lacks the plugin (NeMo-RL's per-worker uv venvs) and reaches it only through the ``PYTHONPATH`` shim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from nemo_rl_attn_align.hosts import bootstrap
+from tests.hosts.conftest import FAKE_VLLM, make_bare_venv, site_packages
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    before = set(sys.modules)
+    from nemo_rl_attn_align.hosts import bootstrap
+    finders = [type(f).__name__ for f in sys.meta_path]
+    print(json.dumps({
+        "origin": bootstrap.origin,
+        "pythonpath": os.environ.get("PYTHONPATH", ""),
+        "finders": finders,
+        "modules": sorted(m for m in before if m.startswith("nemo_rl_attn_align")),
+        "heavy": sorted(m for m in ("torch", "ray", "megatron", "vllm", "pydantic", "omegaconf") if m in sys.modules),
+        "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
+        "user_site_ran": os.environ.get("USER_SITECUSTOMIZE_RAN") == "1" or getattr(sys.modules.get("sitecustomize"), "RAN", False),
+    }))
+    """
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("NEMO_RL_ATTN_ALIGN")}
+    env.update(extra)
+    return env
+
+
+def run_python(python, code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in ``python`` from a directory that holds no source tree (``-c`` puts the cwd on sys.path)."""
+    return subprocess.run([str(python), "-c", code], env=clean_env(**env), capture_output=True, text=True, timeout=120, cwd=os.path.dirname(python))
+
+
+def probe(python, **env: str) -> dict:
+    out = run_python(python, PROBE, **env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def shim_dir(python) -> str:
+    return str(site_packages(python) / "nemo_rl_attn_align" / "_shim")
+
+
+def test_pth_activates_every_interpreter_lazily(plugin_venv):
+    seen = probe(plugin_venv)
+    assert seen["origin"] == "pth"
+    assert seen["pythonpath"].split(os.pathsep)[0] == shim_dir(plugin_venv)
+    assert seen["finders"].count("_PostImportFinder") == 1
+    # only the bootstrap ran: no host module, no host library
+    assert seen["modules"] == ["nemo_rl_attn_align", "nemo_rl_attn_align.hosts", "nemo_rl_attn_align.hosts.bootstrap"]
+    assert seen["heavy"] == []
+
+
+def test_switch_off_turns_everything_off(plugin_venv):
+    seen = probe(plugin_venv, NEMO_RL_ATTN_ALIGN="0")
+    assert seen["origin"] is None
+    assert seen["pythonpath"] == ""
+    assert "_PostImportFinder" not in seen["finders"]
+    code = "import sys; sys.path.insert(0, %r); import vllm.v1.worker.gpu_worker as w; print(hasattr(w.Worker.compile_or_warm_up_model, '__nemo_rl_attn_align_original__'))" % str(FAKE_VLLM)
+    out = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN="off")
+    assert out.stdout.strip() == "False" and "nemo-rl-attn-align" not in out.stderr
+
+
+def test_hook_fires_on_import_and_attaching_twice_is_harmless(plugin_venv):
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(FAKE_VLLM)!r})
+        from nemo_rl_attn_align.hosts import bootstrap
+        print("host imported before:", "nemo_rl_attn_align.hosts.vllm_worker" in sys.modules)
+        import vllm.v1.worker.gpu_worker as w
+        from nemo_rl_attn_align.hosts import vllm_worker
+        first = w.Worker.compile_or_warm_up_model
+        bootstrap.activate("again"); vllm_worker.attach(); vllm_worker.register(); vllm_worker.register()
+        original = first.__nemo_rl_attn_align_original__
+        print("wrapped once:", w.Worker.compile_or_warm_up_model is first and not hasattr(original, "__nemo_rl_attn_align_original__"))
+        print("finders:", sum(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path))
+        print("origin:", bootstrap.origin)
+        """
+    )
+    out = run_python(plugin_venv, code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:4] == ["host imported before: False", "wrapped once: True", "finders: 1", "origin: pth"]
+
+
+def test_broken_target_module_fails_as_without_plugin(plugin_venv, tmp_path):
+    broken = tmp_path / "vllm" / "v1" / "worker"
+    broken.mkdir(parents=True)
+    for pkg in (tmp_path / "vllm", tmp_path / "vllm" / "v1", broken):
+        (pkg / "__init__.py").write_text("")
+    (broken / "gpu_worker.py").write_text("raise RuntimeError('vllm is broken here')\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import vllm.v1.worker.gpu_worker"
+    with_plugin, without = run_python(plugin_venv, code), run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN="0")
+    assert with_plugin.returncode == without.returncode == 1
+    assert with_plugin.stderr.splitlines()[-1] == without.stderr.splitlines()[-1] == "RuntimeError: vllm is broken here"
+    assert "nemo-rl-attn-align" not in with_plugin.stderr
+
+
+def test_unrecognised_target_warns_once_and_import_goes_on(plugin_venv, tmp_path):
+    odd = tmp_path / "vllm" / "v1" / "worker"
+    odd.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("__version__ = '9.9.9'\n")
+    for pkg in (tmp_path / "vllm" / "v1", odd):
+        (pkg / "__init__.py").write_text("")
+    (odd / "gpu_worker.py").write_text("class GPUWorker:\n    pass\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import vllm.v1.worker.gpu_worker as w; import importlib; importlib.reload(w); print('imported', w.GPUWorker.__name__)"
+    out = run_python(plugin_venv, code)
+    assert out.returncode == 0 and out.stdout.strip() == "imported GPUWorker"
+    warnings = [line for line in out.stderr.splitlines() if "nemo-rl-attn-align" in line]
+    assert len(warnings) == 1 and "vLLM 9.9.9" in warnings[0] and "Worker.compile_or_warm_up_model not found" in warnings[0]
+    strict = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN_STRICT="1")
+    assert strict.returncode == 1 and "HostLayoutError" in strict.stderr and "attention_align.strict is true" in strict.stderr
+
+
+def test_shim_reaches_an_env_without_the_plugin_and_chains(plugin_venv, tmp_path):
+    other = make_bare_venv(tmp_path / "worker-venv")
+    control = run_python(other, "import nemo_rl_attn_align")
+    assert control.returncode == 1 and "No module named 'nemo_rl_attn_align'" in control.stderr
+    user = tmp_path / "user-site"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("RAN = True\n")
+    seen = probe(other, PYTHONPATH=os.pathsep.join([shim_dir(plugin_venv), str(user)]))
+    assert seen["origin"] == "shim"
+    assert seen["user_site_ran"] is True and seen["sitecustomize"] == str(user / "sitecustomize.py")
+    off = run_python(other, PROBE, NEMO_RL_ATTN_ALIGN="0", PYTHONPATH=os.pathsep.join([shim_dir(plugin_venv), str(user)]))
+    assert json.loads(off.stdout)["origin"] is None and json.loads(off.stdout)["user_site_ran"] is True
+
+
+def test_existing_sitecustomize_in_the_plugin_env_still_runs(plugin_venv, tmp_path):
+    site = site_packages(plugin_venv)
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    try:
+        direct = probe(plugin_venv)  # no shim on PYTHONPATH: Python imports it itself
+        via_shim = probe(plugin_venv, PYTHONPATH=shim_dir(plugin_venv))  # a child of an activated driver
+    finally:
+        (site / "sitecustomize.py").unlink()
+    for seen in (direct, via_shim):
+        assert seen["origin"] == "pth" and seen["user_site_ran"] is True
+    assert via_shim["sitecustomize"] == str(site / "sitecustomize.py")
+
+
+def test_vllm_entry_point_resolves_from_the_installed_package(plugin_venv):
+    code = textwrap.dedent(
+        """
+        import sys
+        from importlib.metadata import entry_points
+        eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "nemo_rl_attn_align"]
+        register = eps[0].load()
+        for _ in range(3):
+            register()   # vLLM calls it once per process; more must be harmless
+        from nemo_rl_attn_align.hosts import bootstrap, vllm_worker
+        print(len(eps), eps[0].value, register is vllm_worker.register,
+              bootstrap._callbacks["vllm.v1.worker.gpu_worker"].count(vllm_worker._patch))
+        """
+    )
+    out = run_python(plugin_venv, code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "nemo_rl_attn_align.hosts.vllm_worker:register", "True", "1"]
+
+
+def test_watched_modules_are_exactly_the_hosts_targets():
+    import importlib
+
+    targets = {}
+    for host in set(bootstrap.WATCHED.values()):
+        for name in importlib.import_module(f"nemo_rl_attn_align.hosts.{host}").TARGETS:
+            targets[name] = host
+    assert targets == bootstrap.WATCHED
+
+
+@pytest.mark.parametrize("value,expected", [("0", False), ("off", False), ("False", False), (" no ", False), ("1", True), ("", True), ("yes", True)])
+def test_switch_values(value, expected):
+    assert bootstrap.enabled({bootstrap.SWITCH: value}) is expected
+    assert bootstrap.enabled({}) is True

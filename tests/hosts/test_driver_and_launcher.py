@@ -1,0 +1,85 @@
+"""The driver hook (algorithm ``setup``) and the explicit launcher ``nemo-rl-attn-align run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nemo_rl_attn_align.errors import RuleViolation
+from nemo_rl_attn_align.hosts import bootstrap, handoff, nemo_rl_driver
+from tests.hosts.conftest import FAKE_NEMO_RL, standin
+
+
+def master_config(tmp_path, precision="bfloat16", **align):
+    return {
+        "policy": {"precision": precision, "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": precision}},
+        "logger": {"log_dir": str(tmp_path / "logs" / "exp_001")},
+        "attention_align": {"on_mismatch": "warn", **align},
+    }
+
+
+@pytest.fixture
+def grpo(bootstrap_state, monkeypatch):
+    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    bootstrap_state.deactivate()
+    bootstrap_state.activate("test")
+    with standin(FAKE_NEMO_RL / "v0_6", "nemo_rl"):
+        from nemo_rl.algorithms.grpo import setup  # by name, as examples/run_grpo.py does
+
+        yield setup
+    nemo_rl_driver.detach()
+    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV):
+        os.environ.pop(name, None)
+
+
+def test_setup_exports_settings_every_worker_then_sees(grpo, tmp_path):
+    result = grpo(master_config(tmp_path, strict=True), None, None, None)
+    settings = handoff.worker_settings(result["worker_env"])
+    assert settings == handoff.WorkerSettings(strict=True, on_mismatch="warn", report_dir=str(tmp_path / "logs" / "exp_001" / "attention_align"))
+
+
+def test_a_config_that_cannot_work_stops_before_any_worker(grpo, tmp_path):
+    with pytest.raises(RuleViolation) as err:
+        grpo(master_config(tmp_path, precision="float32"), None, None, None)
+    assert [f.code for f in err.value.findings] == ["FLASH_REQUIRES_HALF_PRECISION"]
+    assert handoff.SETTINGS_ENV not in os.environ
+
+
+def test_pydantic_master_config_is_read_too(grpo, tmp_path):
+    from pydantic import BaseModel, ConfigDict
+
+    class MasterConfig(BaseModel):  # NeMo-RL 7ea279a: pydantic, extra="allow"
+        model_config = ConfigDict(extra="allow")
+
+    result = grpo(MasterConfig(**master_config(tmp_path)), None, None, None)
+    assert json.loads(result["worker_env"][handoff.SETTINGS_ENV])["report_dir"].endswith("attention_align")
+
+
+def run_cli(*args, **env):
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("NEMO_RL_ATTN_ALIGN")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "run", *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+SHOW_ENV = "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('PYTHONPATH', 'NEMO_RL_ATTN_ALIGN_REPORT_DIR', 'NEMO_RL_ATTN_ALIGN_STRICT')}))"
+
+
+def test_launcher_puts_the_shim_and_settings_in_the_command_env(tmp_path):
+    out = run_cli("--report-dir", str(tmp_path), "--strict", "--", sys.executable, "-c", SHOW_ENV)
+    assert out.returncode == 0, out.stderr
+    env = json.loads(out.stdout)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == bootstrap.SHIM_DIR
+    assert env["NEMO_RL_ATTN_ALIGN_REPORT_DIR"] == str(tmp_path) and env["NEMO_RL_ATTN_ALIGN_STRICT"] == "1"
+
+
+def test_launcher_off_switch_and_bad_commands(tmp_path):
+    off = run_cli("--", sys.executable, "-c", SHOW_ENV, NEMO_RL_ATTN_ALIGN="0")
+    assert json.loads(off.stdout)["PYTHONPATH"] is None and "runs without the plugin" in off.stderr
+    assert run_cli().returncode == 2
+    missing = run_cli("--", "no-such-command-here")
+    assert missing.returncode == 2 and "cannot run 'no-such-command-here'" in missing.stderr

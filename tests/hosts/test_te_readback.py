@@ -1,0 +1,104 @@
+"""Reading back Transformer Engine's backend choice, against modules laid out like TE's.
+
+TE does not install on CPU. The stand-in tree written here has TE's module paths
+(``transformer_engine/pytorch/attention/dot_product_attention/{utils,dot_product_attention}.py``), the
+``get_attention_backend`` return tuple and the ``_attention_backends`` module global of TE 2.4+
+(read at NVIDIA/TransformerEngine d0067d0). Real-TE tests run on GPU nodes (``-m mcore``).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from nemo_rl_attn_align.hosts import te_readback
+from tests.hosts.conftest import standin
+
+UTILS = """
+def get_attention_backend(attention_params=None):
+    flash, fused, unfused = attention_params
+    return (flash, FLASH_VERSION if flash else None, fused, 1 if fused else None, unfused, [flash, fused, unfused])
+
+class _Version:
+    major = 2
+    def __str__(self):
+        return "2.7.3"
+
+FLASH_VERSION = _Version()
+"""
+
+DPA = """
+from transformer_engine.pytorch.attention.dot_product_attention import utils as dpa_utils
+
+_attention_backends = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
+                       "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
+                       "backend_selection_requires_update": False}
+
+class DotProductAttention:
+    def forward(self, params):
+        (_attention_backends["use_flash_attention"], _attention_backends["flash_attention_backend"],
+         _attention_backends["use_fused_attention"], _attention_backends["fused_attention_backend"],
+         _attention_backends["use_unfused_attention"], _) = dpa_utils.get_attention_backend(params)
+        _attention_backends["attention_params"] = params
+"""
+
+
+@pytest.fixture
+def fake_te(tmp_path, bootstrap_state):
+    pkg = tmp_path / "transformer_engine" / "pytorch" / "attention" / "dot_product_attention"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "transformer_engine", pkg.parent.parent, pkg.parent, pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "utils.py").write_text(textwrap.dedent(UTILS))
+    (pkg / "dot_product_attention.py").write_text(textwrap.dedent(DPA))
+    te_readback.selections.clear()
+    bootstrap_state.deactivate()
+    bootstrap_state.activate("test")
+    with standin(tmp_path, "transformer_engine"):
+        import transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention as dpa
+
+        yield dpa
+    te_readback.detach()
+
+
+def te_module(dpa):
+    """Stands for megatron.core.extensions.transformer_engine.TEDotProductAttention (a TE subclass)."""
+    cls = type("TEDotProductAttention", (dpa.DotProductAttention,), {})
+    return cls()
+
+
+def test_selection_names_follow_te_forward_order():
+    assert te_readback.selection_from_flags(True, None, True, 1, True)["backend"] == "FlashAttention"
+    assert te_readback.selection_from_flags(False, None, True, 1, True) == {"backend": "FusedAttention", "detail": "sub-backend 1"}
+    assert te_readback.selection_from_flags(False, None, False, None, True)["backend"] == "UnfusedDotProductAttention"
+    assert te_readback.selection_from_flags(False, None, False, None, False)["backend"] is None
+
+
+def test_wrapped_selection_and_module_global_are_read_back(fake_te):
+    utils = sys.modules[te_readback.UTILS_MODULE]
+    assert hasattr(utils.get_attention_backend, "__nemo_rl_attn_align_original__")
+    layer = te_module(fake_te)
+    assert te_readback.observe([layer])["status"] == "unobservable"  # before the first forward: never "applied"
+    layer.forward((False, True, True))
+    seen = te_readback.observe([layer])
+    assert seen == {"status": "observed", "engine": "megatron-te", "source": f"{te_readback.DPA_MODULE}._attention_backends",
+                    "backend": "FusedAttention", "detail": "sub-backend 1"}
+    assert te_readback.selections == [{"backend": "FusedAttention", "detail": "sub-backend 1"}]
+    assert te_readback.mismatch("flash", seen).startswith("attention_backend requested AttnBackend.flash (FlashAttention) but the model ran FusedAttention")
+    assert te_readback.mismatch("fused", seen) is None and te_readback.mismatch("auto", seen) is None
+
+
+def test_wrapped_selection_is_the_fallback_when_the_global_is_gone(fake_te):
+    layer = te_module(fake_te)
+    layer.forward((True, False, True))
+    del fake_te._attention_backends
+    seen = te_readback.observe([layer])
+    assert seen["backend"] == "FlashAttention" and seen["flash_attention_version"] == 2
+    assert seen["source"].endswith("get_attention_backend (wrapped)")
+
+
+def test_no_attention_module_is_unobservable():
+    assert te_readback.observe([object()]) == {"status": "unobservable", "backend": None, "engine": None,
+                                               "source": "no Megatron or TE core-attention module in the model"}

@@ -1,0 +1,94 @@
+"""The vLLM worker hook against ``tests/fake_vllm`` (vLLM's module path, class and seam, attribute
+names of ``vllm_config``); the real-vLLM test runs on GPU nodes (``-m vllm_gpu``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+
+from nemo_rl_attn_align.hosts import _patching, vllm_worker
+from nemo_rl_attn_align.report import read_worker_records
+from tests.hosts.conftest import FAKE_VLLM, standin
+
+
+@pytest.fixture
+def fake_vllm(bootstrap_state, monkeypatch, tmp_path):
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.delenv("NEMO_RL_ATTN_ALIGN_STRICT", raising=False)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    bootstrap_state.deactivate()
+    vllm_worker.register()  # what vLLM's load_general_plugins() does
+    with standin(FAKE_VLLM, "vllm"):
+        import vllm.v1.worker.gpu_worker as gpu_worker
+
+        yield gpu_worker
+    vllm_worker.detach()
+
+
+def test_engine_record_after_warm_up(fake_vllm, tmp_path):
+    worker = fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN"), rank=1)
+    assert worker.compile_or_warm_up_model() == 0.0 and worker.warmed_up
+    [(contract, probe)] = read_worker_records(tmp_path)["records"]
+    assert contract.worker_id == "vllm-rank3-worker1" and contract.side == "rollout"
+    values = {name: contract.value(name) for name in ("backend", "num_query_groups", "head_dim", "softmax_scale", "kv_page_size", "prefix_caching", "chunked_prefill_chunk", "mode", "split_kv_policy", "reduction_order", "dtype", "batch_invariant")}
+    assert values == {"backend": "FLASH_ATTN", "num_query_groups": 2, "head_dim": 16, "softmax_scale": 0.25, "kv_page_size": 16,
+                      "prefix_caching": True, "chunked_prefill_chunk": 2048, "mode": "chunked_prefill+decode",
+                      "split_kv_policy": "heuristic", "reduction_order": "split_kv", "dtype": "bf16", "batch_invariant": False}
+    detail = json.loads((tmp_path / "hosts" / "rollout--vllm-rank3-worker1.json").read_text())
+    assert detail["stage"] == "engine_ready" and detail["findings"] == []
+    assert detail["vllm_config"]["requested_source"].startswith("vllm_config.attention_config.backend")
+
+
+def test_batch_invariant_mode_implies_one_split(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    fake_vllm.Worker(fake_vllm.standin_vllm_config(None)).compile_or_warm_up_model()
+    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    assert contract.value("split_kv_policy") == "fixed_count:1" and contract.value("reduction_order") == "kv_index"
+    assert contract.value("batch_invariant") is True
+
+
+def test_chosen_backend_differs_from_request(fake_vllm, tmp_path, monkeypatch, caplog):
+    config = fake_vllm.standin_vllm_config("FLASHINFER", ("FLASH_ATTN", "FLASH_ATTN"))
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        fake_vllm.Worker(config).compile_or_warm_up_model()
+    assert any("asked for attention backend FLASHINFER" in r.getMessage() and "chose FLASH_ATTN" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
+    with pytest.raises(_patching.StrictModeError):
+        fake_vllm.Worker(config).compile_or_warm_up_model()
+    assert json.loads((tmp_path / "hosts" / "rollout--vllm-rank3-worker0.json").read_text())["findings"]
+
+
+def test_record_failure_never_breaks_the_engine(fake_vllm, caplog):
+    class Exploding:
+        def __getattr__(self, name):
+            raise RuntimeError(f"no {name} here")
+
+    worker = fake_vllm.Worker(fake_vllm.standin_vllm_config())
+    worker.vllm_config = Exploding()  # our reader fails on it
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        assert worker.compile_or_warm_up_model() == 0.0
+    assert any("recording the vLLM engine failed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.vllm_gpu
+def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
+    vllm = pytest.importorskip("vllm", reason="needs a real vLLM install on a GPU node")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_dir = tmp_path / "tiny-llama"
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=256)).save_pretrained(model_dir)
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path / "report"))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process, as NeMo-RL runs it
+    vllm_worker.register()
+    vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.2, dtype="bfloat16")
+    [(contract, _)] = read_worker_records(tmp_path / "report")["records"]
+    assert contract["backend"].provenance.value == "observed" and contract.value("num_layers") == 2
+    assert sys.modules["vllm.v1.worker.gpu_worker"].Worker.compile_or_warm_up_model.__nemo_rl_attn_align_original__

@@ -1,0 +1,135 @@
+"""The drift sweep: shape resolution, the CLI's JSON/table/PNG output and its usage errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nemo_rl_attn_align import drift  # noqa: E402
+from nemo_rl_attn_align.cli import main  # noqa: E402
+from nemo_rl_attn_align.errors import UsageError  # noqa: E402
+
+NO_FLAGS = {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": None}
+
+
+def shape_of(cfg, **flags):
+    return drift.resolve_shape(cfg, {**NO_FLAGS, **flags})
+
+
+def test_builtin_table_by_model_name():
+    s = shape_of({"policy": {"model_name": "Qwen/Qwen3-8B", "max_total_sequence_length": 512}})
+    assert (s.heads, s.kv_heads, s.head_dim, s.window, s.seq_len) == (32, 8, 128, None, 512)
+    assert s.sources["heads"] == "built-in table (Qwen/Qwen3-8B)"
+    assert shape_of({"policy": {"model_name": "Qwen/Qwen2.5-1.5B-Instruct"}}).kv_heads == 2
+
+
+def test_priority_flags_then_drift_block_then_overrides_then_table():
+    cfg = {"policy": {"model_name": "Qwen/Qwen3-8B",
+                      "megatron_cfg": {"model_overrides": {"num_attention_heads": 16, "window_size": [255, 0]}},
+                      "hf_config_overrides": {"num_key_value_heads": 4, "sliding_window": 4096}},
+           "attention_align": {"drift": {"head_dim": 64}}}
+    s = shape_of(cfg, heads=8)
+    assert (s.heads, s.kv_heads, s.head_dim, s.window) == (8, 4, 64, 255)
+    assert s.sources == {"heads": "flags", "kv_heads": "policy.hf_config_overrides", "head_dim": "attention_align.drift",
+                         "window": "policy.megatron_cfg.model_overrides", "seq_len": "default"}
+    hf_only = shape_of({"policy": {"hf_config_overrides": {"num_attention_heads": 8, "hidden_size": 512, "sliding_window": 128}}})
+    assert (hf_only.kv_heads, hf_only.head_dim, hf_only.window) == (8, 64, 127)   # HF window counts the query itself
+
+
+@pytest.mark.parametrize("cfg, flags, message", [
+    ({"policy": {"model_name": "acme/unknown"}}, {}, "--heads N --kv-heads N --head-dim N"),
+    (None, {"heads": 8}, "--head-dim"),
+    (None, {"heads": 8, "kv_heads": 3, "head_dim": 8}, "not a multiple"),
+    (None, {"heads": 0, "head_dim": 8}, "heads=0 is not a positive integer"),
+])
+def test_shape_errors_name_the_fix(cfg, flags, message):
+    with pytest.raises(UsageError, match=message):
+        shape_of(cfg, **flags)
+
+
+def test_ulps_count_dtype_spacing():
+    a = torch.tensor([1.0, 1.0, -0.5], dtype=torch.bfloat16)
+    b = torch.tensor([1.0, 1.0078125, -0.5], dtype=torch.bfloat16)   # one bf16 ulp above 1
+    assert drift.ulps(a, b, torch.bfloat16).tolist() == [0.0, 1.0, 0.0]
+
+
+SMALL = ["--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--seq-len", "64", "--no-progress"]
+
+
+def test_sweep_json_complete(tmp_path, write_yaml, capsys):
+    cfg = write_yaml("small.yaml", """
+        policy:
+          model_name: acme/tiny
+          max_total_sequence_length: 64
+        attention_align:
+          drift: {heads: 4, kv_heads: 2, head_dim: 16}
+    """)
+    out = tmp_path / "out"
+    code = main(["drift", str(cfg), "--json", "--no-progress", "--out", str(out), "--dtypes", "bf16,fp32",
+                 "--training", "reference", "--training", "te-p2p:cp=2", "--rollout", "reference",
+                 "--rollout", "vllm:chunk=16,splits=2"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads((out / "drift-report.json").read_text())
+    assert result["shape"]["sources"]["heads"] == "attention_align.drift" and result["shape"]["seq_len"] == 64
+    assert (out / "drift-heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["heatmap"]
+    assert len(result["pairs"]) == 2 * 2 * 2 and len(result["engines"]) == 2 * 3
+    keys = {"out_abs_max", "out_abs_mean", "out_ulp_max", "out_ulp_mean", "lse_abs_max", "lse_abs_mean", "lse_ulp_max",
+            "lse_ulp_mean", "logprob_abs_max", "logprob_abs_mean", "token_mult_prob_error", "bitwise_equal"}
+    for pair in result["pairs"]:
+        assert keys <= set(pair) and all(math.isfinite(pair[k]) for k in keys - {"bitwise_equal"})
+    by = {(p["dtype"], p["training"], p["rollout"]): p for p in result["pairs"]}
+    same = by[("bf16", "reference", "reference")]
+    assert same["bitwise_equal"] and same["logprob_abs_max"] == 0 and same["token_mult_prob_error"] == 1.0
+    drifted = by[("bf16", "te-p2p:cp=2", "vllm:chunk=16,splits=2")]
+    assert not drifted["bitwise_equal"] and drifted["out_abs_max"] > 0 and drifted["token_mult_prob_error"] > 1.0
+    for engine in result["engines"]:
+        assert engine["vs_fp64"]["out_abs_max"] > 0 and engine["seconds"] >= 0
+
+
+def test_table_and_progress(tmp_path, capsys):
+    code = main(["drift", *SMALL[:-1], "--out", str(tmp_path), "--dtypes", "fp16", "--no-plot",
+                 "--training", "flash", "--rollout", "plain"])
+    captured = capsys.readouterr()
+    assert code == 0 and "fp16   flash" in captured.out and "mult_prob_err" in captured.out
+    assert "[" in captured.err and "fp16 plain" in captured.err
+    assert not (tmp_path / "drift-heatmap.png").exists()
+
+
+def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code = main(["drift", *SMALL, "--out", str(tmp_path), "--dtypes", "bf16", "--training", "flash", "--rollout", "flash"])
+    assert code == 0 and "matplotlib is not installed" in capsys.readouterr().err
+    assert json.loads((tmp_path / "drift-report.json").read_text())["heatmap"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dtypes", "bf8"], "unknown dtype bf8"),
+    (["--training", "bogus"], "unknown engine 'bogus'"),
+    (["--rollout", "vllm:chunk=x"], "not key=integer"),
+    (["--training", "te-p2p:cp=3", "--seq-len", "64"], "not divisible by 2*cp=6"),
+    (["--window", "8", "--training", "te-p2p:cp=2"], "te-allgather"),
+    (["--vocab", "1"], "--vocab 1"),
+])
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    code = main(["drift", *SMALL, "--out", str(tmp_path / "never"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "never").exists()
+
+
+def test_unknown_model_without_flags(write_yaml, capsys):
+    cfg = write_yaml("m.yaml", "policy:\n  model_name: acme/mystery\n")
+    assert main(["drift", str(cfg)]) == 2
+    assert "policy.model_name='acme/mystery'" in capsys.readouterr().err
+
+
+def test_cli_help_does_not_import_torch():
+    code = "import sys; from nemo_rl_attn_align.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
