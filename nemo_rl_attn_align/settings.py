@@ -12,6 +12,12 @@ attention_align:
     acc_dtype: fp32
     downcast: final_write
     dtype: bf16                # default: policy.precision
+  drift:                       # attention shape for `nemo-rl-attn-align drift` (default: from the model)
+    heads: 32
+    kv_heads: 8
+    head_dim: 128
+    window: null
+    seq_len: 2048
 ```
 
 ``on_mismatch``: ``error`` stops the run at startup with the report when the binding fails;
@@ -25,7 +31,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, StrictBool, ValidationError, field_validator
 
 from nemo_rl_attn_align.binding import Mandate
 from nemo_rl_attn_align.config import get_path
@@ -65,6 +71,18 @@ class MandateSettings(BaseModel):
         return Mandate(**self.model_dump())
 
 
+class DriftSettings(BaseModel):
+    """``attention_align.drift``: the attention shape ``drift`` sweeps when the model does not give it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    heads: Optional[PositiveInt] = None
+    kv_heads: Optional[PositiveInt] = None
+    head_dim: Optional[PositiveInt] = None
+    window: Optional[NonNegativeInt] = None
+    seq_len: Optional[PositiveInt] = None
+
+
 class AlignSettings(BaseModel):
     """The validated ``attention_align`` block (``report_dir`` and ``mandate.dtype`` resolved by
     ``load_settings``)."""
@@ -76,6 +94,7 @@ class AlignSettings(BaseModel):
     strict: StrictBool = False
     report_dir: Optional[str] = None
     mandate: MandateSettings = MandateSettings()
+    drift: DriftSettings = DriftSettings()
 
     @field_validator("report_dir", mode="before")
     @classmethod
@@ -94,6 +113,7 @@ _FIXES = {
     "strict": f"set {BLOCK}.strict to true or false (a YAML boolean, unquoted)",
     "report_dir": f"set {BLOCK}.report_dir to a directory path, or remove it for <logger.log_dir>/{REPORT_SUBDIR}",
     "mandate": f"set {BLOCK}.mandate to a mapping of merge_rule, reduction_order, acc_dtype, downcast, dtype",
+    "drift": f"set {BLOCK}.drift.<key> to a positive integer (window: 0 or more), or remove it",
 }
 
 
@@ -137,7 +157,7 @@ def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
     if not isinstance(block, Mapping):
         raise UsageError(
             f"{BLOCK}={block!r}: must be a mapping. Fix: write `{BLOCK}:` followed by indented keys "
-            f"(on_mismatch, allow_dtype_difference, strict, report_dir, mandate), or remove it."
+            f"(on_mismatch, allow_dtype_difference, strict, report_dir, mandate, drift), or remove it."
         )
     try:
         settings = AlignSettings.model_validate(dict(block))

@@ -133,3 +133,21 @@ def test_unknown_model_without_flags(write_yaml, capsys):
 def test_cli_help_does_not_import_torch():
     code = "import sys; from nemo_rl_attn_align.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_default_out_is_the_configs_report_dir(write_yaml, tmp_path, capsys):
+    cfg = write_yaml("c.yaml", f"""
+        policy: {{model_name: x, max_total_sequence_length: 32}}
+        logger: {{log_dir: {tmp_path / 'logs'}}}
+        attention_align: {{drift: {{heads: 2, kv_heads: 1, head_dim: 8}}}}
+        """)
+    code = main(["drift", str(cfg), "--no-progress", "--no-plot", "--dtypes", "bf16", "--training", "flash", "--rollout", "plain"])
+    assert code == 0
+    assert (tmp_path / "logs" / "attention_align" / "drift-report.json").is_file()
+
+
+def test_bad_drift_block_is_a_usage_error(write_yaml, tmp_path, capsys):
+    cfg = write_yaml("c.yaml", "policy: {model_name: x}\nattention_align: {drift: {heads: -1}}\n")
+    assert main(["drift", str(cfg), "--out", str(tmp_path / "never")]) == 2
+    assert "attention_align.drift.heads" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()

@@ -121,3 +121,12 @@ def test_importing_the_package_does_not_import_pydantic():
     code = "import sys, nemo_rl_attn_align, nemo_rl_attn_align.cli; print('pydantic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_drift_block_is_validated():
+    settings = load_settings({"attention_align": {"drift": {"heads": 32, "kv_heads": 8, "head_dim": 128, "window": 0}}})
+    assert (settings.drift.heads, settings.drift.window, settings.drift.seq_len) == (32, 0, None)
+    for bad, expected in (({"heads": 0}, "attention_align.drift.heads=0"), ({"head": 8}, "did you mean attention_align.drift.heads")):
+        with pytest.raises(UsageError) as info:
+            load_settings({"attention_align": {"drift": bad}})
+        assert expected in str(info.value) and "\n" not in str(info.value)

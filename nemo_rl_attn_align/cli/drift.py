@@ -2,7 +2,8 @@
 
 Runs the reference and each engine's replay (see ``nemo_rl_attn_align.reference.materializers``)
 on the attention shape of the config's model, prints a table (or ``--json``), and writes
-``drift-report.json`` and ``drift-heatmap.png`` into ``--out`` (default: the current directory).
+``drift-report.json`` and ``drift-heatmap.png`` into ``--out`` (default: next to the run report, the
+config's ``attention_align.report_dir``, i.e. ``<logger.log_dir>/attention_align``).
 Exit 0: done; 2: unusable input. torch is imported only inside the handler.
 """
 
@@ -44,7 +45,9 @@ def register(subparsers) -> None:
                    "vllm:chunk=256, vllm:chunk=256,splits=4, flash-splitkv:splits=4, flash)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
     p.add_argument("--vocab", type=int, default=512, help="vocabulary of the random LM head (default 512)")
-    p.add_argument("--out", type=Path, default=Path("."), help="directory for drift-report.json and drift-heatmap.png")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for drift-report.json and drift-heatmap.png "
+                        "(default: the config's report dir, <logger.log_dir>/attention_align)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG heatmap")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -57,9 +60,13 @@ def _prepare(args: argparse.Namespace):
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
     from nemo_rl_attn_align.config import load_config
     from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.settings import load_settings
 
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
+    settings = load_settings(cfg)
+    if args.out is None:
+        args.out = Path(settings.report_dir)
     flags = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
              "window": args.window, "seq_len": args.seq_len}
     shape = drift.resolve_shape(cfg, flags)

@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run",
         help="run a command with the plugin active in it and in every Python process it starts",
-        description=__doc__.split("\n\n", 1)[1],
+        description=__doc__.split("\n\n", 1)[1].replace("``", ""),
     )
     parser.add_argument("--report-dir", help="where workers write their records (default: attention_align.report_dir from the config)")
     parser.add_argument("--strict", action="store_true", help="stop the run when a layout is not recognised or a read-back differs")
