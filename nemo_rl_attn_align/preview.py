@@ -81,8 +81,12 @@ def _identity(b: ContractBuilder, cfg: Mapping[str, Any]) -> None:
         b.pending("batch_size", "known when the first rollout batch is scored")
 
 
-def _te_kernels(b: ContractBuilder, backend: Optional[str], dtype: Optional[str], cp: int, comm: str) -> None:
-    """Semantic fields of Megatron + TE attention for the planned backend, precision and CP."""
+def te_semantics(b: ContractBuilder, backend: Optional[str], dtype: Optional[str], cp: int, comm: str) -> None:
+    """Set the semantic fields of Megatron + TE attention on ``b`` for an ``AttnBackend`` name,
+    a dtype (``fp32``, ``bf16``, ...), the context-parallel size and ``cp_comm_type``.
+
+    The one rule for both the preview and the Megatron worker's recorded contract (which calls it
+    with the backend Transformer Engine was seen to run); ``None`` backend or dtype: pending."""
     if backend is None or dtype is None:
         for name in fields_of(Tier.SEMANTIC):
             b.pending(name, "attention_backend or policy.precision is invalid (see the pre-flight findings)")
@@ -107,12 +111,25 @@ def _te_kernels(b: ContractBuilder, backend: Optional[str], dtype: Optional[str]
         b.configured("downcast", "final_write", why + "; fp32 accumulators written once")
 
 
+def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
+    the Megatron hook records training only with ``policy.megatron_cfg.enabled: true``, the vLLM hook
+    rollout only with ``policy.generation.backend: vllm``."""
+    absent = {}
+    if _get(cfg, "policy.megatron_cfg.enabled") is not True:
+        absent["training"] = "policy.megatron_cfg.enabled is not true (the contract covers Megatron training)"
+    gen = _get(cfg, "policy.generation")
+    if not isinstance(gen, Mapping) or gen.get("backend") != "vllm":
+        absent["rollout"] = "policy.generation.backend is not vllm (no vLLM rollout to bind)"
+    return absent
+
+
 def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Optional[AttentionContract]:
     """The training contract a Megatron policy worker would record, or ``None`` when
     ``policy.megatron_cfg.enabled`` is not true."""
     policy = cfg.get("policy")
     facts = read_policy_facts(policy, os.environ if environ is None else environ)
-    if not facts.megatron_enabled:
+    if "training" in absent_sides(cfg):
         return None
     mcfg = _mapping(policy, "megatron_cfg")
     overrides = facts.model_overrides
@@ -125,7 +142,7 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
     comm = overrides.get("cp_comm_type") or "p2p"
     comm = comm if isinstance(comm, str) else "p2p"
     backend = facts.effective_backend
-    _te_kernels(b, backend, _dtype(facts.precision), cp, comm)
+    te_semantics(b, backend, _dtype(facts.precision), cp, comm)
     impl = facts.transformer_impl
     b.configured("engine", "megatron-te" if impl == "transformer_engine" else f"megatron-{impl}", "policy.megatron_cfg.transformer_impl")
     if backend is not None:
@@ -178,9 +195,9 @@ _VLLM, _MEGATRON = "policy.generation.vllm_cfg", "policy.megatron_cfg"
 def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Optional[AttentionContract]:
     """The rollout contract a vLLM generation worker would record, or ``None`` when
     ``policy.generation.backend`` is not vllm."""
-    gen = _get(cfg, "policy.generation")
-    if not isinstance(gen, Mapping) or gen.get("backend") != "vllm":
+    if "rollout" in absent_sides(cfg):
         return None
+    gen = _get(cfg, "policy.generation")
     vcfg, kwargs = _mapping(gen, "vllm_cfg"), _mapping(gen, "vllm_kwargs")
     env = _worker_env(cfg, _VLLM, os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
@@ -291,11 +308,7 @@ def preview_binding(cfg: Mapping[str, Any], settings: Any = None, environ: Optio
         settings = load_settings(cfg)
     environ = os.environ if environ is None else environ
     training, rollout = predict_training(cfg, environ), predict_rollout(cfg, environ)
-    notes = []
-    if training is None:
-        notes.append("no training contract: policy.megatron_cfg.enabled is not true (the contract covers Megatron training)")
-    if rollout is None:
-        notes.append("no rollout contract: policy.generation.backend is not vllm (no vLLM rollout to bind)")
+    notes = [f"no {side} contract: {why}" for side, why in absent_sides(cfg).items()]
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
     diff, problems = predict_determinism(cfg, environ, training, rollout)

@@ -1,21 +1,31 @@
 """The run report: one JSON document binding every worker's attention contract.
 
-Each worker writes its own record (``write_worker_record``: its contract and determinism probe)
-to ``<report_dir>/workers/`` atomically (a temp file in the same directory, then ``os.replace``),
-so many processes can write at once and a reader never sees half a file. The driver then calls
-``finalize``: it collects the records, binds the training side to the rollout side, writes
-``<report_dir>/attention_align_report.json`` (atomically too), prints the human summary once and,
-with ``on_mismatch: error``, raises ``AttentionMismatch`` when the verdict is ``fail``.
+Each worker writes its own files, atomically (a temp file in the same directory, then
+``os.replace``), so many processes can write at once and a reader never sees half a file:
+
+* ``<report_dir>/workers/<side>--<worker_id>.json`` (``write_worker_record``): its contract and
+  determinism probe;
+* ``<report_dir>/hosts/<side>--<worker_id>.json`` (``write_worker_detail``): what its host hook saw
+  (the stage it reached, findings such as a read-back mismatch, its peers).
+
+The driver then calls ``finalize``: it collects both, binds the training side to the rollout side,
+writes ``<report_dir>/attention_align_report.json`` (atomically too), prints the human summary once
+and, with ``on_mismatch: error``, raises ``AttentionMismatch`` when the verdict is ``fail``. Called
+again later in the run (``previous=`` the earlier document) it keeps the drift figures and prints
+only what changed.
 
 A worker that died leaves a gap (its expected id is listed as missing), a corrupt or foreign file
-is listed as unreadable, a temp file left behind is listed as an incomplete write; none of them
-stops the collection. The document's schema is ``docs/report-schema.md``. Stdlib only.
+is listed as unreadable, a temp file left behind is listed as an incomplete write, a file another
+run wrote is listed as stale; none of them stops the collection. The document's schema is
+``docs/report-schema.md``. Stdlib only.
 """
 
 from __future__ import annotations
 
 import datetime
+import enum
 import json
+import math
 import os
 import re
 import socket
@@ -31,8 +41,10 @@ from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
 REPORT_SCHEMA_VERSION = 1
 REPORT_KIND = "nemo-rl-attn-align/report"
 WORKER_KIND = "nemo-rl-attn-align/worker"
+DETAIL_KIND = "nemo-rl-attn-align/host-detail"
 REPORT_FILENAME = "attention_align_report.json"
 WORKERS_DIR = "workers"
+HOSTS_DIR = "hosts"
 
 #: Drift metrics the report has room for, with what each measures. NeMo-RL logs the first four
 #: (``nemo_rl/algorithms/loss/loss_functions.py``); verl logs the others as
@@ -50,12 +62,21 @@ DRIFT_METRICS = {
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+class ReportCode(str, enum.Enum):
+    """Stable codes of the report's own findings beyond ``binding.Code``'s ``REPORT_*`` ones."""
+
+    SIDE_ABSENT = "REPORT_SIDE_ABSENT"
+    WORKER_FINDING = "REPORT_WORKER_FINDING"
+
+
 class ReportError(Exception):
     """A report that cannot be read; ``str(err)`` is one line naming the file and what is wrong."""
 
 
 class AttentionMismatch(RuleViolation):
-    """Raised by ``finalize`` with ``on_mismatch: error`` when the binding failed."""
+    """Raised by ``finalize`` / ``enforce`` with ``on_mismatch: error`` when the binding failed."""
+
+    stops_run = True  # the plugin's guards let it through: stopping the run is its purpose
 
 
 def _now() -> str:
@@ -81,19 +102,31 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
     return path
 
 
+def _worker_file(report_dir: PathLike, folder: str, side: str, worker_id: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)
+    return Path(report_dir) / folder / f"{side}--{safe}.json"
+
+
 def worker_record_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
     """Where the record of ``worker_id`` on ``side`` lives (unsafe characters become ``_``)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)
-    return Path(report_dir) / WORKERS_DIR / f"{side}--{safe}.json"
+    return _worker_file(report_dir, WORKERS_DIR, side, worker_id)
 
 
-def write_worker_record(report_dir: PathLike, contract: AttentionContract, probe: Optional[DeterminismProbe] = None) -> Path:
-    """Write one worker's contract and determinism probe (atomic; rewriting replaces it)."""
+def worker_detail_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
+    """Where the host detail of ``worker_id`` on ``side`` lives (same name, under ``hosts/``)."""
+    return _worker_file(report_dir, HOSTS_DIR, side, worker_id)
+
+
+def write_worker_record(report_dir: PathLike, contract: AttentionContract, probe: Optional[DeterminismProbe] = None,
+                        run_id: Optional[str] = None) -> Path:
+    """Write one worker's contract and determinism probe (atomic; rewriting replaces it).
+    ``run_id``: the driver's id of this run (records of other runs are then stale)."""
     record = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "kind": WORKER_KIND,
         "side": contract.side,
         "worker_id": contract.worker_id,
+        "run_id": run_id,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "written_at": _now(),
@@ -103,8 +136,16 @@ def write_worker_record(report_dir: PathLike, contract: AttentionContract, probe
     return atomic_write_json(worker_record_path(report_dir, contract.side, contract.worker_id), record)
 
 
-def _parse_worker_record(path: Path) -> tuple[AttentionContract, Optional[DeterminismProbe]]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+def write_worker_detail(report_dir: PathLike, side: str, worker_id: str, detail: Mapping[str, Any],
+                        run_id: Optional[str] = None) -> Path:
+    """Write what one worker's host hook saw (atomic; rewriting replaces it). The report reads its
+    ``stage`` (str), ``findings`` (list of str), ``host`` and ``peers`` (the worker ids its group
+    should have); every other key is kept for humans."""
+    body = {"kind": DETAIL_KIND, "side": side, "worker_id": worker_id, "run_id": run_id, **detail}
+    return atomic_write_json(worker_detail_path(report_dir, side, worker_id), body)
+
+
+def _parse_worker_record(data: Any) -> tuple[AttentionContract, Optional[DeterminismProbe]]:
     if not isinstance(data, dict) or data.get("kind") != WORKER_KIND:
         raise ValueError(f"not a worker record (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     if data.get("schema_version") != REPORT_SCHEMA_VERSION:
@@ -114,20 +155,41 @@ def _parse_worker_record(path: Path) -> tuple[AttentionContract, Optional[Determ
     return contract, probe
 
 
-def read_worker_records(report_dir: PathLike) -> dict[str, Any]:
-    """Every worker record under ``report_dir``: ``records`` (contract, probe) sorted by side and
-    worker id, ``unreadable`` (path and error) and ``incomplete_writes`` (temp files left over)."""
-    folder = Path(report_dir) / WORKERS_DIR
-    records, unreadable = [], []
-    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    for path in paths:
+def _parse_detail(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict) or data.get("kind") != DETAIL_KIND:
+        raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
+    if data.get("side") not in SIDES or not isinstance(data.get("worker_id"), str):
+        raise ValueError("a host detail needs side (training or rollout) and worker_id")
+    return data
+
+
+def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: Optional[str], out: dict[str, list]) -> list:
+    parsed = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            records.append(_parse_worker_record(path))
-        except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError and ContractError are ValueErrors
-            unreadable.append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
-    incomplete = sorted(str(p) for p in folder.glob(".*.tmp")) if folder.is_dir() else []
+            data = json.loads(path.read_text(encoding="utf-8"))
+            item = parse(data)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError, ContractError are ValueErrors
+            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
+            continue
+        if run_id is not None and data.get("run_id") != run_id:
+            out["stale"].append(str(path))
+        else:
+            parsed.append(item)
+    out["incomplete_writes"].extend(sorted(str(p) for p in folder.glob(".*.tmp")) if folder.is_dir() else [])
+    return parsed
+
+
+def read_worker_records(report_dir: PathLike, run_id: Optional[str] = None) -> dict[str, Any]:
+    """Every worker file under ``report_dir``: ``records`` (contract, probe) sorted by side and
+    worker id, ``details`` (host details by ``(side, worker_id)``), ``unreadable`` (path and error),
+    ``incomplete_writes`` (temp files left over) and, when ``run_id`` is given, ``stale`` (files
+    another run wrote, left out)."""
+    out: dict[str, Any] = {"unreadable": [], "incomplete_writes": [], "stale": []}
+    records = _read_folder(Path(report_dir) / WORKERS_DIR, _parse_worker_record, run_id, out)
+    details = _read_folder(Path(report_dir) / HOSTS_DIR, _parse_detail, run_id, out)
     records.sort(key=lambda rec: (rec[0].side, rec[0].worker_id))
-    return {"records": records, "unreadable": unreadable, "incomplete_writes": incomplete}
+    return {"records": records, "details": {(d["side"], d["worker_id"]): d for d in details}, **out}
 
 
 def _divergences(representative: AttentionContract, other: AttentionContract) -> list[Finding]:
@@ -149,6 +211,20 @@ def _known_tp(contracts: Iterable[AttentionContract]) -> list[Any]:
     return [c.value("tp_size") for c in contracts if c["tp_size"].known]
 
 
+def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Finding]:
+    """What the host hooks noticed (e.g. Transformer Engine ran another backend than requested)."""
+    out = []
+    for (side, worker_id), detail in sorted(details.items()):
+        for problem in detail.get("findings") or []:
+            out.append(Finding(
+                ReportCode.WORKER_FINDING.value, Severity.WARNING, f"workers.{worker_id}", detail.get("stage"),
+                f"{side} worker {worker_id} ({detail.get('host', 'hook')}): {problem}",
+                f"see {HOSTS_DIR}/{worker_detail_path('.', side, worker_id).name} for what the hook saw; "
+                "attention_align.strict: true stops the run on such a finding",
+            ))
+    return out
+
+
 def build_report(
     records: Mapping[str, Any],
     *,
@@ -157,17 +233,23 @@ def build_report(
     on_mismatch: str = "warn",
     expected: Iterable[str] = (),
     collective: Optional[str] = "auto",
+    absent_sides: Optional[Mapping[str, str]] = None,
 ) -> dict[str, Any]:
     """The report document for ``read_worker_records``' result (see docs/report-schema.md).
 
-    ``expected``: worker ids that should have written (missing ones are listed);
-    ``collective``: the NCCL collective that reduces the compared tensor, ``None``, or ``auto``
-    (``allreduce`` when some worker has tp_size > 1)."""
+    ``expected``: worker ids that should have written, besides the ``peers`` the host details
+    name (missing ones are listed); ``collective``: the NCCL collective that reduces the compared
+    tensor, ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1);
+    ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
+    counted as a missing side."""
+    absent_sides = dict(absent_sides or {})
+    details = records.get("details", {})
     contracts = [c for c, _ in records["records"]]
     probes = {(c.side, c.worker_id): p for c, p in records["records"]}
-    by_side = {side: [c for c in contracts if c.side == side] for side in ("training", "rollout")}
+    by_side = {side: [c for c in contracts if c.side == side] for side in SIDES}
     found = [c.worker_id for c in contracts]
-    missing = sorted(set(expected) - set(found))
+    expected = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
+    missing = sorted(expected - set(found))
     findings: list[Finding] = []
     for worker in missing:
         findings.append(Finding(Code.WORKER_MISSING.value, Severity.WARNING, f"workers.{worker}", None,
@@ -175,14 +257,20 @@ def build_report(
                                 "check that worker's log; the binding below covers only the workers that wrote"))
     for bad in records["unreadable"]:
         findings.append(Finding(Code.RECORD_UNREADABLE.value, Severity.WARNING, "workers.record", bad["path"],
-                                f"unreadable worker record: {bad['error']}", "remove the file or rerun that worker"))
+                                f"unreadable worker file: {bad['error']}", "remove the file or rerun that worker"))
+    not_applicable = {side: why for side, why in absent_sides.items() if not by_side.get(side)}
     for side, members in by_side.items():
         for other in members[1:]:
             findings.extend(_divergences(members[0], other))
-        if not members:
+        if side in not_applicable:
+            findings.append(Finding(ReportCode.SIDE_ABSENT.value, Severity.INFO, f"workers.{side}", None,
+                                    f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
+                                    "nothing to fix: this run records one side only"))
+        elif not members:
             findings.append(Finding(Code.SIDE_MISSING.value, Severity.WARNING, f"workers.{side}", None,
                                     f"no {side} worker wrote a record: nothing to bind",
                                     f"check that the {side} workers started with the plugin active"))
+    findings.extend(_detail_findings(details))
     binding = None
     if by_side["training"] and by_side["rollout"]:
         training, rollout = by_side["training"][0], by_side["rollout"][0]
@@ -201,11 +289,15 @@ def build_report(
         verdict = binding.verdict
     binding_dict = binding.to_dict() if binding is not None else None
     all_findings = (binding_dict["findings"] if binding_dict else []) + [f.to_dict() for f in findings]
+    stages = {side: {wid: d.get("stage") for (s, wid), d in sorted(details.items()) if s == side} for side in SIDES}
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "kind": REPORT_KIND,
         "created_at": _now(),
+        "collected_at": None,
+        "run_id": None,
         "verdict": verdict.value,
+        "binding_applicable": not not_applicable,
         "settings": {
             "on_mismatch": on_mismatch,
             "allow_dtype_difference": allow_dtype_difference,
@@ -215,8 +307,10 @@ def build_report(
             "expected": sorted(expected),
             "found": found,
             "missing": missing,
+            "stages": stages,
             "unreadable": list(records["unreadable"]),
             "incomplete_writes": list(records["incomplete_writes"]),
+            "stale": list(records.get("stale", [])),
         },
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": {side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
@@ -224,13 +318,16 @@ def build_report(
         "binding": binding_dict,
         "findings": all_findings,
         "drift": {"metrics": dict(DRIFT_METRICS), "steps": []},
+        "history": [],
     }
 
 
-def collect(report_dir: PathLike, **options: Any) -> dict[str, Any]:
-    """Read every worker record under ``report_dir`` and build the report document (writes
-    nothing); ``options`` are ``build_report``'s."""
-    return build_report(read_worker_records(report_dir), **options)
+def collect(report_dir: PathLike, *, run_id: Optional[str] = None, **options: Any) -> dict[str, Any]:
+    """Read every worker file under ``report_dir`` (of run ``run_id`` only, when given) and build
+    the report document (writes nothing); ``options`` are ``build_report``'s."""
+    doc = build_report(read_worker_records(report_dir, run_id), **options)
+    doc["run_id"] = run_id
+    return doc
 
 
 def write_report(report_dir: PathLike, doc: Mapping[str, Any]) -> Path:
@@ -286,20 +383,26 @@ def _drift_name(name: str) -> str:
     return key
 
 
-def record_drift(path: PathLike, step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
-    """Add (or replace) the drift figures of ``step`` in the report at ``path`` (driver only:
-    one writer). Names are ``DRIFT_METRICS`` keys; verl's ``training/`` prefix is accepted."""
+def add_drift(doc: dict[str, Any], step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
+    """Add (or replace) the drift figures of ``step`` in the report document ``doc`` (in memory;
+    ``ValueError`` and ``doc`` untouched on a bad step, name or value)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
     entry: dict[str, Any] = {"step": step}
     for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"drift metric {name} must be a finite number, got {value!r}")
         entry[_drift_name(name)] = float(value)
-    file = Path(path) / REPORT_FILENAME if Path(path).is_dir() else Path(path)
-    doc = load_report(file)
     steps = [s for s in doc["drift"]["steps"] if s.get("step") != step] + [entry]
     doc["drift"]["steps"] = sorted(steps, key=lambda s: s["step"])
+    return doc
+
+
+def record_drift(path: PathLike, step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
+    """Add (or replace) the drift figures of ``step`` in the report at ``path`` (driver only:
+    one writer). Names are ``DRIFT_METRICS`` keys; verl's ``training/`` prefix is accepted."""
+    file = Path(path) / REPORT_FILENAME if Path(path).is_dir() else Path(path)
+    doc = add_drift(load_report(file), step, metrics)
     atomic_write_json(file, doc)
     return doc
 
@@ -373,18 +476,25 @@ def render_findings(findings: list[Mapping[str, Any]], shown: tuple[str, ...] = 
     return lines
 
 
+def _worker_list(doc: Mapping[str, Any], side: str) -> list[str]:
+    stages = doc["workers"].get("stages", {}).get(side, {})
+    return [f"{c['worker_id']} [{stages[c['worker_id']]}]" if stages.get(c["worker_id"]) else c["worker_id"]
+            for c in doc["contracts"] if c["side"] == side]
+
+
 def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     """The human summary of a report document (``full``: every field and variable)."""
     workers = doc["workers"]
-    by_side: dict[str, list[str]] = {}
-    for c in doc["contracts"]:
-        by_side.setdefault(c["side"], []).append(c["worker_id"])
+    point = f"; collected at {doc['collected_at']}" if doc.get("collected_at") else ""
+    sides = [f"{side} {', '.join(names)}" for side in SIDES if (names := _worker_list(doc, side))]
+    stale = f"; stale files of other runs: {len(workers['stale'])}" if workers.get("stale") else ""
     lines = [
-        f"nemo-rl-attn-align report: verdict {doc['verdict'].upper()} (on_mismatch: {doc['settings']['on_mismatch']})",
-        "workers: " + "; ".join(f"{side} {', '.join(by_side[side])}" for side in SIDES if side in by_side)
+        f"nemo-rl-attn-align report: verdict {doc['verdict'].upper()} (on_mismatch: {doc['settings']['on_mismatch']}{point})",
+        "workers: " + "; ".join(sides or ["none recorded"])
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
-        + f"; incomplete writes: {len(workers['incomplete_writes'])}",
+        + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]
+    lines.extend(f["message"] for f in doc["findings"] if f["code"] == ReportCode.SIDE_ABSENT.value)
     if doc.get("collected_from_workers"):
         lines.append("(collected from worker records now: the driver wrote no report; default mandate)")
     if doc["binding"] is not None:
@@ -400,6 +510,56 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _finding_key(finding: Mapping[str, Any]) -> tuple:
+    return finding["code"], finding["key"], finding["message"]
+
+
+def render_changes(previous: Mapping[str, Any], doc: Mapping[str, Any]) -> list[str]:
+    """What a later collection of the same run changed: the verdict, workers that came or went,
+    new error/warning findings, findings that no longer apply. Empty when nothing changed."""
+    lines = []
+    if previous["verdict"] != doc["verdict"]:
+        lines.append(f"verdict {previous['verdict'].upper()} -> {doc['verdict'].upper()}")
+    for label, key in (("now recorded", "found"), ("now missing", "missing")):
+        came = sorted(set(doc["workers"][key]) - set(previous["workers"][key]))
+        if came:
+            lines.append(f"workers {label}: {', '.join(came)}")
+    before, after = {_finding_key(f) for f in previous["findings"]}, {_finding_key(f) for f in doc["findings"]}
+    fresh = [f for f in doc["findings"] if _finding_key(f) not in before and f["severity"] != Severity.INFO.value]
+    lines.extend(f"new: {line}" for line in render_findings(fresh))
+    gone = len(before - after)
+    if gone:
+        lines.append(f"{gone} earlier finding(s) no longer apply")
+    return lines
+
+
+def _announcement(doc: Mapping[str, Any], previous: Optional[Mapping[str, Any]], path: Path, final: bool) -> Optional[str]:
+    """What ``finalize`` prints: the summary the first time, then only changes, one line at the end."""
+    point, verdict, mode = doc["collected_at"], doc["verdict"], doc["settings"]["on_mismatch"]
+    if previous is None:
+        if mode == "record" or final:
+            missing = f"; missing: {', '.join(doc['workers']['missing'])}" if doc["workers"]["missing"] else ""
+            return f"attention_align ({point}): verdict {verdict}{missing}; report written to {path}"
+        return render_summary(doc) + f"\nreport written to {path}"
+    if mode == "record":
+        return None
+    changes = render_changes(previous, doc)
+    if changes:
+        return "\n".join([f"attention_align ({point}): the report changed since {previous.get('collected_at')}:"]
+                         + [f"  {line}" for line in changes] + [f"report updated: {path}"])
+    if final:
+        return f"attention_align ({point}): verdict {verdict}, unchanged since {previous.get('collected_at')}; report: {path}"
+    return None
+
+
+def raise_for_mismatch(doc: Mapping[str, Any]) -> None:
+    """``on_mismatch: error`` and verdict ``fail``: raise ``AttentionMismatch`` with the error findings."""
+    if doc["settings"]["on_mismatch"] == "error" and doc["verdict"] == Verdict.FAIL.value:
+        errors = [Finding(f["code"], Severity(f["severity"]), f["key"], f["value"], f["message"], f["fix"])
+                  for f in doc["findings"] if f["severity"] == Severity.ERROR.value]
+        raise AttentionMismatch(errors)
+
+
 def finalize(
     settings: Any,
     *,
@@ -407,24 +567,39 @@ def finalize(
     expected: Iterable[str] = (),
     collective: Optional[str] = "auto",
     printer: Callable[[str], None] = print,
+    absent_sides: Optional[Mapping[str, str]] = None,
+    run_id: Optional[str] = None,
+    previous: Optional[Mapping[str, Any]] = None,
+    point: str = "setup",
+    final: bool = False,
+    enforce: bool = True,
 ) -> dict[str, Any]:
-    """Driver side, once every worker wrote: collect, bind, write the report, print once, enforce.
+    """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
     ``settings`` is ``settings.AlignSettings`` (``on_mismatch``, ``allow_dtype_difference``,
     ``to_mandate()``, ``report_dir``); ``report_dir`` overrides ``settings.report_dir`` (the
-    driver passes the experiment's real log dir). ``error`` + verdict ``fail`` raises
-    ``AttentionMismatch`` after the report is written; ``warn`` prints the summary; ``record``
-    prints one line saying where the report is."""
+    driver passes the experiment's real log dir); ``run_id`` leaves out files of other runs;
+    ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
+    ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
+    history are kept); ``final`` marks the run's last collection.
+
+    Printed, at most one message per call: the first time, the summary (``record``: one line with
+    the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
+    (``record``: nothing); at the final call, one line with the verdict and the path when nothing
+    changed. ``enforce`` and ``on_mismatch: error`` and verdict ``fail``: ``AttentionMismatch``,
+    raised after the report is written and printed."""
     folder = Path(report_dir if report_dir is not None else settings.report_dir)
-    doc = collect(folder, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
-                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective)
+    doc = collect(folder, run_id=run_id, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
+                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides)
+    doc["collected_at"] = point
+    if previous is not None:
+        doc["drift"]["steps"] = list(previous["drift"]["steps"])
+        doc["history"] = list(previous.get("history", []))
+    doc["history"].append({"point": point, "created_at": doc["created_at"], "verdict": doc["verdict"]})
     path = write_report(folder, doc)
-    if settings.on_mismatch == "record":
-        printer(f"attention_align: verdict {doc['verdict']}; report written to {path}")
-    else:
-        printer(render_summary(doc) + f"\nreport written to {path}")
-    if settings.on_mismatch == "error" and doc["verdict"] == Verdict.FAIL.value:
-        errors = [Finding(f["code"], Severity(f["severity"]), f["key"], f["value"], f["message"], f["fix"])
-                  for f in doc["findings"] if f["severity"] == Severity.ERROR.value]
-        raise AttentionMismatch(errors)
+    message = _announcement(doc, previous, path, final)
+    if message is not None:
+        printer(message)
+    if enforce:
+        raise_for_mismatch(doc)
     return doc

@@ -13,7 +13,7 @@ from nemo_rl_attn_align.config import load_config
 from nemo_rl_attn_align.contract import FIELD_NAMES, AttentionContract, Provenance, Tier, fields_of
 from nemo_rl_attn_align.determinism import DetStatus
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.preview import predict_rollout, predict_training, preview_binding
+from nemo_rl_attn_align.preview import absent_sides, predict_rollout, predict_training, preview_binding
 from nemo_rl_attn_align.settings import load_settings
 
 from .conftest import EXAMPLES
@@ -137,6 +137,13 @@ def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
     assert sft.to_dict()["verdict"] is None and "note:" in sft.render()
     no_megatron = _preview("policy.megatron_cfg.enabled=false")
     assert no_megatron.training is None and no_megatron.binding is None
+
+
+def test_absent_sides_name_the_key_that_decides():
+    assert absent_sides(load_config(EXAMPLES / "sft_megatron_flash.yaml")) == {
+        "rollout": "policy.generation.backend is not vllm (no vLLM rollout to bind)"}
+    assert absent_sides(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")) == {}
+    assert set(absent_sides({"policy": {"megatron_cfg": None, "generation": None}})) == {"training", "rollout"}
 
 
 def test_an_invalid_backend_leaves_the_semantic_tier_pending():

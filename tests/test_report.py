@@ -21,6 +21,7 @@ from nemo_rl_attn_align.report import (
     DRIFT_METRICS,
     REPORT_FILENAME,
     AttentionMismatch,
+    ReportCode,
     ReportError,
     atomic_write_json,
     collect,
@@ -28,9 +29,12 @@ from nemo_rl_attn_align.report import (
     load_report,
     read_worker_records,
     record_drift,
+    render_changes,
     render_summary,
+    worker_detail_path,
     worker_record_path,
     write_report,
+    write_worker_detail,
     write_worker_record,
 )
 from nemo_rl_attn_align.settings import load_settings
@@ -293,6 +297,66 @@ def test_the_schema_doc_covers_every_top_level_key(tmp_path):
     text = DOCS.read_text()
     for key in list(doc) + list(doc["workers"]) + list(doc["binding"]) + list(doc["binding"]["determinism"]):
         assert f"`{key}`" in text, key
+    for code in ReportCode:
+        assert f"| `{code.value}` |" in text, code
+
+
+# --- host details, later collections, other runs -------------------------------------------------
+
+def test_host_details_give_stages_findings_and_the_peers_that_never_wrote(tmp_path):
+    _write_pair(tmp_path)
+    write_worker_detail(tmp_path, "training", "policy-0", {"host": "megatron_worker", "stage": "first_forward",
+                                                            "findings": ["TE ran FusedAttention"], "peers": ["policy-0", "policy-1"]})
+    write_worker_detail(tmp_path, "rollout", "vllm-0", {"host": "vllm_worker", "stage": "engine_ready", "findings": [], "peers": ["vllm-0"]})
+    worker_detail_path(tmp_path, "rollout", "vllm-9").write_text('{"kind": "nemo-rl-attn-align/host-detail"}')  # no side
+    (tmp_path / "hosts" / ".rollout--vllm-8.json.abc.tmp").write_text("{")  # a writer died mid-write
+    doc = collect(tmp_path, mandate=MANDATE)
+    assert doc["workers"]["missing"] == ["policy-1"] and doc["verdict"] == "incomparable"
+    assert doc["workers"]["stages"] == {"training": {"policy-0": "first_forward"}, "rollout": {"vllm-0": "engine_ready"}}
+    assert [u["path"].endswith("rollout--vllm-9.json") for u in doc["workers"]["unreadable"]] == [True]
+    assert doc["workers"]["incomplete_writes"][0].endswith(".tmp")
+    (finding,) = [f for f in doc["findings"] if f["code"] == ReportCode.WORKER_FINDING.value]
+    assert finding == {"code": "REPORT_WORKER_FINDING", "severity": "warning", "key": "workers.policy-0", "value": "first_forward",
+                       "message": "training worker policy-0 (megatron_worker): TE ran FusedAttention",
+                       "fix": "see hosts/training--policy-0.json for what the hook saw; attention_align.strict: true stops the run on such a finding"}
+    assert "training policy-0 [first_forward]" in render_summary(doc)
+
+
+def test_files_of_another_run_are_stale_not_collected(tmp_path):
+    write_worker_record(tmp_path, full_contract("training", "policy-0"), run_id="now")
+    write_worker_record(tmp_path, full_contract("rollout", "vllm-0"), run_id="now")
+    write_worker_record(tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(3)), run_id="before")
+    assert collect(tmp_path, mandate=MANDATE)["verdict"] == "fail"  # all files: policy-1 diverges
+    doc = collect(tmp_path, mandate=MANDATE, run_id="now")
+    assert doc["verdict"] == "pass" and doc["run_id"] == "now" and doc["workers"]["stale"][0].endswith("training--policy-1.json")
+    assert "stale files of other runs: 1" in render_summary(doc)
+
+
+def test_a_side_absent_by_design_is_stated_not_missing(tmp_path):
+    write_worker_record(tmp_path, full_contract("training", "policy-0"))
+    doc = collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "sft starts no generation workers"})
+    assert doc["binding_applicable"] is False and doc["binding"] is None and doc["verdict"] == "incomparable"
+    assert [f["code"] for f in doc["findings"]] == [ReportCode.SIDE_ABSENT.value]
+    assert "no rollout side: sft starts no generation workers; the training/rollout binding is not applicable" in render_summary(doc)
+    _write_pair(tmp_path)  # a rollout record after all: it is bound
+    assert collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "x"})["binding_applicable"] is True
+
+
+def test_a_later_collection_keeps_drift_and_says_only_what_changed(tmp_path):
+    settings = _settings(tmp_path, "warn")
+    _write_pair(settings.report_dir)
+    printed = []
+    first = finalize(settings, printer=printed.append)
+    first = record_drift(settings.report_dir, 1, {"gen_kl_error": 0.5})
+    same = finalize(settings, printer=printed.append, previous=first, point="first_step")
+    assert render_changes(first, same) == [] and len(printed) == 1  # nothing changed: nothing printed
+    write_worker_record(settings.report_dir, full_contract("rollout", "vllm-0", dtype=FieldValue.observed("fp16")))
+    later = finalize(settings, printer=printed.append, previous=same, point="train_end", final=True)
+    assert later["drift"]["steps"] == [{"step": 1, "gen_kl_error": 0.5}]
+    assert [h["point"] for h in later["history"]] == ["setup", "first_step", "train_end"]
+    assert printed[1].splitlines()[:2] == ["attention_align (train_end): the report changed since first_step:", "  verdict PASS -> FAIL"]
+    assert any(line.startswith("  new: error ATTN_SEMANTIC_MANDATE") for line in printed[1].splitlines())
+    assert printed[1].endswith(f"report updated: {settings.report_dir}/{REPORT_FILENAME}") and len(printed) == 2
 
 
 def test_the_same_worker_id_on_both_sides_keeps_both_records(tmp_path):

@@ -2,14 +2,18 @@
 
 A wrapper keeps the original under ``ORIGINAL_ATTR``: wrapping twice is a no-op and ``unwrap``
 restores exactly what was there. Hosts patch module attributes (functions called through a module
-global, or names another module imported by name) and methods on classes.
+global, or names another module imported by name) and methods on classes. ``Seams`` is one host's
+``attach()`` / ``detach()``: the modules it watches and everything it wrapped in them.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Iterable
+
+from nemo_rl_attn_align.hosts import bootstrap
 
 ORIGINAL_ATTR = "__nemo_rl_attn_align_original__"
 
@@ -52,6 +56,46 @@ def unwrap(owner: Any, name: str) -> bool:
     return True
 
 
+class Seams:
+    """The modules one host patches (``targets``), its ``patch(module)`` callback, and what it wrapped."""
+
+    def __init__(self, targets: Iterable[str], patch: Callable[[Any], None]):
+        self.targets = tuple(targets)
+        self.patch = patch
+        self._wrapped: list[tuple[Any, str]] = []
+
+    def attach(self) -> None:
+        """Patch each target now if imported, else right after its import (idempotent)."""
+        for name in self.targets:
+            bootstrap.watch(name, self.patch)
+
+    def detach(self) -> None:
+        """Stop watching and put back everything ``wrap`` replaced."""
+        for name in self.targets:
+            bootstrap.unwatch(name, self.patch)
+        while self._wrapped:
+            unwrap(*self._wrapped.pop())
+
+    def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
+        """``wrap`` and remember it for ``detach``."""
+        done = wrap(owner, name, make_wrapper)
+        if done:
+            self._wrapped.append((owner, name))
+        return done
+
+
+def guarded(step: str, action: Callable[[], Any], strict: bool) -> Any:
+    """Run one step of the plugin's own observability: its failure is one warning (the run goes on)
+    unless ``strict`` or the exception carries ``stops_run`` (then it propagates)."""
+    try:
+        return action()
+    except Exception as exc:  # noqa: BLE001
+        if strict or getattr(exc, "stops_run", False):
+            raise
+        log.warning("nemo-rl-attn-align: %s failed (%s: %s); the run goes on unrecorded", step, type(exc).__name__, exc)
+        return None
+
+
 _warned: set[str] = set()
 
 
@@ -67,6 +111,12 @@ def unsupported(host: str, version: str | None, missing: str, strict: bool) -> N
     if key not in _warned:
         _warned.add(key)
         log.warning("nemo-rl-attn-align: %s The plugin leaves it untouched and records nothing for it.", message)
+
+
+def host_version(module: str, distribution: str) -> str | None:
+    """Version of a host library: ``<module>.__version__`` if imported (NeMo-RL is not on PyPI),
+    else the installed distribution's, else None."""
+    return getattr(sys.modules.get(module), "__version__", None) or distribution_version(distribution)
 
 
 def distribution_version(name: str) -> str | None:

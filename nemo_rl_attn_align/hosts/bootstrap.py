@@ -33,11 +33,13 @@ WATCHED = {
     "nemo_rl.algorithms.distillation": "nemo_rl_driver",
     "nemo_rl.algorithms.dpo": "nemo_rl_driver",
     "nemo_rl.algorithms.grpo": "nemo_rl_driver",
+    "nemo_rl.algorithms.grpo_sync": "nemo_rl_driver",
     "nemo_rl.algorithms.ppo": "nemo_rl_driver",
     "nemo_rl.algorithms.rm": "nemo_rl_driver",
     "nemo_rl.algorithms.sft": "nemo_rl_driver",
     "nemo_rl.models.megatron.setup": "megatron_worker",
     "nemo_rl.models.policy.workers.megatron_policy_worker": "megatron_worker",
+    "nemo_rl.utils.logger": "nemo_rl_driver",
     "transformer_engine.pytorch.attention.dot_product_attention.utils": "te_readback",
     "vllm.v1.worker.gpu_worker": "vllm_worker",
 }

@@ -1,11 +1,12 @@
 """What the driver hands to every worker through the environment (stdlib only).
 
 NeMo-RL copies the driver's whole ``os.environ`` into every Ray actor's ``runtime_env`` env_vars
-(``virtual_cluster.init_ray`` and ``RayWorkerGroup._create_workers_from_bundle_indices``), but a
-worker receives only the ``policy`` section of the config, never the top-level
-``attention_align:`` block. So the driver exports the settings the workers need as one JSON
-variable before the workers are created; the launcher (``nemo-rl-attn-align run``) can set the
-single-value variables instead.
+when it creates a worker group (``RayWorkerGroup._create_workers_from_bundle_indices``, inside the
+algorithm's ``setup()``), but a worker receives only the ``policy`` section of the config, never
+the top-level ``attention_align:`` block. So the driver exports the settings the workers need as
+one JSON variable at the start of ``setup()``, before any worker group exists. The launcher
+(``nemo-rl-attn-align run``) sets the single-value variables, which win over the JSON in the
+driver and in every worker alike.
 """
 
 from __future__ import annotations
@@ -25,18 +26,17 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """The part of ``attention_align:`` a worker acts on."""
+    """The part of ``attention_align:`` a worker acts on, and the id of the driver's run."""
 
     strict: bool = False
     on_mismatch: str = "warn"
     report_dir: str | None = None
+    run_id: str | None = None
 
 
 def export_settings(settings: WorkerSettings, environ: MutableMapping[str, str] = os.environ) -> None:
     """Put ``settings`` where every worker created afterwards will find them."""
     environ[SETTINGS_ENV] = json.dumps(asdict(settings), sort_keys=True)
-    if settings.report_dir:
-        environ[REPORT_DIR_ENV] = settings.report_dir
 
 
 def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -49,7 +49,7 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
         except ValueError:
             loaded = {}
         if isinstance(loaded, dict):
-            values = {k: loaded[k] for k in ("strict", "on_mismatch", "report_dir") if k in loaded}
+            values = {k: loaded[k] for k in ("strict", "on_mismatch", "report_dir", "run_id") if k in loaded}
     if STRICT_ENV in environ:
         values["strict"] = environ[STRICT_ENV].strip().lower() in _TRUE
     if ON_MISMATCH_ENV in environ:
@@ -60,4 +60,5 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
         strict=bool(values.get("strict", False)),
         on_mismatch=str(values.get("on_mismatch", "warn")),
         report_dir=values.get("report_dir") or None,
+        run_id=values.get("run_id") if isinstance(values.get("run_id"), str) else None,
     )

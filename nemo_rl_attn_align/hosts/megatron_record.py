@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder, ContractError, normalize_dtype
 from nemo_rl_attn_align.hosts.worker_records import put_field
-from nemo_rl_attn_align.preview import _te_kernels as te_semantics  # the rule `check` previews with
+from nemo_rl_attn_align.preview import te_semantics  # the rule `check` previews with
 
 #: TransformerConfig / GPTModelProvider attributes recorded as they are (missing ones are listed).
 MODEL_CONFIG_FIELDS = (

@@ -32,8 +32,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff
-from nemo_rl_attn_align.hosts.worker_records import HostRecord
+from nemo_rl_attn_align.hosts import _patching, handoff
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, training_peers, training_worker_id, world_size
 
 SETUP_MODULE = "nemo_rl.models.megatron.setup"
 WORKER_MODULE = "nemo_rl.models.policy.workers.megatron_policy_worker"
@@ -64,12 +64,6 @@ LAYOUTS = {
 SUPPORTED = {"nemo-rl": {name: versions for name, (versions, _) in LAYOUTS.items()}, "megatron-core": ">=0.11"}
 
 log = logging.getLogger("nemo_rl_attn_align")
-
-
-def nemo_rl_version() -> str | None:
-    """NeMo-RL's version (it is not on PyPI: read ``nemo_rl.__version__`` first)."""
-    version = getattr(sys.modules.get("nemo_rl"), "__version__", None)
-    return version or _patching.distribution_version("nemo-rl")
 
 
 def _fits(seam: Seam) -> bool:
@@ -112,7 +106,10 @@ class WorkerRecord(HostRecord):
 
     @property
     def worker_id(self) -> str:
-        return f"policy-rank{self.rank}"
+        return training_worker_id(self.rank)
+
+    def peers(self) -> list[str]:
+        return training_peers(world_size())
 
     def contract(self):
         from nemo_rl_attn_align.hosts.megatron_record import library_versions, training_contract
@@ -122,8 +119,7 @@ class WorkerRecord(HostRecord):
     def detail(self) -> dict[str, Any]:
         return {
             "layout": self.layout,
-            "nemo_rl": nemo_rl_version(),
-            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+            "nemo_rl": _patching.host_version("nemo_rl", "nemo-rl"),
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "backend_mapped_by": self.backend_mapped_by,
             "model_config": self.facts,
@@ -252,7 +248,7 @@ def _patch(module) -> None:
     if module.__name__ == SETUP_MODULE:
         seam = LAYOUTS["setup-module"][1][0]
         if _fits(seam):
-            _patching.wrap(module, seam.name, _WRAPPERS[seam.name])
+            _seams.wrap(module, seam.name, _WRAPPERS[seam.name])
         else:
             _unsupported(f"{SETUP_MODULE} has no {seam.name}{seam.params}")
         return
@@ -266,25 +262,21 @@ def _patch(module) -> None:
         return
     record.layout = layout
     for seam in LAYOUTS[layout][1]:
-        _patching.wrap(sys.modules[seam.module], seam.name, _WRAPPERS[seam.name])
+        _seams.wrap(sys.modules[seam.module], seam.name, _WRAPPERS[seam.name])
 
 
 def _unsupported(missing: str) -> None:
-    _patching.unsupported("NeMo-RL", nemo_rl_version(), missing, handoff.worker_settings().strict)
+    _patching.unsupported("NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict)
+
+
+_seams = _patching.Seams(TARGETS, _patch)
 
 
 def attach() -> None:
     """Patch the Megatron worker seams now or when NeMo-RL's modules are imported (idempotent)."""
-    for name in TARGETS:
-        bootstrap.watch(name, _patch)
+    _seams.attach()
 
 
 def detach() -> None:
     """Restore every wrapped seam and stop watching."""
-    for name in TARGETS:
-        bootstrap.unwatch(name, _patch)
-    for _, seams in LAYOUTS.values():
-        for seam in seams:
-            module = sys.modules.get(seam.module)
-            if module is not None:
-                _patching.unwrap(module, seam.name)
+    _seams.detach()

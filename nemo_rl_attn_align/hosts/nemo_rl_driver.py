@@ -1,26 +1,53 @@
-"""NeMo-RL driver hook: check the whole config and hand the settings to the workers, before any exist.
+"""NeMo-RL driver hook: check the config before any worker exists, then keep the run's report.
 
-Every NeMo-RL algorithm module has ``setup(master_config, ...)`` (``nemo_rl/algorithms/grpo.py``,
-``sft.py``, ``dpo.py``, ``distillation.py``, ``rm.py``, ``ppo.py`` at 7ea279a; grpo, sft and dpo
-since 0.5.0), called by ``examples/run_<algo>.py`` after the config is loaded and resolved and
-before any Ray worker group is built; the scripts import ``setup`` by name *after* the module has
-executed, so wrapping the module attribute reaches them. ``master_config`` is a dict (<= 0.6) or a
-pydantic ``MasterConfig`` with ``extra="allow"`` (7ea279a), so the top-level ``attention_align:``
-block is there either way.
+Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
+
+* ``nemo_rl.algorithms.<algorithm>.setup(master_config, ...)`` (grpo, sft, dpo, distillation, rm;
+  ppo since 0.7.0), called by ``examples/run_<algo>.py`` after the config is resolved and
+  ``logger.log_dir`` moved to ``exp_NNN``, before any Ray worker group exists. Before it: the
+  pre-flight rules on the whole config (errors stop here), and the ``attention_align`` settings
+  exported for the workers (NeMo-RL copies ``os.environ`` into each worker group it creates inside
+  ``setup()``). After it: the first collection of the report (``driver_report``).
+* the train functions (``grpo_train``, ``async_grpo_train``, ``grpo_sync.grpo_train_sync``,
+  ``sft_train``, ``dpo_train``, ``distillation_train``, ``rm_train``, ``ppo_train``,
+  ``async_ppo_train``; those a version lacks are skipped): the last collection when one returns
+  or raises. An interpreter-exit hook covers recipes that train otherwise.
+* ``nemo_rl.utils.logger.Logger.log_metrics(self, metrics, step, prefix, ...)``: every train loop
+  logs its step metrics through it with ``prefix="train"``; the first with a ``loss`` re-collects
+  (the first forward has run), each with drift metrics adds them to the report.
+
+The recipes import these names from the modules *after* the modules executed, so wrapping the
+module attributes reaches them. ``master_config`` is a dict (<= 0.6) or a pydantic ``MasterConfig``
+with ``extra="allow"`` (0.7), so the top-level ``attention_align:`` block is there either way.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
-import sys
+import uuid
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff
+from nemo_rl_attn_align.hosts import _patching, driver_report, handoff
 
 ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft")
-TARGETS = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
-SUPPORTED = {"nemo-rl": ">=0.5.0 (nemo_rl.algorithms.<algorithm>.setup(master_config, ...))"}
+SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
+#: Train functions by module; a NeMo-RL version may lack some of them.
+TRAIN_FUNCTIONS = {
+    "nemo_rl.algorithms.distillation": ("distillation_train",),
+    "nemo_rl.algorithms.dpo": ("dpo_train",),
+    "nemo_rl.algorithms.grpo": ("grpo_train", "async_grpo_train"),
+    "nemo_rl.algorithms.grpo_sync": ("grpo_train_sync",),
+    "nemo_rl.algorithms.ppo": ("ppo_train", "async_ppo_train"),
+    "nemo_rl.algorithms.rm": ("rm_train",),
+    "nemo_rl.algorithms.sft": ("sft_train",),
+}
+LOGGER_MODULE = "nemo_rl.utils.logger"
+LOG_METRICS_PARAMS = ("self", "metrics", "step", "prefix")
+TARGETS = tuple(sorted({*SETUP_MODULES, *TRAIN_FUNCTIONS, LOGGER_MODULE}))
+SUPPORTED = {"nemo-rl": ">=0.5.0 (nemo_rl.algorithms.<algorithm>.setup(master_config, ...), Logger.log_metrics)"}
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -31,8 +58,10 @@ def as_dict(master_config: Any) -> dict:
     return dump() if callable(dump) else dict(master_config)
 
 
-def prepare(master_config: Any) -> handoff.WorkerSettings:
-    """Run the pre-flight rules on the whole config (errors stop here) and export the worker settings."""
+def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunReport | None:
+    """Run the pre-flight rules on the whole config (a bad ``attention_align`` block or a config
+    that cannot work stops here), export the worker settings and start this run's report (nothing
+    collected yet; None when starting it failed, which is a warning unless strict)."""
     from nemo_rl_attn_align.plan import build_plan
     from nemo_rl_attn_align.settings import load_settings
 
@@ -42,36 +71,98 @@ def prepare(master_config: Any) -> handoff.WorkerSettings:
     for finding in plan.warnings:
         log.warning("nemo-rl-attn-align: %s", finding.line())
     plan.raise_for_errors()
-    worker_settings = handoff.WorkerSettings(strict=settings.strict, on_mismatch=settings.on_mismatch, report_dir=settings.report_dir)
-    handoff.export_settings(worker_settings)
-    return worker_settings
+    return _patching.guarded("starting the attention report", lambda: _start_run(cfg, settings, algorithm), settings.strict)
 
 
-def _wrap_setup(original: Callable) -> Callable:
+def _start_run(cfg: dict, settings: Any, algorithm: str) -> driver_report.RunReport:
+    run_id = uuid.uuid4().hex
+    # Absolute: Ray workers do not run in the driver's working directory.
+    report_dir = os.path.abspath(driver_report.report_dir_for(cfg, settings.report_dir))
+    handoff.export_settings(handoff.WorkerSettings(settings.strict, settings.on_mismatch, report_dir, run_id))
+    effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
+    settings = settings.model_copy(update={"strict": effective.strict, "on_mismatch": effective.on_mismatch,
+                                           "report_dir": effective.report_dir})
+    run = driver_report.RunReport(settings, run_id=run_id, absent=driver_report.absent_sides(cfg, algorithm))
+    return driver_report.start(run)
+
+
+def _wrap_setup(original: Callable, algorithm: str) -> Callable:
     def setup(master_config, *args, **kwargs):
-        prepare(master_config)
-        return original(master_config, *args, **kwargs)
+        run = prepare(master_config, algorithm)
+        try:
+            result = original(master_config, *args, **kwargs)
+        except BaseException:
+            if run is not None:
+                run.after_failed_setup()
+            raise
+        if run is not None:
+            run.at_setup()
+        return result
 
     return setup
 
 
-def _patch(module) -> None:
-    if not callable(getattr(module, "setup", None)):
-        _patching.unsupported("NeMo-RL", getattr(sys.modules.get("nemo_rl"), "__version__", None), f"{module.__name__} has no setup()", handoff.worker_settings().strict)
+def _wrap_train(original: Callable) -> Callable:
+    def train(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            driver_report.end_of_training()
+
+    return train
+
+
+def _wrap_log_metrics(original: Callable) -> Callable:
+    def log_metrics(self, metrics, step, *args, **kwargs):
+        result = original(self, metrics, step, *args, **kwargs)
+        driver_report.train_metrics(metrics, step, kwargs.get("prefix", args[0] if args else ""))
+        return result
+
+    return log_metrics
+
+
+def _unsupported(missing: str) -> None:
+    _patching.unsupported("NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict)
+
+
+def _patch_logger(module) -> None:
+    logger_cls = getattr(module, "Logger", None)
+    method = getattr(logger_cls, "log_metrics", None)
+    try:
+        fits = tuple(inspect.signature(method).parameters)[: len(LOG_METRICS_PARAMS)] == LOG_METRICS_PARAMS
+    except (TypeError, ValueError):
+        fits = False
+    if not fits:
+        _unsupported(f"{LOGGER_MODULE}.Logger.log_metrics{LOG_METRICS_PARAMS} not found (no drift figures, no first-step collection)")
         return
-    _patching.wrap(module, "setup", _wrap_setup)
+    _seams.wrap(logger_cls, "log_metrics", _wrap_log_metrics)
+
+
+def _patch(module) -> None:
+    name = module.__name__
+    if name == LOGGER_MODULE:
+        _patch_logger(module)
+        return
+    if name in SETUP_MODULES:
+        if callable(getattr(module, "setup", None)):
+            _seams.wrap(module, "setup", functools.partial(_wrap_setup, algorithm=name.rsplit(".", 1)[1]))
+        else:
+            _unsupported(f"{name} has no setup()")
+    for function in TRAIN_FUNCTIONS.get(name, ()):
+        if callable(getattr(module, function, None)):
+            _seams.wrap(module, function, _wrap_train)
+
+
+_seams = _patching.Seams(TARGETS, _patch)
 
 
 def attach() -> None:
-    """Wrap each algorithm's ``setup`` now or when its module is imported (idempotent)."""
-    for name in TARGETS:
-        bootstrap.watch(name, _patch)
+    """Wrap each algorithm's ``setup`` and train functions and ``Logger.log_metrics`` now or when
+    their modules are imported (idempotent)."""
+    _seams.attach()
 
 
 def detach() -> None:
-    """Restore every wrapped ``setup``."""
-    for name in TARGETS:
-        bootstrap.unwatch(name, _patch)
-        module = sys.modules.get(name)
-        if module is not None:
-            _patching.unwrap(module, "setup")
+    """Restore everything wrapped and forget the current run report."""
+    _seams.detach()
+    driver_report.stop()

@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap
+from nemo_rl_attn_align.hosts import _patching
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
@@ -85,7 +85,7 @@ log_handler = _SelectionLogHandler()
 
 
 def _patch(utils) -> None:
-    if not _patching.wrap(utils, "get_attention_backend", _recording) and not _patching.is_wrapped(
+    if not _seams.wrap(utils, "get_attention_backend", _recording) and not _patching.is_wrapped(
         getattr(utils, "get_attention_backend", None)
     ):
         from nemo_rl_attn_align.hosts import handoff
@@ -101,17 +101,17 @@ def _patch(utils) -> None:
         logger.addHandler(log_handler)
 
 
+_seams = _patching.Seams(TARGETS, _patch)
+
+
 def attach() -> None:
     """Record TE's backend selections from now on (when TE's utils module is imported)."""
-    bootstrap.watch(UTILS_MODULE, _patch)
+    _seams.attach()
 
 
 def detach() -> None:
     """Stop recording and restore ``get_attention_backend``."""
-    bootstrap.unwatch(UTILS_MODULE, _patch)
-    utils = sys.modules.get(UTILS_MODULE)
-    if utils is not None:
-        _patching.unwrap(utils, "get_attention_backend")
+    _seams.detach()
     logging.getLogger(TE_LOGGER).removeHandler(log_handler)
 
 

@@ -18,11 +18,10 @@ it runs after the model is loaded and the KV cache is allocated, so the attentio
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Callable
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff
-from nemo_rl_attn_align.hosts.worker_records import HostRecord
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, rollout_peers, rollout_worker_id, world_size
 
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 TARGETS = (WORKER_MODULE,)
@@ -47,7 +46,11 @@ class RolloutRecord(HostRecord):
         return rollout_contract(self.facts, self.worker_id, {k: v for k, v in versions.items() if v})
 
     def detail(self) -> dict[str, Any]:
-        return {"vllm_config": self.facts, "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1)}
+        return {"vllm_config": self.facts}
+
+    def peers(self) -> list[str]:
+        parallel = (self.facts.get("tensor_parallel_size") or 1) * (self.facts.get("pipeline_parallel_size") or 1)
+        return rollout_peers(world_size(), parallel)
 
 
 #: The record of the engine in this process (None until one has warmed up).
@@ -63,7 +66,7 @@ def record_engine(worker: Any) -> RolloutRecord:
     vllm_config = worker.vllm_config
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
     facts = rollout_facts(vllm_config, context, os.environ)
-    worker_id = f"vllm-rank{os.environ.get('RANK', '0')}-worker{getattr(worker, 'rank', 0)}"
+    worker_id = rollout_worker_id(os.environ.get("RANK", "0"), getattr(worker, "rank", 0))
     record = RolloutRecord(worker_id, facts)
     record.probe = probe()
     requested = facts["requested_backend"]
@@ -88,27 +91,23 @@ def _patch(module) -> None:
     cls = getattr(module, SEAM[0], None)
     if cls is None or not callable(getattr(cls, SEAM[1], None)):
         _patching.unsupported(
-            "vLLM",
-            getattr(sys.modules.get("vllm"), "__version__", None) or _patching.distribution_version("vllm"),
-            f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found",
-            handoff.worker_settings().strict,
+            "vLLM", _patching.host_version("vllm", "vllm"), f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found", handoff.worker_settings().strict
         )
         return
-    _patching.wrap(cls, SEAM[1], _wrap_warm_up)
+    _seams.wrap(cls, SEAM[1], _wrap_warm_up)
+
+
+_seams = _patching.Seams(TARGETS, _patch)
 
 
 def attach() -> None:
     """Record every vLLM engine that warms up in this process from now on (idempotent)."""
-    bootstrap.watch(WORKER_MODULE, _patch)
+    _seams.attach()
 
 
 def detach() -> None:
     """Restore vLLM's worker and stop watching."""
-    bootstrap.unwatch(WORKER_MODULE, _patch)
-    module = sys.modules.get(WORKER_MODULE)
-    cls = getattr(module, SEAM[0], None)
-    if cls is not None:
-        _patching.unwrap(cls, SEAM[1])
+    _seams.detach()
 
 
 def register() -> None:

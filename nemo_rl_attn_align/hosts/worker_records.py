@@ -1,28 +1,60 @@
 """Where a worker's findings go: one file per worker, written atomically, under the report dir.
 
-Two files per worker, both rewritten in place (temp file + ``os.replace``, ``report.atomic_write_json``)
-at every stage, so many workers write at once without clobbering each other and a reader never
-sees half a file:
+Two files per worker, both rewritten in place (temp file + ``os.replace``) at every stage, so many
+workers write at once without clobbering each other and a reader never sees half a file:
 
-* ``<report_dir>/workers/<side>--<worker_id>.json``: the contract and determinism probe, written by
-  ``report.write_worker_record`` (the driver's ``report.finalize`` binds these);
-* ``<report_dir>/hosts/<side>--<worker_id>.json``: what the host hook saw on the way (the stage it
-  reached, the plan it checked, NVTE variables, read-back details, layout, versions, findings).
+* ``<report_dir>/workers/<side>--<worker_id>.json``: the contract and determinism probe
+  (``report.write_worker_record``), which the driver's ``report.finalize`` binds;
+* ``<report_dir>/hosts/<side>--<worker_id>.json``: what the host hook saw on the way
+  (``report.write_worker_detail``: the stage it reached, the plan it checked, NVTE variables,
+  read-back details, layout, versions, findings, world size and the ids of its peers).
 
-A worker that dies leaves its last stage behind: a visible gap, never a corrupt file.
+Worker ids: ``policy-rank{RANK}`` for a Megatron policy worker, ``vllm-rank{RANK}-worker{n}`` for
+vLLM worker ``n`` of the engine that NeMo-RL's generation actor ``RANK`` started. Each detail names
+every id its worker group should have (``peers``, from ``WORLD_SIZE``), so a worker that died
+before writing is a visible gap in the report, never a corrupt file.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-HOSTS_DIR = "hosts"
-DETAIL_KIND = "nemo-rl-attn-align/host-detail"
-
 log = logging.getLogger("nemo_rl_attn_align")
 _warned_no_dir = False
+
+
+def training_worker_id(rank: int) -> str:
+    """Id of the Megatron policy worker with NeMo-RL ``RANK`` ``rank``."""
+    return f"policy-rank{rank}"
+
+
+def rollout_worker_id(rank: int | str, engine_rank: int) -> str:
+    """Id of vLLM worker ``engine_rank`` of the engine started by NeMo-RL's generation actor ``rank``."""
+    return f"vllm-rank{rank}-worker{engine_rank}"
+
+
+def training_peers(world_size: int) -> list[str]:
+    """Every policy worker of a group of ``world_size``."""
+    return [training_worker_id(rank) for rank in range(world_size)]
+
+
+def rollout_peers(world_size: int, model_parallel: int) -> list[str]:
+    """Every vLLM worker of a generation group of ``world_size`` GPUs: NeMo-RL ties them in groups
+    of ``model_parallel`` (TP x PP); the first actor of each group starts the engine, whose vLLM
+    workers are numbered 0..model_parallel-1."""
+    step = max(model_parallel, 1)
+    return [rollout_worker_id(leader, n) for leader in range(0, world_size, step) for n in range(step)]
+
+
+def world_size(environ: Mapping[str, str] = os.environ) -> int:
+    """This worker group's size, as NeMo-RL's ``RayWorkerGroup`` sets it (1 outside a group)."""
+    try:
+        return max(int(environ.get("WORLD_SIZE", "1") or 1), 1)
+    except ValueError:
+        return 1
 
 
 def put_field(builder: Any, name: str, value: Any, source: str, how: str = "observed") -> None:
@@ -39,17 +71,10 @@ def put_field(builder: Any, name: str, value: Any, source: str, how: str = "obse
         builder.unobservable(name, None, f"{source}: {err}")
 
 
-def detail_path(report_dir: str | Path, side: str, worker_id: str) -> Path:
-    """Where the host detail of ``worker_id`` lives (same naming as the contract record)."""
-    from nemo_rl_attn_align.report import worker_record_path
-
-    return Path(report_dir) / HOSTS_DIR / worker_record_path(report_dir, side, worker_id).name
-
-
-def write(report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str, Any]) -> Path | None:
+def write(report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str, Any], run_id: str | None = None) -> Path | None:
     """Write both files for one worker; without a report dir, warn once and write nothing."""
     global _warned_no_dir
-    from nemo_rl_attn_align.report import atomic_write_json, write_worker_record
+    from nemo_rl_attn_align.report import write_worker_detail, write_worker_record
 
     if not report_dir:
         if not _warned_no_dir:
@@ -60,34 +85,17 @@ def write(report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str
                 "or set NEMO_RL_ATTN_ALIGN_REPORT_DIR."
             )
         return None
-    path = write_worker_record(report_dir, contract, probe)
-    body = {"kind": DETAIL_KIND, "side": contract.side, "worker_id": contract.worker_id, **detail}
-    atomic_write_json(detail_path(report_dir, contract.side, contract.worker_id), body)
+    path = write_worker_record(report_dir, contract, probe, run_id)
+    write_worker_detail(report_dir, contract.side, contract.worker_id, detail, run_id)
     return path
-
-
-def read_details(report_dir: str | Path) -> dict[str, Any]:
-    """Every host detail under ``report_dir``: ``details`` by ``<side>--<worker_id>``, and ``unreadable``."""
-    import json
-
-    folder = Path(report_dir) / HOSTS_DIR
-    details, unreadable = {}, []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("kind") != DETAIL_KIND:
-                raise ValueError(f"kind {data.get('kind')!r} is not {DETAIL_KIND}")
-            details[path.stem] = data
-        except (OSError, ValueError, AttributeError) as err:
-            unreadable.append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
-    return {"details": details, "unreadable": unreadable}
 
 
 class HostRecord:
     """One worker's record while its host hook fills it in: findings, stage, write, strictness.
 
-    Subclasses give ``contract()`` (an ``AttentionContract``) and ``detail()`` (a JSON-ready dict).
-    Failures of the plugin's own observability are warnings unless ``attention_align.strict``.
+    Subclasses give ``contract()`` (an ``AttentionContract``), ``detail()`` (a JSON-ready dict) and
+    ``peers()`` (the ids of every worker of its group). Failures of the plugin's own observability
+    are warnings unless ``attention_align.strict``.
     """
 
     host = "host"
@@ -103,6 +111,9 @@ class HostRecord:
     def detail(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def peers(self) -> list[str]:
+        raise NotImplementedError
+
     @staticmethod
     def settings():
         from nemo_rl_attn_align.hosts import handoff
@@ -112,8 +123,10 @@ class HostRecord:
     def write(self, stage: str) -> Path | None:
         """Rewrite this worker's two files with everything known at ``stage``."""
         self.stage = stage
-        detail = {"host": self.host, "stage": stage, "findings": list(self.findings), **self.detail()}
-        return write(self.settings().report_dir, self.contract(), self.probe, detail)
+        detail = {"host": self.host, "stage": stage, "findings": list(self.findings), "world_size": world_size(),
+                  "peers": self.peers(), **self.detail()}
+        settings = self.settings()
+        return write(settings.report_dir, self.contract(), self.probe, detail, settings.run_id)
 
     def note(self, problem: str) -> None:
         """A difference between request and reality: warned now; strict mode stops after the write."""
@@ -131,9 +144,6 @@ class HostRecord:
     @classmethod
     def guarded(cls, step: str, action: Callable[[], None]) -> None:
         """Run one observability step: its failure is a warning, or an error in strict mode."""
-        try:
-            action()
-        except Exception as exc:  # noqa: BLE001
-            if cls.settings().strict or getattr(exc, "stops_run", False):
-                raise
-            log.warning("nemo-rl-attn-align: %s failed (%s: %s); the run goes on unrecorded", step, type(exc).__name__, exc)
+        from nemo_rl_attn_align.hosts._patching import guarded
+
+        guarded(step, action, cls.settings().strict)

@@ -76,6 +76,22 @@ def bootstrap_state():
     bootstrap.origin = saved_origin
 
 
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory) -> str:
+    """One local Ray cluster (2 CPUs) for the session; its address. Ray puts the connecting driver's
+    cwd on its workers' sys.path, and a NeMo-RL driver runs from NeMo-RL's checkout, not from this
+    source tree: connect from elsewhere."""
+    ray = pytest.importorskip("ray")
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("driver-cwd"))
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        os.chdir(cwd)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
 @contextlib.contextmanager
 def standin(root: Path, package: str):
     """Import ``package`` from the stand-in tree ``root``; forget it (and its submodules) afterwards."""

@@ -10,12 +10,14 @@ import sys
 import pytest
 
 from nemo_rl_attn_align.errors import RuleViolation
-from nemo_rl_attn_align.hosts import bootstrap, handoff, nemo_rl_driver
+from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, nemo_rl_driver
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
 
 def master_config(tmp_path, precision="bfloat16", **align):
+    """A GRPO master config for the stand-in ``setup()`` with worker groups of size 0 (no Ray)."""
     return {
+        "cluster": {"num_nodes": 1, "gpus_per_node": 0},
         "policy": {"precision": precision, "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": precision}},
         "logger": {"log_dir": str(tmp_path / "logs" / "exp_001")},
         "attention_align": {"on_mismatch": "warn", **align},
@@ -24,7 +26,7 @@ def master_config(tmp_path, precision="bfloat16", **align):
 
 @pytest.fixture
 def grpo(bootstrap_state, monkeypatch):
-    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV):
+    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV, handoff.ON_MISMATCH_ENV):
         monkeypatch.delenv(name, raising=False)
     bootstrap_state.deactivate()
     bootstrap_state.activate("test")
@@ -33,21 +35,22 @@ def grpo(bootstrap_state, monkeypatch):
 
         yield setup
     nemo_rl_driver.detach()
-    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV):
-        os.environ.pop(name, None)
+    os.environ.pop(handoff.SETTINGS_ENV, None)
 
 
-def test_setup_exports_settings_every_worker_then_sees(grpo, tmp_path):
-    result = grpo(master_config(tmp_path, strict=True), None, None, None)
-    settings = handoff.worker_settings(result["worker_env"])
-    assert settings == handoff.WorkerSettings(strict=True, on_mismatch="warn", report_dir=str(tmp_path / "logs" / "exp_001" / "attention_align"))
+def test_setup_exports_settings_every_worker_then_sees(grpo, tmp_path, capsys):
+    policy = grpo(master_config(tmp_path, strict=True), None, None, None)[0]
+    settings = handoff.worker_settings(policy.worker_group.env_vars)  # what RayWorkerGroup hands each actor
+    report_dir = str(tmp_path / "logs" / "exp_001" / "attention_align")
+    assert settings == handoff.WorkerSettings(strict=True, on_mismatch="warn", report_dir=report_dir, run_id=driver_report.current.run_id)
+    assert "nemo-rl-attn-align report: verdict INCOMPARABLE" in capsys.readouterr().out  # collected once setup() returned
 
 
 def test_a_config_that_cannot_work_stops_before_any_worker(grpo, tmp_path):
     with pytest.raises(RuleViolation) as err:
         grpo(master_config(tmp_path, precision="float32"), None, None, None)
     assert [f.code for f in err.value.findings] == ["FLASH_REQUIRES_HALF_PRECISION"]
-    assert handoff.SETTINGS_ENV not in os.environ
+    assert handoff.SETTINGS_ENV not in os.environ and driver_report.current is None
 
 
 def test_pydantic_master_config_is_read_too(grpo, tmp_path):
@@ -56,8 +59,8 @@ def test_pydantic_master_config_is_read_too(grpo, tmp_path):
     class MasterConfig(BaseModel):  # NeMo-RL 7ea279a: pydantic, extra="allow"
         model_config = ConfigDict(extra="allow")
 
-    result = grpo(MasterConfig(**master_config(tmp_path)), None, None, None)
-    assert json.loads(result["worker_env"][handoff.SETTINGS_ENV])["report_dir"].endswith("attention_align")
+    policy = grpo(MasterConfig(**master_config(tmp_path)), None, None, None)[0]
+    assert json.loads(policy.worker_group.env_vars[handoff.SETTINGS_ENV])["report_dir"].endswith(os.path.join("exp_001", "attention_align"))
 
 
 def run_cli(*args, **env):
@@ -83,3 +86,21 @@ def test_launcher_off_switch_and_bad_commands(tmp_path):
     assert run_cli().returncode == 2
     missing = run_cli("--", "no-such-command-here")
     assert missing.returncode == 2 and "cannot run 'no-such-command-here'" in missing.stderr
+
+
+@pytest.mark.nemo_rl
+def test_real_nemo_rl_driver_seams_are_wrapped(bootstrap_state):
+    pytest.importorskip("nemo_rl", reason="NeMo-RL is not installed here (it is not on PyPI)")
+    bootstrap_state.deactivate()
+    bootstrap_state.activate("test")
+    try:
+        import nemo_rl.algorithms.grpo as grpo
+        import nemo_rl.algorithms.sft as sft
+        from nemo_rl.utils.logger import Logger
+    except ImportError as err:  # its algorithm modules need torch, ray, vLLM ...: NeMo-RL's own environment
+        pytest.skip(f"NeMo-RL's algorithm modules do not import here: {err}")
+    try:
+        seams = [grpo.setup, grpo.grpo_train, sft.setup, sft.sft_train, Logger.log_metrics]
+        assert [_patching.is_wrapped(seam) for seam in seams] == [True] * len(seams)
+    finally:
+        nemo_rl_driver.detach()

@@ -24,31 +24,10 @@ from nemo_rl_attn_align.hosts import _patching, megatron_worker  # noqa: E402
 from nemo_rl_attn_align.plan import build_plan_for_policy  # noqa: E402
 from nemo_rl_attn_align.preview import predict_training  # noqa: E402
 from nemo_rl_attn_align.report import read_worker_records  # noqa: E402
+from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
 from tests.hosts.conftest import FAKE_NEMO_RL, standin  # noqa: E402
 
 WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
-
-
-def policy_config(backend="local", precision="bfloat16", impl="local"):
-    """A resolved ``policy`` section as a NeMo-RL Megatron worker receives it."""
-    return {
-        "model_name": "standin/tiny",
-        "tokenizer": {"name": "standin/tiny"},
-        "precision": precision,
-        "train_micro_batch_size": 2,
-        "logprob_batch_size": 4,
-        "megatron_cfg": {
-            "enabled": True,
-            "attention_backend": backend,
-            "transformer_impl": impl,
-            "tensor_model_parallel_size": 1,
-            "pipeline_model_parallel_size": 1,
-            "context_parallel_size": 1,
-            "sequence_parallel": False,
-            "apply_rope_fusion": False,
-            "pipeline_dtype": precision,
-        },
-    }
 
 
 @pytest.fixture

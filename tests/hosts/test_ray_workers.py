@@ -30,7 +30,6 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from nemo_rl_attn_align.hosts import bootstrap  # noqa: E402
-from nemo_rl_attn_align.hosts.worker_records import read_details  # noqa: E402
 from nemo_rl_attn_align.report import read_worker_records  # noqa: E402
 from tests.hosts.conftest import FAKE_VLLM, make_bare_venv  # noqa: E402
 
@@ -50,20 +49,6 @@ def venv_without_plugin(root: Path) -> Path:
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "driver_site_without_plugin.pth").write_text(f"{links}\n")
     return python
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One local cluster for the module. Ray puts the driver's cwd on every worker's sys.path, and a
-    NeMo-RL driver runs from NeMo-RL's checkout, not from this source tree: start it elsewhere."""
-    cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("driver-cwd"))
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        yield
-        ray.shutdown()
-    finally:
-        os.chdir(cwd)
 
 
 def make_probe_actor():
@@ -99,7 +84,7 @@ def make_probe_actor():
     return ray.remote(num_cpus=0)(EngineProbe)
 
 
-def test_plugin_active_in_every_actor_and_records_arrive(cluster, tmp_path):
+def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path):
     other_python = venv_without_plugin(tmp_path)
     control = subprocess.run([str(other_python), "-c", "import ray, nemo_rl_attn_align"], capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert "No module named 'nemo_rl_attn_align'" in control.stderr  # ray imports there; the plugin does not
@@ -137,6 +122,7 @@ def test_plugin_active_in_every_actor_and_records_arrive(cluster, tmp_path):
         assert contract.value("backend") == {"model.layers.0.self_attn.attn": "FLASH_ATTN", "model.layers.1.self_attn.attn": "FLASHINFER"}
         assert contract.value("kv_page_size") == 16 and contract.value("chunked_prefill_chunk") == 2048
         assert probe is not None
-    details = read_details(report_dir)
-    assert details["unreadable"] == [] and sorted(details["details"]) == ["rollout--vllm-rank0-worker0", "rollout--vllm-rank1-worker0"]
-    assert {d["world_size"] for d in details["details"].values()} == {3}
+    details = records["details"]
+    assert sorted(details) == [("rollout", "vllm-rank0-worker0"), ("rollout", "vllm-rank1-worker0")]
+    assert {d["world_size"] for d in details.values()} == {3}
+    assert {tuple(d["peers"]) for d in details.values()} == {("vllm-rank0-worker0", "vllm-rank1-worker0", "vllm-rank2-worker0")}

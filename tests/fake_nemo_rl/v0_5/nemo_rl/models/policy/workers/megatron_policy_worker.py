@@ -6,7 +6,6 @@ key, no ``nemo_rl.models.megatron.setup``) and builds the model in the module-le
 ``(state, model, optimizer, scheduler, checkpointing_context)``.
 """
 
-import os
 from types import SimpleNamespace
 
 import torch

@@ -5,6 +5,7 @@ from ``nemo_rl.models.megatron.setup`` and called from ``MegatronPolicyWorker.__
 """
 
 import os
+import socket
 
 from nemo_rl.models.megatron.setup import setup_model_and_optimizer, validate_and_set_config
 from tests.fake_nemo_rl.cpu_megatron import cpu_forward
@@ -19,5 +20,8 @@ class MegatronPolicyWorker:
         state = setup_model_and_optimizer(config, self.megatron_cfg, init_optimizer)
         self.model = state.model
 
+    def report_node_ip_and_gpu_id(self):
+        return socket.gethostname(), "cpu"
+
     def get_logprobs(self):
-        return cpu_forward(self.model).log_softmax(-1)
+        return cpu_forward(self.model).float().log_softmax(-1)

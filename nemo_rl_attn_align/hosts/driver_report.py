@@ -1,0 +1,223 @@
+"""The driver's one run report: collected when ``setup()`` returned, after the first training step
+and at the end of training, always into the same file.
+
+Collection points (the report's ``collected_at``; ``report.finalize`` does each):
+
+* ``setup``: NeMo-RL's ``setup()`` blocks on its worker groups before it returns (the policy's and
+  the vLLM generation's actors build their engines in their constructors, and ``setup()`` calls
+  them), so every worker has written its ``model_config`` / ``model_built`` / ``engine_ready``
+  record. The human summary is printed here, once. ``on_mismatch: error`` and verdict ``fail``
+  stop the run here with ``AttentionMismatch``, after the report is written; ``warn`` prints and
+  goes on; ``record`` prints one line with the report's path.
+* ``setup_failed``: ``setup()`` raised (a worker died, a config error of NeMo-RL's): what the
+  workers recorded is written, one line is printed, and NeMo-RL's error propagates unchanged.
+* ``first_step``: the first ``Logger.log_metrics(metrics, step, prefix="train")`` whose metrics hold
+  a training ``loss``: the policy workers have run their first forward, so Transformer Engine's
+  read-back (stage ``first_forward``) and any read-back mismatch are in. Printed only when something
+  changed; ``on_mismatch: error`` stops the run here too when the read-back turned the verdict to
+  ``fail``.
+* every ``train`` metrics call carrying NeMo-RL's drift metrics (``token_mult_prob_error``,
+  ``gen_kl_error``, ``policy_kl_error``, ``js_divergence_error``): the figures are added to
+  ``drift.steps`` and the report rewritten (nothing printed).
+* ``train_end`` when the algorithm's train function returns or raises; ``exit`` at interpreter exit
+  when no train function this plugin knows ran: the last collection, one line, never raises.
+
+A failure of this code itself is one warning and the run goes on (``attention_align.strict: true``
+makes it stop the run, except at the end).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import operator
+import os
+import re
+import threading
+from typing import Any, Callable, Mapping
+
+from nemo_rl_attn_align.hosts import _patching
+
+log = logging.getLogger("nemo_rl_attn_align")
+
+#: NeMo-RL's drift metrics as its train loops log them (``nemo_rl/algorithms/loss/loss_functions.py``).
+NEMO_RL_DRIFT = ("token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error")
+#: Algorithms that train on a fixed dataset: they start no generation workers.
+NO_ROLLOUT = ("dpo", "rm", "sft")
+
+_EXPERIMENT_DIR = re.compile(r"exp_\d+")
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
+    """Where this run's report goes, given the resolved ``attention_align.report_dir``.
+
+    NeMo-RL's recipes move ``logger.log_dir`` into a fresh ``exp_NNN`` subdirectory
+    (``get_next_experiment_dir``) after the config was resolved and before ``setup()``. The default
+    report dir is derived from the moved value already. An explicit ``report_dir`` inside the parent
+    of ``exp_NNN`` but in no ``exp_*`` directory -- what ``${logger.log_dir}/...`` resolved to before
+    the move -- moves with it; any other explicit path is kept.
+    """
+    from nemo_rl_attn_align.config import get_path
+
+    block = cfg.get("attention_align")
+    log_dir = get_path(cfg, "logger.log_dir", None)
+    if not isinstance(block, Mapping) or "report_dir" not in block or not isinstance(log_dir, str):
+        return report_dir
+    run_dir = os.path.abspath(log_dir)
+    if not _EXPERIMENT_DIR.fullmatch(os.path.basename(run_dir)):
+        return report_dir
+    try:
+        relative = os.path.relpath(os.path.abspath(report_dir), os.path.dirname(run_dir))
+    except ValueError:  # another drive
+        return report_dir
+    first = relative.split(os.sep)[0]
+    if first == os.pardir or _EXPERIMENT_DIR.fullmatch(first):
+        return report_dir
+    return os.path.normpath(os.path.join(log_dir, relative))
+
+
+def absent_sides(cfg: Mapping[str, Any], algorithm: str) -> dict[str, str]:
+    """The sides this run has no workers for, with the reason the report states."""
+    from nemo_rl_attn_align.preview import absent_sides as absent_in_config
+
+    sides = absent_in_config(cfg)
+    if algorithm in NO_ROLLOUT:
+        sides["rollout"] = f"{algorithm} trains on a fixed dataset and starts no generation workers"
+    return sides
+
+
+def drift_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """NeMo-RL's drift metrics among ``metrics`` that are one finite number each."""
+    figures = {}
+    for name in NEMO_RL_DRIFT:
+        value = metrics.get(name)
+        if value is None or isinstance(value, bool):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):  # a per-sample list or tensor: not a step figure
+            continue
+        if math.isfinite(number):
+            figures[name] = number
+    return figures
+
+
+class RunReport:
+    """The report of one run of an algorithm, from ``setup()`` to the end of training."""
+
+    def __init__(self, settings: Any, *, run_id: str, absent: Mapping[str, str], printer: Callable[[str], None] = _print):
+        self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
+        self.run_id = run_id
+        self.absent = dict(absent)
+        self.printer = printer
+        self.doc: dict[str, Any] | None = None
+        self.finished = False
+        self.stepped = False
+        self._lock = threading.RLock()
+
+    def _collect(self, point: str, *, enforce: bool, final: bool = False) -> None:
+        from nemo_rl_attn_align.report import AttentionMismatch, finalize, raise_for_mismatch
+
+        self.doc = finalize(self.settings, printer=self.printer, absent_sides=self.absent, run_id=self.run_id,
+                            previous=self.doc, point=point, final=final, enforce=False)
+        if enforce:
+            try:
+                raise_for_mismatch(self.doc)
+            except AttentionMismatch:
+                self.finished = True  # the run stops: nothing more to collect
+                raise
+
+    def _guarded(self, what: str, action: Callable[[], None], strict: bool) -> None:
+        _patching.guarded(f"{what} (report dir {self.settings.report_dir})", action, strict)
+
+    def at_setup(self) -> None:
+        """``setup()`` returned: collect, print the summary, enforce ``on_mismatch``."""
+        with self._lock:
+            self._guarded("collecting the attention report after setup()",
+                          lambda: self._collect("setup", enforce=True), self.settings.strict)
+
+    def after_failed_setup(self) -> None:
+        """``setup()`` raised: write what the workers recorded, one line (the caller re-raises)."""
+        self.at_end("setup_failed")
+
+    def at_train_metrics(self, metrics: Any, step: Any, prefix: Any) -> None:
+        """A ``Logger.log_metrics`` call: the first training step re-collects; drift is recorded."""
+        if prefix != "train" or not isinstance(metrics, Mapping):
+            return
+        with self._lock:
+            if self.finished:
+                return
+            if not self.stepped and "loss" in metrics:
+                self.stepped = True
+                self._guarded("collecting the attention report after the first training step",
+                              lambda: self._collect("first_step", enforce=True), self.settings.strict)
+            figures = drift_figures(metrics)
+            if figures and self.doc is not None and not self.finished:
+                self._guarded("recording drift metrics", lambda: self._record_drift(operator.index(step), figures),
+                              self.settings.strict)
+
+    def _record_drift(self, step: int, figures: Mapping[str, float]) -> None:
+        from nemo_rl_attn_align.report import add_drift, write_report
+
+        add_drift(self.doc, step, figures)
+        write_report(self.settings.report_dir, self.doc)
+
+    def at_end(self, point: str) -> None:
+        """The last collection (``train_end``, ``exit``, ...): once, one line, never raises."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+            self._guarded(f"collecting the attention report at {point}",
+                          lambda: self._collect(point, enforce=False, final=True), strict=False)
+
+
+#: The run report of this driver process (None before the first ``setup()``).
+current: RunReport | None = None
+_exit_hook = False
+
+
+def start(run: RunReport) -> RunReport:
+    """Make ``run`` this process's run report (a previous one ends here); collect it at exit."""
+    global current, _exit_hook
+    if current is not None:
+        current.at_end("next_setup")
+    current = run
+    if not _exit_hook:
+        atexit.register(_at_exit)
+        _exit_hook = True
+    return run
+
+
+def stop() -> None:
+    """Forget the current run report without collecting it (``detach()``, tests)."""
+    global current, _exit_hook
+    current = None
+    if _exit_hook:
+        atexit.unregister(_at_exit)
+        _exit_hook = False
+
+
+def train_metrics(metrics: Any, step: Any, prefix: Any) -> None:
+    """Called with every ``Logger.log_metrics`` of the driver."""
+    if current is not None:
+        current.at_train_metrics(metrics, step, prefix)
+
+
+def end_of_training() -> None:
+    """Called when an algorithm's train function returns or raises."""
+    if current is not None:
+        current.at_end("train_end")
+
+
+def _at_exit() -> None:
+    try:
+        if current is not None:
+            current.at_end("exit")
+    except BaseException:  # noqa: BLE001 - nothing may break interpreter exit
+        pass
