@@ -23,7 +23,6 @@ run wrote is listed as stale; none of them stops the collection. The document's 
 from __future__ import annotations
 
 import datetime
-import enum
 import json
 import math
 import os
@@ -60,13 +59,6 @@ DRIFT_METRICS = {
 }
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-class ReportCode(str, enum.Enum):
-    """Stable codes of the report's own findings beyond ``binding.Code``'s ``REPORT_*`` ones."""
-
-    SIDE_ABSENT = "REPORT_SIDE_ABSENT"
-    WORKER_FINDING = "REPORT_WORKER_FINDING"
 
 
 class ReportError(Exception):
@@ -217,7 +209,7 @@ def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> li
     for (side, worker_id), detail in sorted(details.items()):
         for problem in detail.get("findings") or []:
             out.append(Finding(
-                ReportCode.WORKER_FINDING.value, Severity.WARNING, f"workers.{worker_id}", detail.get("stage"),
+                Code.WORKER_FINDING.value, Severity.WARNING, f"workers.{worker_id}", detail.get("stage"),
                 f"{side} worker {worker_id} ({detail.get('host', 'hook')}): {problem}",
                 f"see {HOSTS_DIR}/{worker_detail_path('.', side, worker_id).name} for what the hook saw; "
                 "attention_align.strict: true stops the run on such a finding",
@@ -263,7 +255,7 @@ def build_report(
         for other in members[1:]:
             findings.extend(_divergences(members[0], other))
         if side in not_applicable:
-            findings.append(Finding(ReportCode.SIDE_ABSENT.value, Severity.INFO, f"workers.{side}", None,
+            findings.append(Finding(Code.SIDE_ABSENT.value, Severity.INFO, f"workers.{side}", None,
                                     f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
                                     "nothing to fix: this run records one side only"))
         elif not members:
@@ -494,7 +486,7 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
         + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]
-    lines.extend(f["message"] for f in doc["findings"] if f["code"] == ReportCode.SIDE_ABSENT.value)
+    lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
     if doc.get("collected_from_workers"):
         lines.append("(collected from worker records now: the driver wrote no report; default mandate)")
     if doc["binding"] is not None:

@@ -20,8 +20,10 @@ attention_align:
     seq_len: 2048
 ```
 
-``on_mismatch``: ``error`` stops the run at startup with the report when the binding fails;
-``warn`` prints the summary and continues; ``record`` only writes the report (and prints where).
+``on_mismatch``: ``error`` stops the run, after writing the report, when the binding fails: when
+the algorithm's ``setup()`` has returned, or at the first training step when Transformer Engine's
+read-back turns the verdict to fail; ``warn`` prints the summary and continues; ``record`` only
+writes the report (and prints where).
 Every bad value raises ``UsageError`` with one line naming the full dotted key, the value and the
 fix. Importing this module imports pydantic (~70 ms): keep it off interpreter start-up.
 """

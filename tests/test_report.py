@@ -21,7 +21,6 @@ from nemo_rl_attn_align.report import (
     DRIFT_METRICS,
     REPORT_FILENAME,
     AttentionMismatch,
-    ReportCode,
     ReportError,
     atomic_write_json,
     collect,
@@ -297,7 +296,7 @@ def test_the_schema_doc_covers_every_top_level_key(tmp_path):
     text = DOCS.read_text()
     for key in list(doc) + list(doc["workers"]) + list(doc["binding"]) + list(doc["binding"]["determinism"]):
         assert f"`{key}`" in text, key
-    for code in ReportCode:
+    for code in Code:
         assert f"| `{code.value}` |" in text, code
 
 
@@ -315,7 +314,7 @@ def test_host_details_give_stages_findings_and_the_peers_that_never_wrote(tmp_pa
     assert doc["workers"]["stages"] == {"training": {"policy-0": "first_forward"}, "rollout": {"vllm-0": "engine_ready"}}
     assert [u["path"].endswith("rollout--vllm-9.json") for u in doc["workers"]["unreadable"]] == [True]
     assert doc["workers"]["incomplete_writes"][0].endswith(".tmp")
-    (finding,) = [f for f in doc["findings"] if f["code"] == ReportCode.WORKER_FINDING.value]
+    (finding,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_FINDING.value]
     assert finding == {"code": "REPORT_WORKER_FINDING", "severity": "warning", "key": "workers.policy-0", "value": "first_forward",
                        "message": "training worker policy-0 (megatron_worker): TE ran FusedAttention",
                        "fix": "see hosts/training--policy-0.json for what the hook saw; attention_align.strict: true stops the run on such a finding"}
@@ -336,7 +335,7 @@ def test_a_side_absent_by_design_is_stated_not_missing(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-0"))
     doc = collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "sft starts no generation workers"})
     assert doc["binding_applicable"] is False and doc["binding"] is None and doc["verdict"] == "incomparable"
-    assert [f["code"] for f in doc["findings"]] == [ReportCode.SIDE_ABSENT.value]
+    assert [f["code"] for f in doc["findings"]] == [Code.SIDE_ABSENT.value]
     assert "no rollout side: sft starts no generation workers; the training/rollout binding is not applicable" in render_summary(doc)
     _write_pair(tmp_path)  # a rollout record after all: it is bound
     assert collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "x"})["binding_applicable"] is True

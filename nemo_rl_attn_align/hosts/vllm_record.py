@@ -76,9 +76,7 @@ def rollout_facts(vllm_config: Any, static_forward_context: Mapping[str, Any], e
         "head_size": get_head_size() if callable(get_head_size) else None,
         "softmax_scale": getattr(getattr(first, "impl", None), "scale", None),
         "sliding_window": getattr(hf, "sliding_window", None),
-        "rope_theta": getattr(hf, "rope_theta", None),
-        "rope_scaling": getattr(hf, "rope_scaling", None),
-        "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None),
+        **hf_rope(hf),
         "vocab_size": getattr(hf, "vocab_size", None),
         "tokenizer": getattr(model, "tokenizer", None),
         "dtype": _name(getattr(model, "dtype", None)),
@@ -93,6 +91,22 @@ def rollout_facts(vllm_config: Any, static_forward_context: Mapping[str, Any], e
         "flash_attn_version": getattr(attn, "flash_attn_version", None),
         "batch_invariant": vllm_batch_invariant(environ),
     }
+
+
+def hf_rope(hf: Any) -> dict[str, Any]:
+    """RoPE facts of an HF config: ``rope_theta``, ``rope_scaling`` (None for plain RoPE), ``partial_rotary_factor``.
+
+    transformers >= 5 keeps them in one ``rope_parameters`` dict (``{"rope_type": "default",
+    "rope_theta": ...}``); older releases have ``rope_theta`` and ``rope_scaling`` attributes.
+    """
+    params = getattr(hf, "rope_parameters", None)
+    if isinstance(params, Mapping):
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
+        return {"rope_theta": params.get("rope_theta"), "rope_scaling": None if plain else scaling,
+                "partial_rotary_factor": params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))}
+    return {"rope_theta": getattr(hf, "rope_theta", None), "rope_scaling": getattr(hf, "rope_scaling", None),
+            "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None)}
 
 
 def split_kv_policy(facts: Mapping[str, Any]) -> str:

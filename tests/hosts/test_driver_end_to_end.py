@@ -23,7 +23,7 @@ pytest.importorskip("megatron.core")
 
 from nemo_rl_attn_align.binding import Code  # noqa: E402
 from nemo_rl_attn_align.hosts import bootstrap  # noqa: E402
-from nemo_rl_attn_align.report import REPORT_FILENAME, ReportCode, load_report  # noqa: E402
+from nemo_rl_attn_align.report import REPORT_FILENAME, load_report  # noqa: E402
 from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
 from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster,
                                         "rollout": {"vllm-rank0-worker0": "engine_ready", "vllm-rank1-worker0": "engine_ready"}}
     merge = next(r for r in doc["binding"]["fields"] if r["field"] == "merge_rule")
     assert merge["training"]["value"] == "full_softmax" and merge["rollout"]["value"] == "online_softmax_lse"
-    (finding,) = [f for f in doc["findings"] if f["code"] == ReportCode.WORKER_FINDING.value]
+    (finding,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_FINDING.value]
     assert finding["key"] == "workers.policy-rank0" and "requested AttnBackend.flash" in finding["message"]
     logged = [json.loads(line) for line in (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()]
     drift = [{"step": e["step"], **{k: e["metrics"][k] for k in ("token_mult_prob_error", "gen_kl_error")}}

@@ -23,7 +23,7 @@ from nemo_rl_attn_align.contract import FieldValue
 from nemo_rl_attn_align.determinism import probe
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
-from nemo_rl_attn_align.report import REPORT_FILENAME, AttentionMismatch, ReportCode, load_report, write_worker_detail, write_worker_record
+from nemo_rl_attn_align.report import REPORT_FILENAME, AttentionMismatch, load_report, write_worker_detail, write_worker_record
 from tests.contract_samples import full_contract
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
@@ -86,7 +86,7 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
            findings=["attention_backend requested AttnBackend.flash (FlashAttention) but the model ran local"])
     driver_report.train_metrics({"loss": 0.5, "token_mult_prob_error": np.float32(1.0625), "gen_kl_error": 1e-4}, 1, "train")
     assert len(printed) == 2 and printed[1].startswith("attention_align (first_step): the report changed since setup:")
-    assert f"new: warning {ReportCode.WORKER_FINDING.value}" in printed[1] and "ran local" in printed[1]
+    assert f"new: warning {Code.WORKER_FINDING.value}" in printed[1] and "ran local" in printed[1]
     driver_report.train_metrics({"loss": 0.4, "token_mult_prob_error": 1.03125, "gen_kl_error": [0.1, 0.2]}, 2, "train")
     driver_report.train_metrics({"loss": 0.3, "token_mult_prob_error": 9.0}, 2, "validation")  # not a training step
     assert len(printed) == 2
@@ -141,7 +141,7 @@ def test_record_prints_one_line_then_only_writes(driver, tmp_path):
     assert printed == [f"attention_align (setup): verdict fail; report written to {run.settings.report_dir}/{REPORT_FILENAME}"]
     doc = report_of(run)
     assert [h["point"] for h in doc["history"]] == ["setup", "first_step", "train_end"] and doc["drift"]["steps"][0]["step"] == 1
-    assert any(f["code"] == ReportCode.WORKER_FINDING.value for f in doc["findings"])
+    assert any(f["code"] == Code.WORKER_FINDING.value for f in doc["findings"])
 
 
 def test_a_worker_that_never_wrote_is_a_gap_named_by_its_peers(driver, tmp_path):
@@ -173,7 +173,7 @@ def test_sft_says_there_is_no_rollout_side(driver, tmp_path):
     doc = report_of(run)
     assert doc["binding"] is None and doc["binding_applicable"] is False and doc["verdict"] == "incomparable"
     codes = {f["code"] for f in doc["findings"]}
-    assert ReportCode.SIDE_ABSENT.value in codes and Code.SIDE_MISSING.value not in codes
+    assert Code.SIDE_ABSENT.value in codes and Code.SIDE_MISSING.value not in codes
     assert ("no rollout side: sft trains on a fixed dataset and starts no generation workers; "
             "the training/rollout binding is not applicable") in printed[0]
 

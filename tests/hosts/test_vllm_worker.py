@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, vllm_worker
+from nemo_rl_attn_align.hosts import _patching, vllm_record, vllm_worker
 from nemo_rl_attn_align.report import read_worker_records
 from tests.hosts.conftest import FAKE_VLLM, standin
 
@@ -92,3 +93,14 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     [(contract, _)] = read_worker_records(tmp_path / "report")["records"]
     assert contract["backend"].provenance.value == "observed" and contract.value("num_layers") == 2
     assert sys.modules["vllm.v1.worker.gpu_worker"].Worker.compile_or_warm_up_model.__nemo_rl_attn_align_original__
+
+
+@pytest.mark.parametrize("hf, expected", [
+    (SimpleNamespace(rope_theta=1e6, rope_scaling=None), {"rope_theta": 1e6, "rope_scaling": None, "partial_rotary_factor": None}),
+    (SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+     {"rope_theta": 1e6, "rope_scaling": None, "partial_rotary_factor": None}),
+    (SimpleNamespace(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "partial_rotary_factor": 0.5}),
+     {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "partial_rotary_factor": 0.5}),
+])
+def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
+    assert vllm_record.hf_rope(hf) == expected
