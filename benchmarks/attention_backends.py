@@ -4,8 +4,10 @@ Qwen3-8B attention shapes by default (32 query heads, 8 KV heads, head dim 128),
 batch 1, sequence 1k/4k/8k. Each TE backend runs in its own process with only its NVTE switch on
 (TE caches its backend choice per process), through TE's ``DotProductAttention`` in bshd, and the
 backend TE really selected is read back (``hosts.te_readback.observe``) and printed next to the
-figures. The reference (``reference.attention.reference_attention``) is forward-only by design (it
-runs under ``no_grad``), so it has no backward figure.
+figures. The reference (``reference.attention.reference_attention``, FP32 canonical-order blocks in
+plain torch ops, TF32 off, not a fused kernel) runs in packed thd with its canonical backward, so
+its row has forward and forward+backward figures like the TE rows. Every row is timed the same way:
+the forward on inputs that require grad, and forward+backward against a fixed random ``dO``.
 
 FLOPs follow FlashAttention's benchmark convention (Dao-AILab/flash-attention,
 ``benchmarks/benchmark_flash_attention.py``, ``flops()``): forward ``4·b·s²·h·d``, halved when
@@ -135,39 +137,52 @@ def cuda_median_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
+def reference_attend(batch: int, seq: int) -> Callable:
+    """The reference as a bshd attention: q ``[b, s, Hq, D]``, k/v ``[b, s, Hkv, D]`` -> ``[b, s, Hq*D]``."""
+    import torch
+
+    from nemo_rl_attn_align.reference.attention import reference_attention
+
+    def attend(q, k, v):
+        packed = [x.reshape(batch * seq, *x.shape[2:]) for x in (q, k, v)]   # thd, one sequence per batch row
+        cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=q.device)
+        return reference_attention(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu)[0].view(batch, seq, -1)
+
+    return attend
+
+
+def timed_steps(attend: Callable, inputs: Sequence[Any], grad_out) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """``(forward, forward_backward)`` of ``attend`` on ``inputs`` (leaves that require grad)."""
+    def forward_backward():
+        for x in inputs:
+            x.grad = None
+        attend(*inputs).backward(grad_out)
+
+    return (lambda: attend(*inputs)), forward_backward
+
+
 def measure(backend: str, args: argparse.Namespace, seq: int) -> dict[str, Any]:
     """Times (ms) of one backend at one sequence length, and what TE really ran."""
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seq)
     shape = lambda h: (args.batch, seq, h, args.head_dim)  # noqa: E731 - bshd
-    q, k, v = (torch.randn(shape(h), device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = (torch.randn(shape(h), device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
                for h in (args.heads, args.kv_heads, args.kv_heads))
-    if backend == "reference":
-        from nemo_rl_attn_align.reference.attention import reference_attention
-
-        packed = [x.reshape(args.batch * seq, *x.shape[2:]) for x in (q, k, v)]
-        cu = torch.arange(0, (args.batch + 1) * seq, seq, dtype=torch.int32, device="cuda")
-        run = lambda: reference_attention(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu)  # noqa: E731
-        return {"fwd_ms": cuda_median_ms(run, args.warmup, args.iters), "fwd_bwd_ms": None,
-                "te_selected": None, "note": "forward only: reference_attention runs under no_grad"}
-    import transformer_engine.pytorch as te
-
-    from nemo_rl_attn_align.hosts import te_readback
-
-    dpa = te.DotProductAttention(args.heads, args.head_dim, num_gqa_groups=args.kv_heads, qkv_format="bshd",
-                                 attn_mask_type="causal")
-    for x in (q, k, v):
-        x.requires_grad_(True)
     grad_out = torch.randn(args.batch, seq, args.heads * args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if backend == "reference":
+        attend, observe = reference_attend(args.batch, seq), (lambda: {})
+    else:
+        import transformer_engine.pytorch as te
 
-    def forward_backward():
-        for x in (q, k, v):
-            x.grad = None
-        dpa(q, k, v).backward(grad_out)
+        from nemo_rl_attn_align.hosts import te_readback
 
-    fwd = cuda_median_ms(lambda: dpa(q, k, v), args.warmup, args.iters)
-    selected = te_readback.observe([dpa])
+        attend = te.DotProductAttention(args.heads, args.head_dim, num_gqa_groups=args.kv_heads, qkv_format="bshd",
+                                        attn_mask_type="causal")
+        observe = lambda: te_readback.observe([attend])  # noqa: E731
+    forward, forward_backward = timed_steps(attend, (q, k, v), grad_out)
+    fwd = cuda_median_ms(forward, args.warmup, args.iters)
+    selected = observe()                                   # TE's choice is known after the first forward
     both = cuda_median_ms(forward_backward, args.warmup, args.iters)
     return {"fwd_ms": fwd, "fwd_bwd_ms": both, "te_selected": selected.get("backend"),
             "detail": selected.get("detail"), "note": ""}

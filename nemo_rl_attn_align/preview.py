@@ -53,8 +53,9 @@ def _mapping(node: Any, key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _count(value: Any) -> Optional[int]:
+    """``value`` when it is a positive int (a batch or step count), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _dtype(value: Any) -> Optional[str]:
@@ -74,7 +75,7 @@ def _identity(b: ContractBuilder, cfg: Mapping[str, Any]) -> None:
         b.configured("tokenizer", tokenizer, "policy.tokenizer.name (NeMo-RL tokenizes once and feeds token ids to both sides)")
     else:
         b.pending("tokenizer", "policy.tokenizer.name is not set")
-    prompts, generations = _int(_get(cfg, "grpo.num_prompts_per_step")), _int(_get(cfg, "grpo.num_generations_per_prompt"))
+    prompts, generations = _count(_get(cfg, "grpo.num_prompts_per_step")), _count(_get(cfg, "grpo.num_generations_per_prompt"))
     if prompts and generations:
         b.configured("batch_size", prompts * generations, "grpo.num_prompts_per_step x grpo.num_generations_per_prompt")
     else:
@@ -160,7 +161,7 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
     fusion = mcfg.get("apply_rope_fusion", True)
     b.configured("rope_fusion", fusion if isinstance(fusion, bool) else True, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
-    mbs = _int(policy.get("logprob_batch_size")) or _int(policy.get("train_micro_batch_size"))
+    mbs = _count(policy.get("logprob_batch_size")) or _count(policy.get("train_micro_batch_size"))
     _from_config(b, "physical_batch", mbs, "policy.logprob_batch_size")
     b.configured("batch_invariant", overrides.get("batch_invariant_mode") is True, "model_overrides.batch_invariant_mode")
     b.configured("deterministic", overrides.get("deterministic_mode") is True, "model_overrides.deterministic_mode")

@@ -80,7 +80,7 @@ def test_rows_carry_tflops_fraction_and_what_te_ran(bench):
         measured("flash", **{"1024": {"fwd_ms": 0.05, "fwd_bwd_ms": 0.25, "te_selected": "FlashAttention", "note": ""},
                              "4096": {"error": "OutOfMemoryError: CUDA out of memory"}}),
         measured("fused", **{"1024": {"fwd_ms": 0.04, "fwd_bwd_ms": 0.2, "te_selected": "UnfusedDotProductAttention", "note": ""}}),
-        measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": None, "te_selected": None, "note": "forward only"}}),
+        measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": 20.0, "te_selected": None, "note": ""}}),
         {"backend": "unfused", "error": "worker exited 1: ImportError: no TE", "rows": {}},
     ]
     rows = {(r["backend"], r["seq"]): r for r in bench.build_rows(results, args, peak=989.0)}
@@ -93,7 +93,8 @@ def test_rows_carry_tflops_fraction_and_what_te_ran(bench):
     assert rows[("fused", 1024)]["error"] == "TE ran UnfusedDotProductAttention instead of FusedAttention"
     assert rows[("fused", 4096)]["error"] == "not measured"
     reference = rows[("reference", 1024)]
-    assert reference["error"] is None and reference["fwd_bwd_tflops"] is None and reference["fwd_tflops"] > 0
+    assert reference["error"] is None and reference["te_selected"] is None  # no TE choice to check
+    assert reference["fwd_bwd_tflops"] == pytest.approx(3.5 * fwd_flops / 20e-3 / 1e12)
     assert rows[("unfused", 1024)]["error"] == "worker exited 1: ImportError: no TE"
     no_peak = bench.build_rows(results[:1], args, peak=None)[0]
     assert no_peak["fwd_tflops"] == flash["fwd_tflops"] and no_peak["fwd_fraction_of_peak"] is None
@@ -102,7 +103,7 @@ def test_rows_carry_tflops_fraction_and_what_te_ran(bench):
 def test_table_shows_every_row(bench):
     args = Namespace(seqs=[1024], batch=1, heads=32, kv_heads=8, head_dim=128)
     results = [measured("flash", **{"1024": {"fwd_ms": 0.05, "fwd_bwd_ms": 0.25, "te_selected": "FlashAttention", "note": ""}}),
-               measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": None, "te_selected": None, "note": "forward only"}})]
+               measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": 20.0, "te_selected": None, "note": ""}})]
     doc = {"device": "NVIDIA H200", "capability": [9, 0], "peak_source": "H200: 989 TFLOP/s dense BF16",
            "shape": {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "warmup": 3, "iters": 10},
            "flop_convention": "FlashAttention benchmark", "rows": bench.build_rows(results, args, 989.0)}
@@ -111,8 +112,33 @@ def test_table_shows_every_row(bench):
     assert "fwd+bwd TFLOP/s" in lines[2] and set(lines[3]) <= {"-", " "}
     flash_line, reference_line = lines[4], lines[5]
     assert flash_line.split()[:3] == ["flash", "1024", "FlashAttention"] and "17.4" in flash_line  # 17.38 % of 989
-    assert reference_line.split()[:3] == ["reference", "1024", "-"] and reference_line.rstrip().endswith("forward only")
+    # 8.59 GFLOP in 5 ms, 3.5x that in 20 ms; both 0.2 % of 989
+    assert reference_line.split() == ["reference", "1024", "-", "5.000", "1.7", "0.2", "20.000", "1.5", "0.2"]
     json.dumps(doc)  # the same document is what --out writes
+
+
+def test_reference_step_is_the_references_forward_and_backward(bench):
+    """The reference row times ``reference_attention`` on bshd inputs packed as thd, with its backward."""
+    torch = pytest.importorskip("torch")
+    from nemo_rl_attn_align.reference.attention import reference_attention
+
+    gen = torch.Generator().manual_seed(0)
+    batch, seq = 2, 40
+    q, k, v = (torch.randn(batch, seq, h, 16, generator=gen).to(torch.bfloat16).requires_grad_() for h in (4, 2, 2))
+    grad_out = torch.randn(batch, seq, 4 * 16, generator=gen).to(torch.bfloat16)
+    forward, forward_backward = bench.timed_steps(bench.reference_attend(batch, seq), (q, k, v), grad_out)
+    out = forward()
+    assert out.shape == (batch, seq, 64) and out.requires_grad and q.grad is None
+    forward_backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    forward_backward()                                           # grads are reset, not accumulated
+    assert all(torch.equal(x.grad, g) for x, g in zip((q, k, v), grads))
+    for b in range(batch):                                       # each batch row is its own causal sequence
+        leaves = [x[b].detach().clone().requires_grad_() for x in (q, k, v)]
+        alone, _ = reference_attention(*leaves)
+        alone.backward(grad_out[b].view(seq, 4, 16))
+        assert torch.equal(alone.detach().reshape(seq, 64), out[b].detach())
+        assert all(torch.equal(x.grad, g[b]) for x, g in zip(leaves, grads))
 
 
 def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -194,3 +196,11 @@ def test_arbitrary_values_never_crash_the_preview(edits):
         return
     json.dumps(preview.to_dict(), allow_nan=False)
     preview.render()
+
+
+@pytest.mark.parametrize("prompts", [-16, 0, True, "32"])
+def test_unusable_batch_counts_leave_batch_size_pending(prompts):
+    cfg = copy.deepcopy(_BASE)
+    cfg["grpo"]["num_prompts_per_step"] = prompts
+    training = preview_binding(cfg, load_settings(cfg), environ={}).training
+    assert training["batch_size"].provenance is Provenance.PENDING

@@ -14,6 +14,9 @@ FP32 inputs: ``|out - out64| <= 2**-19 * max|v|``. The FP32 arithmetic error (ab
 relative) is far below half an ulp of bf16 (``2**-9``) or fp16 (``2**-12``), so the one-ulp
 allowance covers the final rounding landing on either neighbour.
 
+Gradients: when ``q``, ``k`` or ``v`` requires grad, ``out`` and ``lse`` are differentiable through
+the canonical backward of ``backward`` (its order, invariance and FP64 bound are stated there).
+
 Layout: ``q`` ``[Tq, Hq, D]``, ``k``/``v`` ``[Tk, Hkv, D]``, packed ("thd") when ``cu_seqlens_q`` /
 ``cu_seqlens_k`` are given (FlashAttention's varlen convention), one sequence otherwise. Returns
 ``out`` ``[Tq, Hq, D]`` in ``q.dtype`` and ``lse`` ``[Tq, Hq]`` in FP32 (natural log).
@@ -26,6 +29,7 @@ import math
 
 import torch
 
+from nemo_rl_attn_align.reference.backward import attention_backward
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
 from nemo_rl_attn_align.reference.plans import SinglePass
 
@@ -77,18 +81,53 @@ def reference_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window
     """Causal (optionally sliding-window) GQA attention in the canonical order: ``(out, lse)``.
 
     ``plan`` (default ``SinglePass()``) picks who computes which block; it never changes the result.
+    When ``q``, ``k`` or ``v`` requires grad (and grad mode is on), ``out`` and ``lse`` are
+    differentiable through the canonical backward of ``backward`` (same forward bits; the
+    backward's bits do not depend on ``plan`` either). Double backward is not supported.
     """
     _check(q, k, v)
     plan = SinglePass() if plan is None else plan
+    seqs = sequences(q, k, cu_seqlens_q, cu_seqlens_k)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Differentiable.apply(q, k, v, seqs, window, scale, plan, spec)
+    return _forward(q, k, v, seqs, window, scale, plan, spec)
+
+
+def _forward(q, k, v, seqs, window, scale, plan, spec):
+    """The forward over packed ``seqs``: ``(out [Tq, Hq, D] q.dtype, lse [Tq, Hq] FP32)``."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
     with torch.no_grad(), fp32_matmuls(q.device):
-        for q0, q1, k0, k1 in sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+        for q0, q1, k0, k1 in seqs:
             if q1 == q0:
                 continue
             geom = geometry(q, k, window, scale, q1 - q0, k1 - k0)
             out[q0:q1], lse[q0:q1] = plan.run(q[q0:q1], k[k0:k1], v[k0:k1], geom, spec)
     return out, lse
+
+
+class _Differentiable(torch.autograd.Function):
+    """``reference_attention`` with ``backward.attention_backward`` as its gradient.
+
+    The forward runs on FP32 copies of the inputs: every partial is FP32 anyway, so this is the
+    same arithmetic, and rounding its FP32 output gives the same bits as the plain call; the FP32
+    output is kept for the backward's ``D = rowsum(dO * O)``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, seqs, window, scale, plan, spec):
+        out32, lse = _forward(q.float(), k.float(), v.float(), seqs, window, scale, plan, spec)
+        ctx.save_for_backward(q, k, v, out32, lse)
+        ctx.options = {"seqs": seqs, "window": window, "scale": scale, "spec": spec}
+        return out32.to(q.dtype), lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, k, v, out32, lse = ctx.saved_tensors
+        with fp32_matmuls(q.device):
+            dq, dk, dv = attention_backward(q, k, v, out32, lse, dout, dlse.float(), **ctx.options)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def exact_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None,

@@ -95,8 +95,8 @@ class Geometry:
         return ok
 
 
-def tile_block_mask(geom: Geometry, spec: ReferenceSpec, tile: int, block: int) -> torch.Tensor | None:
-    """Masked entries (True) of the full (tile, block) square, or None when nothing is masked.
+def tile_block_mask(geom: Geometry, spec: ReferenceSpec, tile: int, block: int, device=None) -> torch.Tensor | None:
+    """Masked entries (True) of the full (tile, block) square on ``device``, or None when nothing is masked.
 
     Decided from the tile and block indices alone, never from which rows a plan holds.
     """
@@ -108,23 +108,68 @@ def tile_block_mask(geom: Geometry, spec: ReferenceSpec, tile: int, block: int) 
         inside = inside and col_lo >= row_hi - geom.window
     if inside:
         return None
-    rows = torch.arange(row_lo, row_hi + 1)
-    cols = torch.arange(col_lo, col_hi + 1)
+    rows = torch.arange(row_lo, row_hi + 1, device=device)
+    cols = torch.arange(col_lo, col_hi + 1, device=device)
     return ~geom.allowed(rows, cols)
+
+
+def group_heads(x: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[n, Hq, *tail]`` -> ``[Hkv, g*n, *tail]``: query head ``h`` goes with KV head ``h // g``."""
+    n, hq, *tail = x.shape
+    g = hq // num_kv_heads
+    return x.view(n, num_kv_heads, g, *tail).permute(1, 2, 0, *range(3, 3 + len(tail))).reshape(num_kv_heads, g * n, *tail)
+
+
+def ungroup_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[Hkv, g*n, *tail]`` -> ``[n, Hq, *tail]``, the inverse of ``group_heads``."""
+    hkv, rows, *tail = x.shape
+    g = num_heads // hkv
+    return x.view(hkv, g, rows // g, *tail).permute(2, 0, 1, *range(3, 3 + len(tail))).reshape(rows // g, num_heads, *tail)
+
+
+def tile_rows(positions: list[int], spec: ReferenceSpec) -> dict[int, tuple[list[int], list[int]]]:
+    """``{tile: (indices into positions, offsets inside the tile)}``, tiles ascending."""
+    tiles: dict[int, tuple[list[int], list[int]]] = {}
+    for idx, pos in enumerate(positions):
+        tiles.setdefault(pos // spec.block_q, ([], []))
+        tiles[pos // spec.block_q][0].append(idx)
+        tiles[pos // spec.block_q][1].append(pos % spec.block_q)
+    return dict(sorted(tiles.items()))
+
+
+def canonical_tile(rows: torch.Tensor, offsets: list[int], geom: Geometry, spec: ReferenceSpec,
+                   fill: float = 0.0) -> torch.Tensor:
+    """FP32 tile ``[Hkv, g*BQ, *tail]`` with ``rows`` ``[n, Hq, *tail]`` at ``offsets``, ``fill`` elsewhere."""
+    buf = torch.full((spec.block_q, *rows.shape[1:]), fill, dtype=torch.float32, device=rows.device)
+    buf[offsets] = rows.to(torch.float32)
+    return group_heads(buf, geom.num_kv_heads).contiguous()
+
+
+def tile_blocks(geom: Geometry, spec: ReferenceSpec, positions: list[int]) -> range:
+    """The KV blocks holding some key that one of the query ``positions`` (of one tile) sees."""
+    return range(geom.first_key(min(positions)) // spec.block_kv, max(positions) // spec.block_kv + 1)
+
+
+def pair_scores(qt: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor | None, scale: float, group: int) -> torch.Tensor:
+    """Scaled FP32 scores ``[Hkv, g*BQ, BK]`` of one (tile, block) pair, ``-inf`` where masked.
+
+    qt ``[Hkv, g*BQ, D]``, kb ``[Hkv, BK, D]`` (FP32), mask ``[BQ, BK]`` (True = masked) or None.
+    """
+    hkv, rows, _ = qt.shape
+    s = torch.baddbmm(qt.new_empty(()), qt, kb.transpose(1, 2), beta=0.0, alpha=scale)
+    if mask is not None:
+        s.view(hkv, group, rows // group, -1).masked_fill_(mask, NEG_INF)
+    return s
 
 
 def pair_partial(qt: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor | None,
                  scale: float, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FP32 online-softmax state of one (tile, block) pair.
+    """FP32 online-softmax state of one (tile, block) pair (shapes as in ``pair_scores``, vb like kb).
 
-    qt ``[Hkv, g*BQ, D]``, kb/vb ``[Hkv, BK, D]`` (FP32), mask ``[BQ, BK]`` (True = masked) or None.
     Returns m, l ``[Hkv, g*BQ, 1]`` and acc ``[Hkv, g*BQ, D]``; a row with no visible key has
     m = -inf, l = 0, acc = 0.
     """
-    hkv, rows, _ = qt.shape
-    s = torch.baddbmm(qt.new_empty(()), qt, kb.transpose(1, 2), beta=0.0, alpha=scale)  # [Hkv, g*BQ, BK]
-    if mask is not None:
-        s.view(hkv, group, rows // group, -1).masked_fill_(mask, NEG_INF)
+    s = pair_scores(qt, kb, mask, scale, group)                 # [Hkv, g*BQ, BK]
     m = s.amax(dim=-1, keepdim=True)                            # [Hkv, g*BQ, 1]
     m_safe = torch.where(m == NEG_INF, 0.0, m) if mask is not None else m
     p = s.sub_(m_safe).exp_()                                   # in place: s becomes p
@@ -182,20 +227,10 @@ class QueryTiles:
         self.geom, self.spec = geom, spec
         self.positions = list(positions)
         self.dtype = q_rows.dtype
-        bq, bk, hkv, g, d = spec.block_q, spec.block_kv, geom.num_kv_heads, geom.group, geom.head_dim
         self.tiles: dict[int, dict] = {}
-        for idx, pos in enumerate(self.positions):
-            self.tiles.setdefault(pos // bq, {"idx": [], "off": []})
-            self.tiles[pos // bq]["idx"].append(idx)
-            self.tiles[pos // bq]["off"].append(pos % bq)
-        for t, tile in self.tiles.items():
-            buf = torch.zeros(bq, geom.num_heads, d, dtype=torch.float32, device=q_rows.device)
-            buf[tile["off"]] = q_rows[tile["idx"]].to(torch.float32)
-            # [BQ, Hkv, g, D] -> [Hkv, g, BQ, D] -> [Hkv, g*BQ, D]
-            tile["q"] = buf.view(bq, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * bq, d).contiguous()
-            first = [geom.first_key(tile_pos) for tile_pos in (t * bq + o for o in tile["off"])]
-            last = [t * bq + o for o in tile["off"]]
-            tile["acc"] = TileAccumulator(range(min(first) // bk, max(last) // bk + 1))
+        for t, (idx, off) in tile_rows(self.positions, spec).items():
+            self.tiles[t] = {"idx": idx, "off": off, "q": canonical_tile(q_rows[idx], off, geom, spec),
+                             "acc": TileAccumulator(tile_blocks(geom, spec, [t * spec.block_q + o for o in off]))}
 
     def blocks_wanted(self) -> list[int]:
         """Every KV block some tile still needs, ascending."""
@@ -206,7 +241,7 @@ class QueryTiles:
         out = {}
         for t, tile in self.tiles.items():
             if block in tile["acc"].expected:
-                mask = tile_block_mask(self.geom, self.spec, t, block)
+                mask = tile_block_mask(self.geom, self.spec, t, block, kb.device)
                 out[t] = pair_partial(tile["q"], kb, vb, mask, self.geom.softmax_scale, self.geom.group)
         return out
 
@@ -220,7 +255,7 @@ class QueryTiles:
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out [n, Hq, D] in the input dtype, lse [n, Hq] FP32)``, downcast once, here."""
-        geom, bq = self.geom, self.spec.block_q
+        geom = self.geom
         n = len(self.positions)
         out = torch.empty(n, geom.num_heads, geom.head_dim, dtype=self.dtype, device=self._device())
         lse = torch.empty(n, geom.num_heads, dtype=torch.float32, device=out.device)
@@ -229,9 +264,8 @@ class QueryTiles:
             if not acc.done:
                 raise RuntimeError(f"tile {t}: blocks {acc.expected[acc._next:]} never delivered by the plan")
             m, l, a = acc.state
-            o = (a / l).view(geom.num_kv_heads, geom.group, bq, geom.head_dim)   # [Hkv, g, BQ, D]
-            o = o.permute(2, 0, 1, 3).reshape(bq, geom.num_heads, geom.head_dim)  # [BQ, Hq, D]
-            s = (m + torch.log(l)).view(geom.num_kv_heads, geom.group, bq).permute(2, 0, 1).reshape(bq, geom.num_heads)
+            o = ungroup_heads(a / l, geom.num_heads)                           # [BQ, Hq, D]
+            s = ungroup_heads((m + torch.log(l)).squeeze(-1), geom.num_heads)   # [BQ, Hq]
             out[tile["idx"]] = o[tile["off"]].to(self.dtype)
             lse[tile["idx"]] = s[tile["off"]]
         return out, lse

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-NEG_INF = float("-inf")
+from nemo_rl_attn_align.reference.blocks import NEG_INF, group_heads, ungroup_heads
 
 
 def split_kv_tile(head_dim: int) -> int:
@@ -47,20 +47,6 @@ _ROW_GROUP = 128
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
     """``[n, H, D]`` -> FP32 ``[H, n, D]``."""
     return x.to(torch.float32).transpose(0, 1).contiguous()
-
-
-def _grouped_q(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """``[n, Hq, D]`` -> FP32 ``[Hkv, g*n, D]`` (query head h = kv head h // g)."""
-    n, hq, d = q.shape
-    g = hq // num_kv_heads
-    return q.to(torch.float32).view(n, num_kv_heads, g, d).permute(1, 2, 0, 3).reshape(num_kv_heads, g * n, d)
-
-
-def _ungroup(x: torch.Tensor, n: int, num_heads: int) -> torch.Tensor:
-    """``[Hkv, g*n, ...]`` -> ``[n, Hq, ...]``."""
-    hkv = x.shape[0]
-    tail = x.shape[2:]
-    return x.view(hkv, num_heads // hkv, n, *tail).permute(2, 0, 1, *range(3, 3 + len(tail))).reshape(n, num_heads, *tail)
 
 
 def _online_softmax(qg, kh, vh, visible, tiles, scale, group, p_dtype):
@@ -108,15 +94,15 @@ def flash_forward(q, q_pos, k, v, kv_pos, allowed, *, scale, block_n, num_splits
     for r0 in range(0, n, _ROW_GROUP):
         r1 = min(n, r0 + _ROW_GROUP)
         visible = allowed(q_pos[r0:r1], kv_pos)                               # [R, m]
-        qg = _grouped_q(q[r0:r1], hkv)
+        qg = group_heads(q[r0:r1].to(torch.float32), hkv)
         states = []
         for s0 in range(0, n_tiles, per_split):
             tiles = [(t * block_n, min(m_len, (t + 1) * block_n)) for t in range(s0, min(n_tiles, s0 + per_split))]
             tiles = [(lo, hi) for lo, hi in tiles if bool(visible[:, lo:hi].any())]
             states.append(_online_softmax(qg, kh, vh, visible, tiles, scale, group, q.dtype))
         o, s = _finish(states) if num_splits > 1 else _normalise(*states[0])
-        out[r0:r1] = _ungroup(o, r1 - r0, hq).to(out_dtype)
-        lse[r0:r1] = _ungroup(s, r1 - r0, hq)
+        out[r0:r1] = ungroup_heads(o, hq).to(out_dtype)
+        lse[r0:r1] = ungroup_heads(s, hq)
     return out, lse
 
 

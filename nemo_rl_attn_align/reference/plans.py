@@ -187,14 +187,14 @@ class PagedKVCache:
         self.page_size = page_size
         num_pages = max(1, math.ceil(seq_len / page_size))
         gen = torch.Generator().manual_seed(seed)
-        self.block_table = torch.randperm(2 * num_pages, generator=gen)[:num_pages].tolist()
+        self.block_table = torch.randperm(2 * num_pages, generator=gen, device="cpu")[:num_pages].tolist()
         shape = (2 * num_pages, page_size, num_kv_heads, head_dim)
         self.k_pages = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pages = torch.zeros(shape, dtype=dtype, device=device)
 
     def _slots(self, start: int, stop: int):
-        pos = torch.arange(start, stop)
-        pages = torch.tensor(self.block_table)[pos // self.page_size]
+        pos = torch.arange(start, stop, device=self.k_pages.device)
+        pages = torch.tensor(self.block_table, device=pos.device)[pos // self.page_size]
         return pages, pos % self.page_size
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -23,6 +23,13 @@ def make_qkv(dtype, seq_q=101, seq_kv=None, heads=4, kv_heads=2, head_dim=16, se
     return tuple(x.to(dtype).to(device) for x in (q, k, v))
 
 
+def pack(batch):
+    """Sequences ``[(q, k, v), ...]`` packed as thd: ``([q, k, v], cu_seqlens_q, cu_seqlens_k)``."""
+    cu_q = torch.tensor([0] + [b[0].shape[0] for b in batch]).cumsum(0)
+    cu_k = torch.tensor([0] + [b[1].shape[0] for b in batch]).cumsum(0)
+    return [torch.cat([b[i] for b in batch]) for i in range(3)], cu_q, cu_k
+
+
 def assert_same_bits(a, b):
     """Both ``(out, lse)`` pairs are bitwise identical."""
     assert torch.equal(a[0], b[0]), f"out differs, max |d| = {(a[0].double() - b[0].double()).abs().max()}"
