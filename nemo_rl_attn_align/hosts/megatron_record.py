@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder, ContractError, normalize_dtype
 from nemo_rl_attn_align.hosts.worker_records import put_field
 from nemo_rl_attn_align.preview import te_semantics  # the rule `check` previews with
+from nemo_rl_attn_align.rope import canonical_rope, megatron_scaling
 
 #: TransformerConfig / GPTModelProvider attributes recorded as they are (missing ones are listed).
 MODEL_CONFIG_FIELDS = (
@@ -37,6 +38,8 @@ MODEL_CONFIG_FIELDS = (
     "rotary_percent",
     "rotary_interleaved",
     "seq_len_interpolation_factor",
+    "rope_scaling",
+    "rope_scaling_factor",
     "apply_rope_fusion",
     "vocab_size",
     "tensor_model_parallel_size",
@@ -105,10 +108,9 @@ def _rope(facts: Mapping[str, Any]) -> tuple[str | None, dict | None]:
         return None, None
     if kind in ("none", "learned_absolute"):
         return "none", {}
-    params = {"theta": facts.get("rotary_base"), "partial_rotary_factor": facts.get("rotary_percent")}
-    if facts.get("seq_len_interpolation_factor") is not None:
-        params["scaling"] = {"type": "linear", "factor": facts["seq_len_interpolation_factor"]}
-    return ("default" if kind == "rope" else kind), {k: v for k, v in params.items() if v is not None}
+    if kind != "rope":
+        return kind, {"theta": facts.get("rotary_base")}
+    return canonical_rope(facts.get("rotary_base"), facts.get("rotary_percent"), megatron_scaling(facts))
 
 
 def _reduction_engine(backend: str | None, cp_size: int, cp_comm_type: str | None) -> str | None:
@@ -150,7 +152,7 @@ def training_contract(
     put("sliding_window", window[0] if window else None, src + "window_size[0]", "configured" if not window else "observed")
     rope_type, rope_params = _rope(facts)
     put("rope_type", rope_type, src + "position_embedding_type")
-    put("rope_parameters", rope_params, src + "rotary_base/rotary_percent")
+    put("rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
     put("vocab_size", facts.get("vocab_size"), src + "vocab_size")
     if facts.get("tokenizer"):
         put("tokenizer", facts["tokenizer"], "policy.tokenizer.name", "configured")

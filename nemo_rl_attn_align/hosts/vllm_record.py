@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.hosts.worker_records import put_field
+from nemo_rl_attn_align.rope import canonical_rope
 
 VERSIONED = ("vllm", "torch", "flashinfer-python", "flash-attn", "triton")
 
@@ -132,13 +133,9 @@ def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping
     put("softmax_scale", facts.get("softmax_scale"), "attention layer .impl.scale")
     put("causal", True, "decoder self-attention", "configured")
     put("sliding_window", facts.get("sliding_window"), "hf_config.sliding_window", "configured" if facts.get("sliding_window") is None else "observed")
-    scaling = facts.get("rope_scaling") or {}
-    rope_type = (scaling.get("rope_type") or scaling.get("type") or "default") if isinstance(scaling, Mapping) else "default"
+    rope_type, rope_params = canonical_rope(facts.get("rope_theta"), facts.get("partial_rotary_factor"), facts.get("rope_scaling"))
     put("rope_type", rope_type, "hf_config.rope_scaling")
-    params = {"theta": facts.get("rope_theta"), "partial_rotary_factor": facts.get("partial_rotary_factor") or 1.0}
-    if scaling:
-        params["scaling"] = dict(scaling)
-    put("rope_parameters", {k: v for k, v in params.items() if v is not None}, "hf_config.rope_theta/rope_scaling")
+    put("rope_parameters", rope_params, "hf_config.rope_theta/partial_rotary_factor/rope_scaling")
     put("vocab_size", facts.get("vocab_size"), "hf_config.vocab_size")
     put("tokenizer", facts.get("tokenizer"), "model_config.tokenizer")
     put("dtype", facts.get("dtype"), "model_config.dtype")

@@ -1,0 +1,42 @@
+"""One spelling of RoPE settings for both sides, so the identity tier compares meaning, not syntax.
+
+Megatron describes RoPE with ``position_embedding_type``/``rotary_base``/``rotary_percent`` on the
+model config plus ``rope_scaling``/``rope_scaling_factor`` (Llama 3.x frequency scaling, a
+``GPTModel`` argument that Megatron-Bridge's providers carry) or ``seq_len_interpolation_factor``
+(linear); Hugging Face configs (what vLLM runs) use ``rope_theta``, ``partial_rotary_factor`` and a
+``rope_scaling`` dict (transformers >= 5: one ``rope_parameters`` dict). ``canonical_rope`` maps
+either onto ``(rope_type, {"theta", "partial_rotary_factor", "scaling"?})``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+#: Megatron's Llama 3.x scaling constants (``rotary_pos_embedding.py::_apply_scaling`` defaults;
+#: only ``factor`` is configurable there), the values Llama 3.1's HF config also carries.
+MEGATRON_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _number(value: Any) -> Any:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def canonical_rope(theta: Any, partial_rotary_factor: Any, scaling: Mapping[str, Any] | None) -> tuple[str, dict]:
+    """``(rope_type, parameters)``: plain RoPE is ``"default"`` with no ``scaling`` entry; numbers as floats."""
+    params: dict[str, Any] = {"theta": _number(theta), "partial_rotary_factor": _number(1.0 if partial_rotary_factor is None else partial_rotary_factor)}
+    if not isinstance(scaling, Mapping):
+        return "default", {k: v for k, v in params.items() if v is not None}
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    extra = {k: _number(v) for k, v in sorted(scaling.items()) if k not in ("rope_type", "type")}
+    if rope_type != "default" or extra:
+        params["scaling"] = extra
+    return rope_type, {k: v for k, v in params.items() if v is not None}
+
+
+def megatron_scaling(facts: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The HF-style scaling dict that Megatron's own RoPE settings amount to, or None for plain RoPE."""
+    if facts.get("rope_scaling") is True:
+        return {"rope_type": "llama3", "factor": facts.get("rope_scaling_factor", 8.0), **MEGATRON_LLAMA3_SCALING}
+    if facts.get("seq_len_interpolation_factor") is not None:
+        return {"rope_type": "linear", "factor": facts["seq_len_interpolation_factor"]}
+    return None
