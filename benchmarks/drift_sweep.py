@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from nemo_rl_attn_align import drift
+from nemo_rl_attn_align import drift, drift_shape
 
 TARGET_S = 60.0
 
@@ -24,12 +24,12 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    shape = drift.resolve_shape({"policy": {"model_name": "Qwen/Qwen3-8B"}},
+    shape = drift_shape.resolve_shape({"policy": {"model_name": "Qwen/Qwen3-8B"}},
                                 {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": args.seq_len})
-    training = drift.parse_materializers(list(drift.DEFAULT_TRAINING), "--training")
-    rollout = drift.parse_materializers(list(drift.DEFAULT_ROLLOUT), "--rollout")
+    training = drift.parse_materializers(list(drift_shape.DEFAULT_TRAINING), "--training")
+    rollout = drift.parse_materializers(list(drift_shape.DEFAULT_ROLLOUT), "--rollout")
     start = time.perf_counter()
-    result = drift.run_sweep(shape, list(drift.DEFAULT_DTYPES), training, rollout,
+    result = drift.run_sweep(shape, list(drift_shape.DEFAULT_DTYPES), training, rollout,
                              progress=drift.Progress(0, enabled=sys.stderr.isatty()))
     wall = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -127,9 +127,6 @@ def same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-_NO_DEMAND = object()
-
-
 @dataclass(frozen=True)
 class FieldResult:
     """The verdict on one field: its status, the code (when not a plain match), both sides' values

@@ -16,6 +16,7 @@ import enum
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -133,6 +134,18 @@ def _kind_float(value: Any, where: str) -> float:
     return _check_json(float(value), where)
 
 
+def _kind_fp32(value: Any, where: str) -> float:
+    """A number as the fp32 a kernel receives it (C ``float``), kept as the exactly representable double."""
+    number = _kind_float(value, where)
+    try:
+        rounded = struct.unpack("f", struct.pack("f", number))[0]
+    except OverflowError:
+        rounded = math.inf
+    if math.isinf(rounded):
+        raise ContractError(f"{where}: {value!r} does not fit a 32-bit float")
+    return rounded
+
+
 def _kind_bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ContractError(f"{where}: expected true or false, got {value!r}")
@@ -230,7 +243,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("num_attention_heads", _ID, _kind_positive_int, "query heads (whole model, before TP split)", fix=_MODEL_FIX),
     _spec("num_query_groups", _ID, _kind_positive_int, "key/value heads (GQA groups)", fix=_MODEL_FIX),
     _spec("head_dim", _ID, _kind_positive_int, "per-head channels (Megatron kv_channels)", fix=_MODEL_FIX),
-    _spec("softmax_scale", _ID, _kind_float, "the float the kernel multiplies QK^T by, resolved (never a default)", fix=_MODEL_FIX),
+    _spec("softmax_scale", _ID, _kind_fp32, "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, flash-attn: C float)", fix=_MODEL_FIX),
     _spec("causal", _ID, _kind_bool, "causal mask", fix=_MODEL_FIX),
     _spec("sliding_window", _ID, _kind_non_negative_int, "left window in tokens as the kernel receives it; null = full attention", nullable=True, fix=_MODEL_FIX),
     _spec("rope_type", _ID, _kind_str, "rotary embedding type: default, linear, dynamic, yarn, llama3, mrope, none", fix=_MODEL_FIX),

@@ -12,7 +12,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
+
+
+def json_value(value: Any) -> Any:
+    """``value`` itself when it is a JSON scalar, else its ``repr`` (so any value can be reported)."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def format_finding(finding: Mapping[str, Any]) -> str:
+    """One human-readable line for a finding in its dict form (``Finding.to_dict()``)."""
+    return (f"{finding['severity']} {finding['code']}: {finding['key']}={finding['value']!r}: "
+            f"{finding['message']} Fix: {finding['fix']}")
 
 
 class UsageError(Exception):
@@ -40,16 +51,15 @@ class Finding:
 
     def line(self) -> str:
         """The finding as one human-readable line."""
-        return f"{self.severity.value} {self.code}: {self.key}={self.value!r}: {self.message} Fix: {self.fix}"
+        return format_finding(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``value`` passed through ``repr`` when it is not a JSON scalar)."""
-        value = self.value if isinstance(self.value, (str, int, float, bool, type(None))) else repr(self.value)
         return {
             "code": self.code,
             "severity": self.severity.value,
             "key": self.key,
-            "value": value,
+            "value": json_value(self.value),
             "message": self.message,
             "fix": self.fix,
         }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from nemo_rl_attn_align.backend import BACKEND_NAMES, NVTE_BY_BACKEND, NVTE_VARIABLES
-from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, UsageError
+from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, UsageError, json_value
 from nemo_rl_attn_align.rules import UNSET, PolicyFacts, evaluate
 
 
@@ -102,7 +102,7 @@ class BackendPlan:
         """JSON-ready form."""
         return {
             "megatron_enabled": self.megatron_enabled,
-            "requested": self.requested if isinstance(self.requested, (str, int, float, bool, type(None))) else repr(self.requested),
+            "requested": json_value(self.requested),
             "effective": self.effective,
             "attn_backend": self.attn_backend,
             "source": "unset: megatron-core default" if self.requested is None else "policy.megatron_cfg.attention_backend",

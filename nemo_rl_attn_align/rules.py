@@ -36,6 +36,7 @@ class Code(str, enum.Enum):
     PRECISION_OVERRIDE_IGNORED = "PRECISION_OVERRIDE_IGNORED"
     LOCAL_REQUIRES_LOCAL_SPEC = "LOCAL_REQUIRES_LOCAL_SPEC"
     LOCAL_NO_CONTEXT_PARALLEL = "LOCAL_NO_CONTEXT_PARALLEL"
+    BACKEND_IGNORED_BY_LOCAL_SPEC = "BACKEND_IGNORED_BY_LOCAL_SPEC"
     UNFUSED_NO_CONTEXT_PARALLEL = "UNFUSED_NO_CONTEXT_PARALLEL"
     FP32_CONTEXT_PARALLEL_NO_BACKEND = "FP32_CONTEXT_PARALLEL_NO_BACKEND"
     FLASH_UNSUPPORTED_SOFTMAX = "FLASH_UNSUPPORTED_SOFTMAX"
@@ -66,7 +67,8 @@ _SUMMARIES = {
     Code.FUSED_REQUIRES_HALF_PRECISION: "fused with policy.precision float32: TE's FusedAttention (cuDNN) runs only fp16/bf16/fp8.",
     Code.PRECISION_OVERRIDE_IGNORED: "model_overrides sets params_dtype/bf16/fp16, which NeMo-RL overwrites from policy.precision.",
     Code.LOCAL_REQUIRES_LOCAL_SPEC: "local needs megatron_cfg.transformer_impl: local; with the TE layer spec TE is left no backend.",
-    Code.LOCAL_NO_CONTEXT_PARALLEL: "local with context_parallel_size > 1: Megatron's DotProductAttention asserts CP is TE-only.",
+    Code.LOCAL_NO_CONTEXT_PARALLEL: "transformer_impl local with context_parallel_size > 1: Megatron's own DotProductAttention asserts CP is TE-only.",
+    Code.BACKEND_IGNORED_BY_LOCAL_SPEC: "flash/fused/unfused/auto with transformer_impl local: Megatron's own attention runs, TE's backends are not used.",
     Code.UNFUSED_NO_CONTEXT_PARALLEL: "unfused with context_parallel_size > 1: TE disables UnfusedDotProductAttention under CP.",
     Code.FP32_CONTEXT_PARALLEL_NO_BACKEND: "float32 with context_parallel_size > 1 on TE: only Unfused runs FP32 and it has no CP.",
     Code.FLASH_UNSUPPORTED_SOFTMAX: "flash with a non-vanilla softmax (gpt-oss learnable sinks): TE disables FlashAttention (NeMo-RL #1685).",
@@ -81,6 +83,7 @@ _SUMMARIES = {
 
 _SEVERITIES = {
     Code.ATTN_BACKEND_NULL: Severity.WARNING,
+    Code.BACKEND_IGNORED_BY_LOCAL_SPEC: Severity.WARNING,
     Code.PRECISION_OVERRIDE_IGNORED: Severity.WARNING,
     Code.NVTE_ENV_DISCARDED: Severity.WARNING,
     Code.BACKEND_WITHOUT_MEGATRON: Severity.WARNING,
@@ -156,7 +159,8 @@ def _precision_values(facts: PolicyFacts) -> list[Finding]:
 
 def _half_precision(facts: PolicyFacts) -> list[Finding]:
     backend = facts.backend
-    if not facts.megatron_enabled or backend not in HALF_PRECISION_ONLY or facts.precision != "float32":
+    if (not facts.megatron_enabled or backend not in HALF_PRECISION_ONLY or facts.precision != "float32"
+            or facts.transformer_impl == "local"):
         return []
     code = Code.FLASH_REQUIRES_HALF_PRECISION if backend == "flash" else Code.FUSED_REQUIRES_HALF_PRECISION
     return [finding(code, "policy.precision", "float32",
@@ -179,20 +183,26 @@ def _precision_overrides(facts: PolicyFacts) -> list[Finding]:
 
 
 def _local_spec(facts: PolicyFacts) -> list[Finding]:
-    if not facts.megatron_enabled or facts.backend != "local":
+    if not facts.megatron_enabled:
         return []
     out = []
-    if facts.transformer_impl != "local":
-        out.append(finding(Code.LOCAL_REQUIRES_LOCAL_SPEC, f"{MEGATRON_KEY}.transformer_impl", facts.transformer_impl,
+    impl_key = f"{MEGATRON_KEY}.transformer_impl"
+    if facts.backend == "local" and facts.transformer_impl != "local":
+        out.append(finding(Code.LOCAL_REQUIRES_LOCAL_SPEC, impl_key, facts.transformer_impl,
                            "attention_backend=local sets NVTE_FLASH/FUSED/UNFUSED_ATTN=0, which leaves TE's "
                            "DotProductAttention no backend; local needs Megatron's local layer spec.",
                            "set policy.megatron_cfg.transformer_impl=local, or choose flash/fused/unfused/auto for TE."))
-    if facts.context_parallel_size > 1:
+    if facts.transformer_impl == "local" and facts.backend not in (None, "local"):
+        out.append(finding(Code.BACKEND_IGNORED_BY_LOCAL_SPEC, BACKEND_KEY, facts.backend,
+                           "with transformer_impl=local the layers use Megatron's own DotProductAttention; the "
+                           f"request only sets the NVTE variables, and {facts.backend} is never run.",
+                           "set attention_backend=local, or transformer_impl=transformer_engine to use TE's backends."))
+    if facts.transformer_impl == "local" and facts.context_parallel_size > 1:
         out.append(finding(Code.LOCAL_NO_CONTEXT_PARALLEL, f"{MEGATRON_KEY}.context_parallel_size",
                            facts.context_parallel_size,
                            "megatron/core/transformer/dot_product_attention.py asserts context parallelism is "
                            "supported only by TEDotProductAttention.",
-                           "set context_parallel_size=1, or use a TE backend (flash/fused/auto)."))
+                           "set context_parallel_size=1, or transformer_impl=transformer_engine with a TE backend."))
     return out
 
 
@@ -221,7 +231,7 @@ _LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
 def _softmax_type(facts: PolicyFacts) -> list[Finding]:
     # TE get_attention_backend: "Disabling FlashAttention for softmax_type = learnable"; gpt-oss's Megatron
     # Bridge provider uses learnable attention sinks (NeMo-RL issue #1685).
-    if not facts.megatron_enabled or facts.backend != "flash":
+    if not facts.megatron_enabled or facts.backend != "flash" or facts.transformer_impl == "local":
         return []
     softmax = facts.model_overrides.get("softmax_type")
     if softmax is not None and softmax != "vanilla":

@@ -31,7 +31,7 @@ fix. Importing this module imports pydantic (~70 ms): keep it off interpreter st
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, StrictBool, ValidationError, field_validator
 
@@ -42,7 +42,8 @@ from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.suggest import did_you_mean
 
 BLOCK = "attention_align"
-ON_MISMATCH = ("error", "warn", "record")
+OnMismatch = Literal["error", "warn", "record"]
+ON_MISMATCH = get_args(OnMismatch)
 #: Directory name of the report under ``logger.log_dir`` when ``report_dir`` is not set.
 REPORT_SUBDIR = "attention_align"
 
@@ -91,7 +92,7 @@ class AlignSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    on_mismatch: Literal["error", "warn", "record"] = "warn"
+    on_mismatch: OnMismatch = "warn"
     allow_dtype_difference: StrictBool = False
     strict: StrictBool = False
     report_dir: Optional[str] = None

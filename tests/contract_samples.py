@@ -27,7 +27,7 @@ SAMPLES = {
     "num_attention_heads": (12, 16),
     "num_query_groups": (2, 4),
     "head_dim": (128, 64),
-    "softmax_scale": (0.08838834764831845, 0.125),
+    "softmax_scale": (0.0883883461356163, 0.125),  # fp32 values: the field holds what a kernel receives
     "causal": (True, False),
     "sliding_window": (None, 4096),
     "rope_type": ("default", "yarn"),
@@ -82,7 +82,7 @@ _json = st.recursive(_json_scalar, lambda inner: st.lists(inner, max_size=3) | s
 _pos = st.integers(1, 2 ** 40)
 
 _BY_NAME = {
-    "softmax_scale": st.floats(allow_nan=False, allow_infinity=False),
+    "softmax_scale": st.floats(width=32, allow_nan=False, allow_infinity=False),
     "causal": st.booleans(),
     "sliding_window": st.one_of(st.none(), st.integers(0, 2 ** 31)),
     "rope_parameters": st.dictionaries(_text, _json, max_size=4),

@@ -167,10 +167,23 @@ def test_json_round_trip_is_exact(contract):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.floats(allow_nan=False, allow_infinity=False))
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False))
 def test_float_values_survive_bit_for_bit(x):
     c = full_contract(softmax_scale=FieldValue.observed(x))
     assert AttentionContract.from_json(c.to_json()).value("softmax_scale").hex() == float(x).hex()
+
+
+def test_softmax_scale_is_compared_as_the_fp32_a_kernel_receives():
+    """Megatron's 1/sqrt(d) and vLLM's d**-0.5 differ in the last fp64 bit for d=128 but are one fp32."""
+    import math
+
+    assert 1.0 / math.sqrt(128) != 128 ** -0.5
+    a = full_contract(softmax_scale=FieldValue.observed(1.0 / math.sqrt(128)))
+    b = full_contract(softmax_scale=FieldValue.observed(128 ** -0.5))
+    assert a.value("softmax_scale") == b.value("softmax_scale") == 0.0883883461356163
+    assert full_contract(softmax_scale=FieldValue.observed(0.125)).value("softmax_scale") == 0.125
+    with pytest.raises(ContractError, match="32-bit float"):
+        full_contract(softmax_scale=FieldValue.observed(1e300))
 
 
 def test_replace_validates_and_keeps_the_rest():

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nemo_rl_attn_align import drift  # noqa: E402
+from nemo_rl_attn_align import drift, drift_shape  # noqa: E402
 from nemo_rl_attn_align.cli import main  # noqa: E402
 from nemo_rl_attn_align.errors import UsageError  # noqa: E402
 
@@ -19,7 +19,7 @@ NO_FLAGS = {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "
 
 
 def shape_of(cfg, **flags):
-    return drift.resolve_shape(cfg, {**NO_FLAGS, **flags})
+    return drift_shape.resolve_shape(cfg, {**NO_FLAGS, **flags})
 
 
 def test_builtin_table_by_model_name():
@@ -151,3 +151,23 @@ def test_bad_drift_block_is_a_usage_error(write_yaml, tmp_path, capsys):
     assert main(["drift", str(cfg), "--out", str(tmp_path / "never")]) == 2
     assert "attention_align.drift.heads" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+def test_without_torch_drift_is_one_line_exit_2(write_yaml, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    cfg = write_yaml("c.yaml", "policy: {model_name: Qwen/Qwen3-8B}\n")
+    assert main(["drift", str(cfg), "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert "drift needs torch" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("hf", [{"num_attention_heads": 8, "sliding_window": "4096"},
+                                {"num_attention_heads": 8, "hidden_size": "big"}])
+def test_non_integer_config_values_are_usage_errors(hf):
+    with pytest.raises(UsageError) as info:
+        shape_of({"policy": {"model_name": "x", "hf_config_overrides": hf}})
+    assert "policy.hf_config_overrides" in str(info.value)

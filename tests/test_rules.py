@@ -58,6 +58,12 @@ CASES = [
      policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local",
             megatron_cfg__context_parallel_size=2), {},
      policy(megatron_cfg__attention_backend="flash", megatron_cfg__context_parallel_size=2), {}),
+    (Code.LOCAL_NO_CONTEXT_PARALLEL,
+     policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local",
+            megatron_cfg__context_parallel_size=2), {},
+     policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local"), {}),
+    (Code.BACKEND_IGNORED_BY_LOCAL_SPEC, policy(megatron_cfg__transformer_impl="local"), {},
+     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"), {}),
     (Code.UNFUSED_NO_CONTEXT_PARALLEL,
      policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=2), {},
      policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=1), {}),
@@ -144,6 +150,13 @@ def test_env_vars_take_precedence_over_the_environment():
     plan = build_plan_for_policy(cfg, {"NVTE_FLASH_ATTN": "0"})
     assert plan.ok
     assert plan.nvte_existing["NVTE_FLASH_ATTN"] == ("1", "policy.megatron_cfg.env_vars.NVTE_FLASH_ATTN")
+
+
+def test_fp32_with_the_local_spec_is_not_a_half_precision_error():
+    """TE never runs with transformer_impl local, so flash + FP32 there is a warning, not an error."""
+    cfg = policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__transformer_impl="local")
+    plan = build_plan_for_policy(cfg, {})
+    assert plan.ok and [f.code for f in plan.findings] == ["BACKEND_IGNORED_BY_LOCAL_SPEC"]
 
 
 def test_fp16_flash_is_accepted():

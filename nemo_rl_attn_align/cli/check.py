@@ -59,35 +59,39 @@ def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool =
     plan = build_plan(cfg, environ)
     settings = load_settings(cfg)
     preview = preview_binding(cfg, settings, environ)
-    stops_at_start = settings.on_mismatch == "error" and preview.to_dict()["verdict"] == "fail"
+    preview_dict = preview.to_dict()
+    stops_at_start = settings.on_mismatch == "error" and preview_dict["verdict"] == "fail"
     ok = plan.ok and not stops_at_start
     return {
         "config": str(config_path),
         "overrides": overrides,
         "plan": plan.to_dict(),
-        "attention_align": {"settings": settings.model_dump(mode="json"), **preview.to_dict()},
-        "preview_text": preview.render() if full else _short_preview(preview),
+        "attention_align": {"settings": settings.model_dump(mode="json"), **preview_dict},
+        "preview_text": preview.render() if full else _short_preview(preview_dict),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
 
 
-def _short_preview(preview) -> str:
+def _short_preview(preview: dict[str, Any]) -> str:
+    """The binding preview in a few lines: the verdict's summary, its errors, the notes."""
     from nemo_rl_attn_align.report import render_findings
 
-    if preview.binding is None:
+    binding = preview["binding"]
+    if binding is None:
         lines = ["binding preview: not applicable (the config has no training and rollout side to bind)"]
     else:
-        binding = preview.binding.to_dict()
         lines = [f"binding preview ('pending' = known once the engines run): {binding['summary']}"]
         lines += [f"  {line}" for line in render_findings(binding["findings"], shown=("error",))]
         lines.append("  (--full shows every field)")
-    lines += [f"  note: {note}" for note in preview.notes]
+    lines += [f"  note: {note}" for note in preview["notes"]]
     return "\n".join(lines)
 
 
 def render_text(result: dict[str, Any]) -> str:
     """The human-readable form of ``evaluate``'s result."""
+    from nemo_rl_attn_align.errors import format_finding
+
     plan = result["plan"]
     lines = [f"config: {result['config']}"]
     if result["overrides"]:
@@ -102,8 +106,7 @@ def render_text(result: dict[str, Any]) -> str:
             lines.append("NVTE set by Megatron at model build: " + " ".join(f"{k}={v}" for k, v in plan["nvte"].items()))
         existing = plan["nvte_existing"]
         lines.append("NVTE already set: " + (", ".join(f"{k}={v['value']} ({v['source']})" for k, v in existing.items()) or "none"))
-    for f in plan["findings"]:
-        lines.append(f"{f['severity']} {f['code']}: {f['key']}={f['value']!r}: {f['message']} Fix: {f['fix']}")
+    lines.extend(format_finding(f) for f in plan["findings"])
     lines.append(result["preview_text"])
     align = result["attention_align"]
     on_mismatch = align["settings"]["on_mismatch"]

@@ -2,17 +2,22 @@
 
 Runs the reference and each engine's replay (see ``nemo_rl_attn_align.reference.materializers``)
 on the attention shape of the config's model, prints a table (or ``--json``), and writes
-``drift-report.json`` and ``drift-heatmap.png`` into ``--out`` (default: next to the run report, the
-config's ``attention_align.report_dir``, i.e. ``<logger.log_dir>/attention_align``).
-Exit 0: done; 2: unusable input. torch is imported only inside the handler.
+``drift-report.json`` and ``drift-heatmap.png`` into ``--out`` (default: the config's
+``attention_align.report_dir``, i.e. ``<logger.log_dir>/attention_align``; a run's own report is in
+its ``exp_NNN`` subdirectory, so pass ``--out`` to put the sweep beside a particular run's report).
+Exit 0: done; 2: unusable input (also when torch is not installed). The config and the flags are
+checked before torch is imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from nemo_rl_attn_align import drift_shape
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 REPORT_NAME, HEATMAP_NAME = "drift-report.json", "drift-heatmap.png"
@@ -36,15 +41,17 @@ def register(subparsers) -> None:
     shape.add_argument("--head-dim", type=int, help="head dim")
     shape.add_argument("--window", type=int, help="left sliding window in tokens (FlashAttention convention)")
     shape.add_argument("--seq-len", type=int, help="sequence length (default: policy.max_total_sequence_length, else 1024)")
-    p.add_argument("--dtypes", default="bf16,fp16,fp32", help="comma list of bf16, fp16, fp32 (default: all)")
+    p.add_argument("--dtypes", default=",".join(drift_shape.DEFAULT_DTYPES),
+                   help=f"comma list of {', '.join(drift_shape.DTYPE_NAMES)} (default: all)")
     p.add_argument("--training", action="append", metavar="ENGINE",
-                   help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: reference, te-p2p:cp=2, "
-                   "te-allgather:cp=2, flash, plain)")
+                   help="a training engine, repeatable, e.g. te-p2p:cp=2 "
+                   f"(default: {', '.join(drift_shape.DEFAULT_TRAINING)})")
     p.add_argument("--rollout", action="append", metavar="ENGINE",
-                   help="a rollout engine, repeatable, e.g. vllm:chunk=256,splits=4 (default: reference, "
-                   "vllm:chunk=256, vllm:chunk=256,splits=4, flash-splitkv:splits=4, flash)")
+                   help="a rollout engine, repeatable, e.g. vllm:chunk=256,splits=4 "
+                   f"(default: {', '.join(drift_shape.DEFAULT_ROLLOUT)})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
-    p.add_argument("--vocab", type=int, default=512, help="vocabulary of the random LM head (default 512)")
+    p.add_argument("--vocab", type=int, default=drift_shape.DEFAULT_VOCAB,
+                   help=f"vocabulary of the random LM head (default {drift_shape.DEFAULT_VOCAB})")
     p.add_argument("--out", type=Path, default=None,
                    help="directory for drift-report.json and drift-heatmap.png "
                         "(default: the config's report dir, <logger.log_dir>/attention_align)")
@@ -56,7 +63,6 @@ def register(subparsers) -> None:
 
 def _prepare(args: argparse.Namespace):
     """Everything checked before any numeric work: (config path, overrides, shape, dtypes, engines)."""
-    from nemo_rl_attn_align import drift
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
     from nemo_rl_attn_align.config import load_config
     from nemo_rl_attn_align.errors import UsageError
@@ -69,10 +75,15 @@ def _prepare(args: argparse.Namespace):
         args.out = Path(settings.report_dir)
     flags = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
              "window": args.window, "seq_len": args.seq_len}
-    shape = drift.resolve_shape(cfg, flags)
-    dtypes = drift.parse_dtypes(args.dtypes)
-    training = drift.parse_materializers(args.training or list(drift.DEFAULT_TRAINING), "--training")
-    rollout = drift.parse_materializers(args.rollout or list(drift.DEFAULT_ROLLOUT), "--rollout")
+    shape = drift_shape.resolve_shape(cfg, flags)
+    dtypes = drift_shape.parse_dtypes(args.dtypes)
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("drift needs torch, which is not installed. Fix: pip install torch "
+                         "(or pip install 'nemo-rl-attn-align[mcore]').")
+    from nemo_rl_attn_align import drift
+
+    training = drift.parse_materializers(args.training or list(drift_shape.DEFAULT_TRAINING), "--training")
+    rollout = drift.parse_materializers(args.rollout or list(drift_shape.DEFAULT_ROLLOUT), "--rollout")
     drift.check_materializers([*training, *rollout], shape)
     if args.vocab < 2:
         raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_UNUSABLE
     from nemo_rl_attn_align import drift
+    from nemo_rl_attn_align.report import atomic_write_json
 
     result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab,
                              progress=drift.Progress(0, enabled=not args.no_progress))
@@ -104,9 +116,7 @@ def run(args: argparse.Namespace) -> int:
         if result["heatmap"] is None:
             print("note: matplotlib is not installed (pip install 'nemo-rl-attn-align[plot]'); no heatmap written",
                   file=sys.stderr)
-    tmp = report.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(report)
+    atomic_write_json(report, result)
     if args.json:
         print(json.dumps(result))
     else:

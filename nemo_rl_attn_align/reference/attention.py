@@ -71,11 +71,6 @@ def sequences(q, k, cu_seqlens_q=None, cu_seqlens_k=None) -> list[tuple[int, int
     return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:]))
 
 
-def geometry(q, k, window, scale, seq_q: int, seq_kv: int) -> Geometry:
-    """The ``Geometry`` of one sequence of the packed ``q``/``k``."""
-    return Geometry(seq_q, seq_kv, q.shape[1], k.shape[1], q.shape[2], window, scale)
-
-
 def reference_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None,
                         scale: float | None = None, plan=None, spec: ReferenceSpec = ReferenceSpec()):
     """Causal (optionally sliding-window) GQA attention in the canonical order: ``(out, lse)``.
@@ -101,7 +96,7 @@ def _forward(q, k, v, seqs, window, scale, plan, spec):
         for q0, q1, k0, k1 in seqs:
             if q1 == q0:
                 continue
-            geom = geometry(q, k, window, scale, q1 - q0, k1 - k0)
+            geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
             out[q0:q1], lse[q0:q1] = plan.run(q[q0:q1], k[k0:k1], v[k0:k1], geom, spec)
     return out, lse
 
@@ -140,7 +135,7 @@ def exact_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: in
         for q0, q1, k0, k1 in sequences(q, k, cu_seqlens_q, cu_seqlens_k):
             if q1 == q0:
                 continue
-            geom = geometry(q, k, window, scale, q1 - q0, k1 - k0)
+            geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
             out[q0:q1], lse[q0:q1] = _exact_one(q[q0:q1], k[k0:k1], v[k0:k1], geom)
     return out, lse
 

@@ -67,7 +67,7 @@ def attention_backward(q, k, v, out, lse, dout, dlse, *, seqs, window: int | Non
     for q0, q1, k0, k1 in seqs:
         if q1 == q0:
             continue                                              # no queries: its keys get zero
-        geom = Geometry(q1 - q0, k1 - k0, q.shape[1], k.shape[1], q.shape[2], window, scale)
+        geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
         rows, keys = slice(q0, q1), slice(k0, k1)
         dq[rows], dk[keys], dv[keys] = _sequence_backward(
             q[rows], k[keys], v[keys], out[rows], lse[rows], dout[rows], dlse[rows], geom, spec)

@@ -60,6 +60,11 @@ class Geometry:
     window: int | None = None
     scale: float | None = None
 
+    @classmethod
+    def of(cls, q, k, window: int | None, scale: float | None, seq_q: int, seq_kv: int) -> "Geometry":
+        """The geometry of one sequence of the packed ``q`` ``[Tq, Hq, D]`` / ``k`` ``[Tk, Hkv, D]``."""
+        return cls(seq_q, seq_kv, q.shape[1], k.shape[1], q.shape[2], window, scale)
+
     def __post_init__(self):
         if self.seq_q > self.seq_kv:
             raise ValueError(f"seq_q={self.seq_q} > seq_kv={self.seq_kv}: queries must have their keys")

@@ -40,7 +40,7 @@ from typing import Callable
 import torch
 
 from nemo_rl_attn_align.reference import kernels
-from nemo_rl_attn_align.reference.attention import fp32_matmuls, geometry, reference_attention
+from nemo_rl_attn_align.reference.attention import fp32_matmuls, reference_attention
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
 from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, PagedKVCache, SinglePass, SplitKV, cp_chunks
 
@@ -206,7 +206,7 @@ class Materializer:
 
     def __call__(self, q, k, v, *, window: int | None = None, scale: float | None = None,
                  spec: ReferenceSpec = ReferenceSpec()):
-        geom = geometry(q, k, window, scale, q.shape[0], k.shape[0])
+        geom = Geometry.of(q, k, window, scale, q.shape[0], k.shape[0])
         engine = ENGINES[self.engine]
         if self.canonical or engine.run is None:
             return reference_attention(q, k, v, window=window, scale=scale, plan=engine.plan(self.options), spec=spec)
