@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (stdlib-only modules below)
 
 from nemo_rl_attn_align.backend import NVTE_BY_BACKEND  # noqa: E402
-from nemo_rl_attn_align.hosts.megatron_record import TE_CLASS_BY_BACKEND  # noqa: E402
+from nemo_rl_attn_align.backend import TE_CLASS_BY_BACKEND  # noqa: E402
 
 TE_BACKENDS = ("flash", "fused", "unfused")
 BACKENDS = (*TE_BACKENDS, "reference")

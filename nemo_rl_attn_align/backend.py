@@ -38,6 +38,14 @@ NVTE_BY_BACKEND = {
 #: other qkv_dtype; only UnfusedDotProductAttention runs FP32).
 HALF_PRECISION_ONLY = ("flash", "fused")
 
+#: AttnBackend name -> the Transformer Engine class that runs it (``local`` is Megatron's own).
+TE_CLASS_BY_BACKEND = {
+    "flash": "FlashAttention",
+    "fused": "FusedAttention",
+    "unfused": "UnfusedDotProductAttention",
+    "local": "local",
+}
+
 
 def to_attn_backend(name: str):
     """The real ``megatron.core.transformer.enums.AttnBackend`` member for ``name`` (imports megatron-core)."""

@@ -265,7 +265,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     # recorded: how it was materialized; every difference is listed, none rejected
     _spec("engine", _REC, _kind_str, "engine: megatron-te, megatron-local, vllm"),
     _spec("backend", _REC, _kind_backend, "attention backend id (TE FlashAttention/FusedAttention/UnfusedDotProductAttention, vLLM FLASH_ATTN/FLASHINFER/...); a mapping layer -> backend when layers differ"),
-    _spec("reduction_engine", _REC, _kind_str, "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, fa_split_combine, ..."),
+    _spec("reduction_engine", _REC, _kind_str, "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, te_cp_a2a+p2p, fa_split_combine, ..."),
     _spec("split_kv_policy", _REC, _kind_split_kv, "none, heuristic (kernel picks the split count), fixed_count:<n>, fixed_size:<tokens>"),
     _spec("kv_page_size", _REC, _kind_positive_int, "paged-KV block size in tokens; null when KV is not paged", nullable=True),
     _spec("kv_cache_dtype", _REC, _kind_str, "KV-cache dtype (auto, fp8, ...); null when there is no KV cache", nullable=True),

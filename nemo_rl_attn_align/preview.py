@@ -8,7 +8,8 @@ model's shape, read from its HF config at start, vLLM's own defaults, library ve
 the config already implies. The worker environment is predicted too (``env_vars`` over the
 driver's environment, Megatron's deterministic mode and vLLM's batch-invariant mode applied).
 
-Facts behind each rule (what the kernels do) are written in the ``source`` of each field.
+The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
+rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from nemo_rl_attn_align.contract import (
 from nemo_rl_attn_align.config import get_path
 from nemo_rl_attn_align.determinism import PROFILES, collective_for, compare, probe, vllm_batch_invariant
 from nemo_rl_attn_align.plan import read_policy_facts
+from nemo_rl_attn_align.semantics import te_semantics, vllm_semantics
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.
@@ -82,36 +84,6 @@ def _identity(b: ContractBuilder, cfg: Mapping[str, Any]) -> None:
         b.pending("batch_size", "known when the first rollout batch is scored")
 
 
-def te_semantics(b: ContractBuilder, backend: Optional[str], dtype: Optional[str], cp: int, comm: str) -> None:
-    """Set the semantic fields of Megatron + TE attention on ``b`` for an ``AttnBackend`` name,
-    a dtype (``fp32``, ``bf16``, ...), the context-parallel size and ``cp_comm_type``.
-
-    The one rule for both the preview and the Megatron worker's recorded contract (which calls it
-    with the backend Transformer Engine was seen to run); ``None`` backend or dtype: pending."""
-    if backend is None or dtype is None:
-        for name in fields_of(Tier.SEMANTIC):
-            b.pending(name, "attention_backend or policy.precision is invalid (see the pre-flight findings)")
-        return
-    b.configured("dtype", dtype, "policy.precision")
-    b.configured("acc_dtype", "fp32", "TE flash/fused kernels and cuBLAS (unfused) accumulate in fp32")
-    full_softmax = backend in ("unfused", "local") or (backend == "auto" and dtype == "fp32")
-    if full_softmax:
-        why = ("auto with float32: TE's only fp32 backend is UnfusedDotProductAttention" if backend == "auto"
-               else f"attention_backend {backend}: one softmax over the materialized score row")
-        b.configured("merge_rule", "full_softmax", why)
-        b.configured("reduction_order", "unspecified", why + "; the softmax row reduction has no KV block order")
-        b.configured("downcast", "final_write", why + "; the output is written once")
-        return
-    b.configured("merge_rule", "online_softmax_lse", f"attention_backend {backend}: TE FlashAttention/FusedAttention fold KV tiles with an online softmax")
-    if cp > 1 and comm in ("p2p", "a2a+p2p"):
-        b.configured("reduction_order", "ring_step", f"context_parallel_size {cp}, cp_comm_type {comm}: TE merges per-step (out, lse) partials in ring-step order, which depends on rank and cp_size")
-        b.configured("downcast", "per_partial", f"cp_comm_type {comm}: each ring step's kernel writes its partial output in {dtype} before the LSE correction")
-    else:
-        why = "one kernel pass over the KV in tile order" if cp == 1 else f"cp_comm_type {comm}: the full KV is gathered, one kernel pass"
-        b.configured("reduction_order", "kv_index", why)
-        b.configured("downcast", "final_write", why + "; fp32 accumulators written once")
-
-
 def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
     """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
     the Megatron hook records training only with ``policy.megatron_cfg.enabled: true``, the vLLM hook
@@ -143,17 +115,13 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
     comm = overrides.get("cp_comm_type") or "p2p"
     comm = comm if isinstance(comm, str) else "p2p"
     backend = facts.effective_backend
-    te_semantics(b, backend, _dtype(facts.precision), cp, comm)
+    te_semantics(b, backend, _dtype(facts.precision), cp, comm, preview=True)
     impl = facts.transformer_impl
     b.configured("engine", "megatron-te" if impl == "transformer_engine" else f"megatron-{impl}", "policy.megatron_cfg.transformer_impl")
     if backend is not None:
         b.configured("backend", f"AttnBackend.{backend}", "policy.megatron_cfg.attention_backend; TE's actual choice is observed at the first forward")
     else:
         b.pending("backend", "attention_backend is invalid")
-    b.configured("reduction_engine", "single_kernel" if cp == 1 else f"te_cp_{comm}", "context_parallel_size / cp_comm_type")
-    b.configured("split_kv_policy", "none", "TE's training forward does not split the KV")
-    for name in ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching"):
-        b.configured(name, None, "full-sequence forward: no KV cache")
     _from_config(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
     b.configured("cp_layout", "load_balanced" if cp > 1 else "none", "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r")
     b.configured("cp_comm_type", comm if cp > 1 else None, "model_overrides.cp_comm_type (Megatron's default p2p)")
@@ -207,22 +175,12 @@ def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]]
     dtype = _dtype(vcfg.get("precision", _get(cfg, "policy.precision")))
     if dtype is not None:
         b.configured("dtype", dtype, "policy.generation.vllm_cfg.precision")
-    b.configured("merge_rule", "online_softmax_lse", "vLLM's paged attention backends merge (out, lse) partials")
-    b.configured("acc_dtype", "fp32", "FlashAttention/FlashInfer/Triton accumulate in fp32")
-    b.configured("downcast", "final_write", "split-KV partials stay fp32 until the combine kernel writes the output")
-    if invariant:
-        b.configured("reduction_order", "kv_index", "VLLM_BATCH_INVARIANT=1: one KV split, no cascade attention")
-        b.configured("split_kv_policy", "none", "VLLM_BATCH_INVARIANT=1 forces num_splits=1")
-        b.configured("reduction_engine", "single_kernel", "VLLM_BATCH_INVARIANT=1")
-    else:
-        b.configured("reduction_order", "split_kv", "decode may split the KV (FlashAttention num_splits heuristic, FlashInfer split-KV); the order depends on the batch")
-        b.configured("split_kv_policy", "heuristic", "vLLM passes num_splits=0: the kernel picks the split count per launch")
-        b.configured("reduction_engine", "split_kv_combine", "split-KV partials merged by a combine kernel")
     backend = kwargs.get("attention_backend") or env.get("VLLM_ATTENTION_BACKEND")
     if backend:
         _from_config(b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)")
     else:
         b.pending("backend", "vLLM selects a backend per layer at engine start")
+    vllm_semantics(b, (backend,) if isinstance(backend, str) and backend else None, invariant, preview=True)
     b.configured("engine", "vllm", "policy.generation.backend")
     _from_config(b, "kv_page_size", kwargs.get("block_size"), "vllm_kwargs.block_size")
     _from_config(b, "kv_cache_dtype", vcfg.get("kv_cache_dtype", "auto"), "policy.generation.vllm_cfg.kv_cache_dtype")

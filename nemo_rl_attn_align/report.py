@@ -376,8 +376,9 @@ def _drift_name(name: str) -> str:
 
 
 def add_drift(doc: dict[str, Any], step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
-    """Add (or replace) the drift figures of ``step`` in the report document ``doc`` (in memory;
-    ``ValueError`` and ``doc`` untouched on a bad step, name or value)."""
+    """Add (or replace) the drift figures of ``step`` in the report document ``doc`` (in memory:
+    the driver then writes it with ``write_report``; ``ValueError`` and ``doc`` untouched on a bad
+    step, name or value). Names are ``DRIFT_METRICS`` keys; verl's ``training/`` prefix is accepted."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
     entry: dict[str, Any] = {"step": step}
@@ -387,15 +388,6 @@ def add_drift(doc: dict[str, Any], step: int, metrics: Mapping[str, float]) -> d
         entry[_drift_name(name)] = float(value)
     steps = [s for s in doc["drift"]["steps"] if s.get("step") != step] + [entry]
     doc["drift"]["steps"] = sorted(steps, key=lambda s: s["step"])
-    return doc
-
-
-def record_drift(path: PathLike, step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
-    """Add (or replace) the drift figures of ``step`` in the report at ``path`` (driver only:
-    one writer). Names are ``DRIFT_METRICS`` keys; verl's ``training/`` prefix is accepted."""
-    file = Path(path) / REPORT_FILENAME if Path(path).is_dir() else Path(path)
-    doc = add_drift(load_report(file), step, metrics)
-    atomic_write_json(file, doc)
     return doc
 
 

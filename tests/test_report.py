@@ -26,8 +26,8 @@ from nemo_rl_attn_align.report import (
     collect,
     finalize,
     load_report,
+    add_drift,
     read_worker_records,
-    record_drift,
     render_changes,
     render_summary,
     worker_detail_path,
@@ -212,22 +212,34 @@ def test_finalize_passes_quietly_through_a_passing_run_with_error(tmp_path):
 
 def test_drift_is_recorded_under_both_frameworks_names(tmp_path):
     _write_pair(tmp_path)
-    write_report(tmp_path, collect(tmp_path, mandate=MANDATE))
-    record_drift(tmp_path, 2, {"token_mult_prob_error": 1.0004, "gen_kl_error": 1e-4})
-    record_drift(tmp_path / REPORT_FILENAME, 1, {"training/rollout_probs_diff_max": 0.61, "rollout_probs_diff_mean": 0.002})
-    doc = record_drift(tmp_path, 2, {"token_mult_prob_error": 1.0, "rollout_probs_diff_std": 0.0})  # replaces step 2
+    doc = collect(tmp_path, mandate=MANDATE)
+    add_drift(doc, 2, {"token_mult_prob_error": 1.0004, "gen_kl_error": 1e-4})
+    add_drift(doc, 1, {"training/rollout_probs_diff_max": 0.61, "rollout_probs_diff_mean": 0.002})
+    add_drift(doc, 2, {"token_mult_prob_error": 1.0, "rollout_probs_diff_std": 0.0})  # replaces step 2
+    write_report(tmp_path, doc)  # as the driver does after each step
     assert doc["drift"]["steps"] == [
         {"step": 1, "rollout_probs_diff_max": 0.61, "rollout_probs_diff_mean": 0.002},
         {"step": 2, "token_mult_prob_error": 1.0, "rollout_probs_diff_std": 0.0},
     ]
     assert load_report(tmp_path) == doc
     assert "drift at step 2 (2 steps recorded)" in render_summary(doc)
+    before = json.loads(json.dumps(doc))
     for bad in ({"token_mult_prob_err": 1.0}, {"gen_kl_error": float("nan")}, {"gen_kl_error": "0.1"}):
         with pytest.raises(ValueError):
-            record_drift(tmp_path, 3, bad)
+            add_drift(doc, 3, bad)
     with pytest.raises(ValueError):
-        record_drift(tmp_path, -1, {})
-    assert load_report(tmp_path) == doc  # nothing half-written by the refused calls
+        add_drift(doc, -1, {})
+    assert doc == before  # the refused calls left the document untouched
+
+
+def test_the_schema_names_only_report_functions_that_exist():
+    """The docs name the one way drift is recorded (``add_drift`` + ``write_report``), and every
+    ``report.<name>`` they mention is in the module."""
+    import nemo_rl_attn_align.report as report
+
+    named = set(re.findall(r"`report\.(\w+)`", DOCS.read_text()))
+    assert {"add_drift", "write_report"} <= named
+    assert [name for name in sorted(named) if not hasattr(report, name)] == []
 
 
 # --- reading, and `report PATH` ------------------------------------------------------------------
@@ -346,7 +358,7 @@ def test_a_later_collection_keeps_drift_and_says_only_what_changed(tmp_path):
     _write_pair(settings.report_dir)
     printed = []
     first = finalize(settings, printer=printed.append)
-    first = record_drift(settings.report_dir, 1, {"gen_kl_error": 0.5})
+    first = add_drift(first, 1, {"gen_kl_error": 0.5})
     same = finalize(settings, printer=printed.append, previous=first, point="first_step")
     assert render_changes(first, same) == [] and len(printed) == 1  # nothing changed: nothing printed
     write_worker_record(settings.report_dir, full_contract("rollout", "vllm-0", dtype=FieldValue.observed("fp16")))

@@ -119,11 +119,19 @@ def host_version(module: str, distribution: str) -> str | None:
     return getattr(sys.modules.get(module), "__version__", None) or distribution_version(distribution)
 
 
+@functools.lru_cache(maxsize=None)
 def distribution_version(name: str) -> str | None:
-    """Installed version of distribution ``name``, or None."""
+    """Installed version of distribution ``name``, or None (looked up once per process: each
+    lookup scans ``sys.path``, and what is installed does not change during a run)."""
     from importlib import metadata
 
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def library_versions(names: Iterable[str]) -> dict[str, str]:
+    """Installed versions of the distributions ``names``; those not installed are left out."""
+    versions = {name: distribution_version(name) for name in names}
+    return {name: version for name, version in versions.items() if version}

@@ -19,17 +19,16 @@ from typing import Mapping, MutableMapping
 SETTINGS_ENV = "NEMO_RL_ATTN_ALIGN_SETTINGS"
 REPORT_DIR_ENV = "NEMO_RL_ATTN_ALIGN_REPORT_DIR"
 STRICT_ENV = "NEMO_RL_ATTN_ALIGN_STRICT"
-ON_MISMATCH_ENV = "NEMO_RL_ATTN_ALIGN_ON_MISMATCH"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """The part of ``attention_align:`` a worker acts on, and the id of the driver's run."""
+    """The part of ``attention_align:`` a worker acts on, and the id of the driver's run
+    (``on_mismatch`` is the driver's alone: it binds the workers' records and enforces it)."""
 
     strict: bool = False
-    on_mismatch: str = "warn"
     report_dir: str | None = None
     run_id: str | None = None
 
@@ -49,16 +48,13 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
         except ValueError:
             loaded = {}
         if isinstance(loaded, dict):
-            values = {k: loaded[k] for k in ("strict", "on_mismatch", "report_dir", "run_id") if k in loaded}
+            values = {k: loaded[k] for k in ("strict", "report_dir", "run_id") if k in loaded}
     if STRICT_ENV in environ:
         values["strict"] = environ[STRICT_ENV].strip().lower() in _TRUE
-    if ON_MISMATCH_ENV in environ:
-        values["on_mismatch"] = environ[ON_MISMATCH_ENV]
     if environ.get(REPORT_DIR_ENV):
         values["report_dir"] = environ[REPORT_DIR_ENV]
     return WorkerSettings(
         strict=bool(values.get("strict", False)),
-        on_mismatch=str(values.get("on_mismatch", "warn")),
         report_dir=values.get("report_dir") or None,
         run_id=values.get("run_id") if isinstance(values.get("run_id"), str) else None,
     )

@@ -13,10 +13,11 @@ import enum
 import math
 from typing import Any, Mapping
 
+from nemo_rl_attn_align.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder, ContractError, normalize_dtype
 from nemo_rl_attn_align.hosts.worker_records import put_field
-from nemo_rl_attn_align.preview import te_semantics  # the rule `check` previews with
 from nemo_rl_attn_align.rope import canonical_rope, megatron_scaling
+from nemo_rl_attn_align.semantics import left_window, te_semantics  # te_semantics: the rule `check` previews with
 
 #: TransformerConfig / GPTModelProvider attributes recorded as they are (missing ones are listed).
 MODEL_CONFIG_FIELDS = (
@@ -51,16 +52,9 @@ MODEL_CONFIG_FIELDS = (
     "flash_attention_version",
 )
 
-#: AttnBackend name -> the Transformer Engine class that runs it (``local`` is Megatron's own).
-TE_CLASS_BY_BACKEND = {
-    "flash": "FlashAttention",
-    "fused": "FusedAttention",
-    "unfused": "UnfusedDotProductAttention",
-    "local": "local",
-}
-
-#: Distributions whose versions go into every record.
-VERSIONED = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "flash-attn", "nemo-rl")
+#: Distributions whose versions go into every record (flash-attn 2, 3 and 4 under TE's names for them).
+VERSIONED = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "flash-attn", "flash-attn-3",
+             "flash-attn-4", "nemo-rl")
 
 
 def _plain(value: Any) -> Any:
@@ -96,10 +90,9 @@ def model_config_facts(model_cfg: Any, policy_cfg: Mapping[str, Any] | None = No
 
 def library_versions() -> dict[str, str]:
     """Installed versions of the libraries that decide the training attention."""
-    from nemo_rl_attn_align.hosts._patching import distribution_version
+    from nemo_rl_attn_align.hosts._patching import library_versions as installed
 
-    versions = {name: distribution_version(name) for name in VERSIONED}
-    return {name: version for name, version in versions.items() if version}
+    return installed(VERSIONED)
 
 
 def _rope(facts: Mapping[str, Any]) -> tuple[str | None, dict | None]:
@@ -113,13 +106,14 @@ def _rope(facts: Mapping[str, Any]) -> tuple[str | None, dict | None]:
     return canonical_rope(facts.get("rotary_base"), facts.get("rotary_percent"), megatron_scaling(facts))
 
 
-def _reduction_engine(backend: str | None, cp_size: int, cp_comm_type: str | None) -> str | None:
-    """Who merges partials: one kernel, or TE's context-parallel merge of the given comm type."""
-    if backend is None:
-        return None
-    if cp_size > 1 and backend in ("FlashAttention", "FusedAttention"):
-        return f"te_cp_{(cp_comm_type or 'p2p').replace('+', '_')}"
-    return "single_kernel"
+def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None, requested: Any, not_read: str) -> None:
+    """The flash-attn major TE ran, as its read-back ``seen`` reports it; none when TE ran another backend."""
+    if seen is None:
+        b.unobservable("flash_attention_version", requested, f"TE picks the flash-attn version when it selects the backend; {not_read}")
+    elif seen.get("backend") != "FlashAttention":
+        b.observed("flash_attention_version", None, f"{seen.get('source')}: {seen.get('backend')} runs no flash-attn")
+    else:
+        put_field(b, "flash_attention_version", seen.get("flash_attention_version"), f"{seen.get('source')} ({seen.get('detail') or 'no version'})")
 
 
 def training_contract(
@@ -130,11 +124,14 @@ def training_contract(
 ) -> AttentionContract:
     """The training-side contract for one worker.
 
-    ``observed`` is ``te_readback``'s result (``backend``, ``engine``, ``status``, ``source``);
-    without it the backend is what the config requested, recorded as not yet observed.
+    ``observed`` is ``te_readback``'s result (``backend``, ``engine``, ``status``, ``source``,
+    ``flash_attention_version``); without it the backend is what the config requested, recorded as
+    not yet observed. Any ``facts`` (even ``{}``) give a whole contract.
     """
     b = ContractBuilder("training", worker_id)
     src = f"{facts.get('model_config_class', 'TransformerConfig')}."
+    seen = observed if observed and observed.get("status") == "observed" else None
+    not_read = (observed or {}).get("source") or "not read back yet (before the first forward)"
 
     def put(name: str, value: Any, source: str, how: str = "observed") -> None:
         put_field(b, name, value, source, how)
@@ -148,8 +145,10 @@ def training_contract(
     elif facts.get("kv_channels"):
         put("softmax_scale", 1.0 / math.sqrt(facts["kv_channels"]), f"1/sqrt({src}kv_channels) (softmax_scale unset)")
     put("causal", True, "GPTModel causal self-attention mask", "configured")
-    window = facts.get("window_size")
-    put("sliding_window", window[0] if window else None, src + "window_size[0]", "configured" if not window else "observed")
+    if "window_size" in facts:
+        b.observed("sliding_window", left_window(facts["window_size"]), f"{src}window_size[0] (-1 or None: no window)")
+    else:
+        b.unobservable("sliding_window", None, f"{src}window_size not recorded")
     rope_type, rope_params = _rope(facts)
     put("rope_type", rope_type, src + "position_embedding_type")
     put("rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
@@ -168,42 +167,29 @@ def training_contract(
     if batch_key in facts:
         put("physical_batch", facts[batch_key], f"policy.{batch_key}", "configured")
     for name, key in (("batch_invariant", "batch_invariant_mode"), ("deterministic", "deterministic_mode")):
-        if key in facts["absent"]:
+        if key in facts.get("absent", ()):
             b.unobservable(name, None, f"{src}{key} does not exist in this megatron-core")
         else:
             put(name, facts.get(key), src + key)
-    if "flash_attention_version" in facts["absent"]:
-        b.unobservable("flash_attention_version", None, f"{src}flash_attention_version does not exist in this megatron-core")
-    else:
-        put("flash_attention_version", facts.get("flash_attention_version"), src + "flash_attention_version", "configured")
-    for name in ("split_kv_policy",):
-        put(name, "none", "training forward does not split KV", "configured")
-    for name in ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching"):
-        put(name, None, "training has no KV cache", "configured")
+    _flash_attention_version(b, seen, facts.get("flash_attention_version"), not_read)
 
     requested = facts.get("attention_backend")
-    if observed and observed.get("status") == "observed":
-        backend = observed["backend"]
-    else:
-        backend = TE_CLASS_BY_BACKEND.get(requested)
-    # The reduction semantics follow from backend, dtype and CP by the same rule `check` previews with.
+    backend = seen["backend"] if seen else TE_CLASS_BY_BACKEND.get(requested)
+    # The reduction semantics (and reduction_engine, split_kv_policy, no KV cache) follow from
+    # backend, dtype and CP by the same rule `check` previews with.
     attn_backend = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}.get(backend, requested)
     try:
         dtype = normalize_dtype(facts.get("params_dtype"))
     except ContractError:
         dtype = None
-    te_semantics(b, attn_backend, dtype, cp_size, facts.get("cp_comm_type") or "p2p")
+    te_semantics(b, attn_backend, dtype, cp_size, facts.get("cp_comm_type") or "p2p", preview=False)
     put("dtype", facts.get("params_dtype"), src + "params_dtype")
-    if observed and observed.get("status") == "observed":
-        put("backend", backend, observed.get("source", "read back"))
-        put("engine", observed.get("engine"), observed.get("source", "read back"))
+    if seen:
+        put("backend", backend, seen.get("source", "read back"))
+        put("engine", seen.get("engine"), seen.get("source", "read back"))
     else:
-        why = (observed or {}).get("source") or "not read back yet (before the first forward)"
-        b.unobservable("backend", requested, f"requested AttnBackend.{requested}; {why}")
-        b.unobservable("engine", None, why)
-    engine = _reduction_engine(backend, cp_size, facts.get("cp_comm_type"))
-    if engine:
-        put("reduction_engine", engine, "derived: backend and context_parallel_size", "configured")
+        b.unobservable("backend", requested, f"requested AttnBackend.{requested}; {not_read}")
+        b.unobservable("engine", None, not_read)
     if versions:
         put("versions", dict(versions), "importlib.metadata", "observed")
     return b.build(unset_source="not known to the Megatron worker at setup")

@@ -160,9 +160,15 @@ def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
 
 
 def _after_model_built(model: Any) -> None:
+    """Record the NVTE variables Megatron set, then read back what TE runs at the first forward:
+    two steps, each guarded on its own, so a failed record never stops the read-back."""
+    record.guarded("recording the built model", _record_built_model)
+    record.guarded("watching the first forward", lambda: _watch_first_forward(model))
+
+
+def _record_built_model() -> None:
     from nemo_rl_attn_align.backend import NVTE_VARIABLES
     from nemo_rl_attn_align.determinism import probe
-    from nemo_rl_attn_align.hosts import te_readback
 
     record.nvte = {name: os.environ.get(name) for name in NVTE_VARIABLES}
     expected = dict(record.plan.nvte) if record.plan is not None else {}
@@ -172,19 +178,20 @@ def _after_model_built(model: Any) -> None:
     record.write("model_built")
     record.stop_if_strict()
 
-    def on_first_forward(observed: dict) -> None:
-        def act() -> None:
-            record.observed = observed
-            problem = te_readback.mismatch(record.plan.effective if record.plan else None, observed)
-            if problem:
-                record.note(problem)
-            record.write("first_forward")
-            record.stop_if_strict()
 
-        record.guarded("reading back the attention backend", act)
+def _watch_first_forward(model: Any) -> None:
+    from nemo_rl_attn_align.hosts import te_readback
+
+    def on_first_forward(observed: dict) -> None:
+        record.observed = observed
+        problem = te_readback.mismatch(record.plan.effective if record.plan else None, observed)
+        if problem:
+            record.note(problem)
+        record.write("first_forward")
+        record.stop_if_strict()
 
     te_readback.attach()
-    te_readback.watch_first_forward(model, on_first_forward)
+    te_readback.watch_first_forward(model, on_first_forward, record.settings().strict)
 
 
 def _record_model_config(model_cfg: Any) -> None:
@@ -217,7 +224,7 @@ def _wrap_validate_and_set_config(original: Callable) -> Callable:
 def _wrap_setup_model_and_optimizer(original: Callable) -> Callable:
     def setup_model_and_optimizer(policy_cfg, megatron_cfg, *args, **kwargs):
         state = original(policy_cfg, megatron_cfg, *args, **kwargs)
-        record.guarded("recording the built model", lambda: _after_model_built(state.model))
+        record.guarded("reading the built model", lambda: _after_model_built(state.model))
         return state
 
     return setup_model_and_optimizer
@@ -229,7 +236,7 @@ def _wrap_setup_megatron_model(original: Callable) -> Callable:
         _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)")
         result = original(policy_cfg, cfg, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(cfg.model))
-        record.guarded("recording the built model", lambda: _after_model_built(result[1]))
+        record.guarded("reading the built model", lambda: _after_model_built(result[1]))
         return result
 
     return setup_megatron_model

@@ -78,10 +78,9 @@ def _start_run(cfg: dict, settings: Any, algorithm: str) -> driver_report.RunRep
     run_id = uuid.uuid4().hex
     # Absolute: Ray workers do not run in the driver's working directory.
     report_dir = os.path.abspath(driver_report.report_dir_for(cfg, settings.report_dir))
-    handoff.export_settings(handoff.WorkerSettings(settings.strict, settings.on_mismatch, report_dir, run_id))
+    handoff.export_settings(handoff.WorkerSettings(strict=settings.strict, report_dir=report_dir, run_id=run_id))
     effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
-    settings = settings.model_copy(update={"strict": effective.strict, "on_mismatch": effective.on_mismatch,
-                                           "report_dir": effective.report_dir})
+    settings = settings.model_copy(update={"strict": effective.strict, "report_dir": effective.report_dir})
     run = driver_report.RunReport(settings, run_id=run_id, absent=driver_report.absent_sides(cfg, algorithm))
     return driver_report.start(run)
 

@@ -22,6 +22,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
+from nemo_rl_attn_align.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.hosts import _patching
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
@@ -158,8 +159,6 @@ def observe(modules: Iterable[Any]) -> dict[str, Any]:
 
 def mismatch(effective: str | None, observed: Mapping[str, Any]) -> str | None:
     """Why the observed backend differs from the requested AttnBackend ``effective``; None when it agrees."""
-    from nemo_rl_attn_align.hosts.megatron_record import TE_CLASS_BY_BACKEND
-
     if observed.get("status") != "observed" or effective in (None, "auto"):
         return None
     wanted = TE_CLASS_BY_BACKEND.get(effective)
@@ -171,10 +170,12 @@ def mismatch(effective: str | None, observed: Mapping[str, Any]) -> str | None:
     )
 
 
-def watch_first_forward(model: Any, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+def watch_first_forward(model: Any, callback: Callable[[dict[str, Any]], None], strict: bool = False) -> Callable[[], None]:
     """Call ``callback(observe(...))`` once, right after the first forward of ``model``.
 
-    ``model`` is a torch module or a list of model chunks (the hook goes on the first). Returns a
+    ``model`` is a torch module or a list of model chunks (the hook goes on the first). The hook
+    runs inside the user's forward: a failure of ``observe`` or ``callback`` is one warning and the
+    forward returns as usual, unless ``strict`` (or the error carries ``stops_run``). Returns a
     function that removes the hook if it has not fired yet.
     """
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
@@ -182,7 +183,8 @@ def watch_first_forward(model: Any, callback: Callable[[dict[str, Any]], None]) 
 
     def after_forward(module, inputs, output):
         handle.remove()
-        callback(observe(m for chunk in chunks for m in chunk.modules()))
+        _patching.guarded("reading back the attention backend",
+                          lambda: callback(observe(m for chunk in chunks for m in chunk.modules())), strict)
 
     handle = chunks[0].register_forward_hook(after_forward)
     return handle.remove

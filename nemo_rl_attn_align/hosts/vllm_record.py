@@ -4,8 +4,11 @@ Everything is read with ``getattr`` from the objects vLLM hands the worker (``vl
 attention layers in ``compilation_config.static_forward_context``), so the same code reads the
 vLLM versions NeMo-RL pinned (0.11.2 in v0.5.0, 0.17.1 in v0.6.0, 0.20.0 in v0.7.0, 0.25.1 at
 7ea279a). The requested backend comes from ``vllm_config.attention_config.backend`` (the
-``attention_backend`` engine argument, vLLM >= 0.13) or the ``VLLM_ATTENTION_BACKEND`` variable
-(read by vLLM before 0.15); the chosen one is each attention layer's ``attn_backend.get_name()``.
+``attention_backend`` engine argument, vLLM >= 0.13) or, when that is unset, the
+``VLLM_ATTENTION_BACKEND`` variable (read by vLLM before 0.15); the chosen one is each attention
+layer's ``attn_backend.get_name()``. The sliding window is each layer's ``impl.sliding_window``,
+the ``(left, right)`` pair vLLM's FlashAttention/FlashInfer/Triton impls pass to the kernel
+(``(sliding_window - 1, 0)``, ``(-1, -1)`` for none).
 """
 
 from __future__ import annotations
@@ -16,11 +19,9 @@ from typing import Any, Mapping
 from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.hosts.worker_records import put_field
 from nemo_rl_attn_align.rope import canonical_rope
+from nemo_rl_attn_align.semantics import hf_left_window, left_window, vllm_semantics
 
 VERSIONED = ("vllm", "torch", "flashinfer-python", "flash-attn", "triton")
-
-#: vLLM backends that merge (out, lse) tiles online and accumulate in fp32.
-ONLINE_SOFTMAX_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA", "CUTLASS_MLA")
 
 
 def _name(value: Any) -> Any:
@@ -39,12 +40,24 @@ def layer_backends(static_forward_context: Mapping[str, Any]) -> dict[str, str]:
     return chosen
 
 
+def layer_windows(static_forward_context: Mapping[str, Any]) -> dict[str, int | None]:
+    """Layer name -> the left window its attention impl passes to the kernel (None: no window);
+    layers whose impl has no ``(left, right)`` ``sliding_window`` pair are skipped."""
+    windows = {}
+    for layer_name, layer in (static_forward_context or {}).items():
+        pair = getattr(getattr(layer, "impl", None), "sliding_window", None)
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            windows[layer_name] = left_window(pair)
+    return windows
+
+
 def requested_backend(vllm_config: Any, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The backend the engine was asked for, and where that request was read."""
-    attention_config = getattr(vllm_config, "attention_config", None)
-    if attention_config is not None:
-        backend = getattr(attention_config, "backend", None)
-        return (_name(backend), "vllm_config.attention_config.backend (attention_backend engine arg)")
+    """The backend the engine was asked for, and where that request was read: the engine argument
+    when set, else ``VLLM_ATTENTION_BACKEND`` (vLLM 0.13 and 0.14 have ``attention_config`` and
+    still read the variable when the argument is unset)."""
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if backend is not None:
+        return _name(backend), "vllm_config.attention_config.backend (attention_backend engine arg)"
     if environ.get("VLLM_ATTENTION_BACKEND"):
         return environ["VLLM_ATTENTION_BACKEND"], "VLLM_ATTENTION_BACKEND"
     return None, "not requested (vLLM selects by platform)"
@@ -77,6 +90,8 @@ def rollout_facts(vllm_config: Any, static_forward_context: Mapping[str, Any], e
         "head_size": get_head_size() if callable(get_head_size) else None,
         "softmax_scale": getattr(getattr(first, "impl", None), "scale", None),
         "sliding_window": getattr(hf, "sliding_window", None),
+        "use_sliding_window": getattr(hf, "use_sliding_window", None),
+        "layer_windows": layer_windows(static_forward_context),
         **hf_rope(hf),
         "vocab_size": getattr(hf, "vocab_size", None),
         "tokenizer": getattr(model, "tokenizer", None),
@@ -110,12 +125,21 @@ def hf_rope(hf: Any) -> dict[str, Any]:
             "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None)}
 
 
-def split_kv_policy(facts: Mapping[str, Any]) -> str:
-    """vLLM's split-KV policy: batch-invariant mode forces one split in FLASH_ATTN; else the kernel picks."""
-    backends = set(facts.get("layer_backends", {}).values())
-    if facts.get("batch_invariant") and backends <= {"FLASH_ATTN"}:
-        return "fixed_count:1"
-    return "heuristic"
+def _sliding_window(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
+    """The left window of the windowed layers, as their impls pass it to the kernel; HF's
+    ``sliding_window - 1`` when no impl shows it."""
+    windows = facts.get("layer_windows") or {}
+    if not windows:
+        value = hf_left_window(facts.get("sliding_window"), facts.get("use_sliding_window"))
+        b.observed("sliding_window", value, "hf_config.sliding_window - 1 (no attention impl exposes sliding_window)")
+        return
+    windowed = sorted({w for w in windows.values() if w is not None})
+    full = sum(w is None for w in windows.values())
+    if len(windowed) > 1:
+        b.unobservable("sliding_window", None, f"attention layers' impl.sliding_window[0] differ: {windowed}")
+        return
+    note = f" ({full} of {len(windows)} layers have no window)" if windowed and full else ""
+    b.observed("sliding_window", windowed[0] if windowed else None, "attention layers' impl.sliding_window[0]" + note)
 
 
 def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping[str, str] | None = None) -> AttentionContract:
@@ -132,7 +156,7 @@ def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping
     put("head_dim", facts.get("head_size"), "model_config.get_head_size()")
     put("softmax_scale", facts.get("softmax_scale"), "attention layer .impl.scale")
     put("causal", True, "decoder self-attention", "configured")
-    put("sliding_window", facts.get("sliding_window"), "hf_config.sliding_window", "configured" if facts.get("sliding_window") is None else "observed")
+    _sliding_window(b, facts)
     rope_type, rope_params = canonical_rope(facts.get("rope_theta"), facts.get("partial_rotary_factor"), facts.get("rope_scaling"))
     put("rope_type", rope_type, "hf_config.rope_scaling")
     put("rope_parameters", rope_params, "hf_config.rope_theta/partial_rotary_factor/rope_scaling")
@@ -162,14 +186,8 @@ def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping
     put("deterministic", None, "vLLM has no deterministic-mode switch", "configured")
     if facts.get("flash_attn_version") is not None:
         put("flash_attention_version", facts["flash_attn_version"], "attention_config.flash_attn_version", "configured")
-    policy = split_kv_policy(facts)
-    put("split_kv_policy", policy, "VLLM_BATCH_INVARIANT forces num_splits=1 in FLASH_ATTN" if policy != "heuristic" else "the kernel picks the split count per batch", "configured")
-    if distinct and set(distinct) <= set(ONLINE_SOFTMAX_BACKENDS):
-        put("merge_rule", "online_softmax_lse", f"derived: {', '.join(distinct)} merge (out, lse) tiles online", "configured")
-        put("reduction_order", "kv_index" if policy == "fixed_count:1" else "split_kv", f"derived: split-KV policy {policy}", "configured")
-        put("acc_dtype", "fp32", f"derived: {', '.join(distinct)} accumulate in fp32", "configured")
-        put("downcast", "final_write", "derived: output written once", "configured")
-        put("reduction_engine", "single_kernel" if policy == "fixed_count:1" else "fa_split_combine", f"derived: split-KV policy {policy}", "configured")
+    # The reduction semantics follow from the chosen backends and batch invariance by the rule `check` previews with.
+    vllm_semantics(b, distinct, bool(facts.get("batch_invariant")), preview=False)
     if versions:
         put("versions", dict(versions), "importlib.metadata")
     return b.build(unset_source="not known to the vLLM worker at engine start")

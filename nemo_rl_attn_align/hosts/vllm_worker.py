@@ -42,8 +42,7 @@ class RolloutRecord(HostRecord):
     def contract(self):
         from nemo_rl_attn_align.hosts.vllm_record import VERSIONED, rollout_contract
 
-        versions = {name: _patching.distribution_version(name) for name in VERSIONED}
-        return rollout_contract(self.facts, self.worker_id, {k: v for k, v in versions.items() if v})
+        return rollout_contract(self.facts, self.worker_id, _patching.library_versions(VERSIONED))
 
     def detail(self) -> dict[str, Any]:
         return {"vllm_config": self.facts}

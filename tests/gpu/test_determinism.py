@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.hosts.megatron_record import TE_CLASS_BY_BACKEND
+from nemo_rl_attn_align.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.report import read_worker_records
 from tests.gpu.cases import policy_config, run_case
 

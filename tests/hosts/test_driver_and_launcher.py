@@ -26,7 +26,7 @@ def master_config(tmp_path, precision="bfloat16", **align):
 
 @pytest.fixture
 def grpo(bootstrap_state, monkeypatch):
-    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV, handoff.ON_MISMATCH_ENV):
+    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV):
         monkeypatch.delenv(name, raising=False)
     bootstrap_state.deactivate()
     bootstrap_state.activate("test")
@@ -42,7 +42,7 @@ def test_setup_exports_settings_every_worker_then_sees(grpo, tmp_path, capsys):
     policy = grpo(master_config(tmp_path, strict=True), None, None, None)[0]
     settings = handoff.worker_settings(policy.worker_group.env_vars)  # what RayWorkerGroup hands each actor
     report_dir = str(tmp_path / "logs" / "exp_001" / "attention_align")
-    assert settings == handoff.WorkerSettings(strict=True, on_mismatch="warn", report_dir=report_dir, run_id=driver_report.current.run_id)
+    assert settings == handoff.WorkerSettings(strict=True, report_dir=report_dir, run_id=driver_report.current.run_id)
     assert "nemo-rl-attn-align report: verdict INCOMPARABLE" in capsys.readouterr().out  # collected once setup() returned
 
 

@@ -42,7 +42,7 @@ def config(tmp_path, *, rollout=True, **align):
 @pytest.fixture
 def driver(monkeypatch):
     """``prepare(cfg)`` as the setup() wrapper calls it; yields (run, printed lines)."""
-    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV, handoff.ON_MISMATCH_ENV):
+    for name in (handoff.SETTINGS_ENV, handoff.REPORT_DIR_ENV, handoff.STRICT_ENV):
         monkeypatch.delenv(name, raising=False)
     printed: list[str] = []
 
@@ -113,6 +113,19 @@ def test_error_stops_at_setup_with_the_report_written(driver, tmp_path):
     assert report_of(run)["verdict"] == "fail" and len(printed) == 1 and "verdict FAIL" in printed[0]
     driver_report.end_of_training()  # the run stopped: no further collection, no second print
     assert len(printed) == 1 and [h["point"] for h in report_of(run)["history"]] == ["setup"]
+
+
+def test_on_mismatch_comes_from_the_validated_settings_only(driver, tmp_path, monkeypatch):
+    """No environment variable bypasses ``attention_align.on_mismatch``'s validation (a stray
+    ``NEMO_RL_ATTN_ALIGN_ON_MISMATCH=Error`` once turned ``error`` into "never stop")."""
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_ON_MISMATCH", "Error")
+    run, _ = driver(config(tmp_path, on_mismatch="error"))
+    assert run.settings.on_mismatch == "error"
+    assert "on_mismatch" not in json.loads(os.environ[handoff.SETTINGS_ENV])  # the workers never act on it
+    worker(run, "training", "policy-rank0", training_peers(1))
+    worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1), **SPLIT_KV)
+    with pytest.raises(AttentionMismatch):
+        run.at_setup()
 
 
 def test_error_stops_at_the_first_step_when_the_read_back_fails_the_binding(driver, tmp_path):

@@ -108,6 +108,25 @@ def test_v06_records_the_finished_config_and_nvte_match_the_plan(hooked, tmp_pat
     assert seen["nvte_after_build"] == plan.nvte
 
 
+def test_a_failed_model_config_record_still_reads_back_the_backend(hooked, tmp_path, monkeypatch, caplog):
+    """One failed step (a warning) does not skip the later ones: the built model and TE's choice are recorded."""
+    from nemo_rl_attn_align.hosts import megatron_record
+
+    def unreadable(model_cfg, policy_cfg=None):
+        raise AttributeError("this Megatron-Bridge provider hides its fields")
+
+    monkeypatch.setattr(megatron_record, "model_config_facts", unreadable)
+    worker_module = hooked("v0_6")
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        worker = worker_module.MegatronPolicyWorker(policy_config("local"))
+        worker.get_logprobs()
+    assert any("recording the model config failed" in r.getMessage() for r in caplog.records)
+    assert detail(tmp_path)["stage"] == "first_forward" and detail(tmp_path)["model_config"] is None
+    contract, _ = contract_of(tmp_path)
+    assert contract.value("backend") == "local" and contract["backend"].provenance.value == "observed"
+    assert contract["num_layers"].provenance.value == "unobservable"  # not guessed
+
+
 def test_v06_before_1628_gets_the_mapping_from_the_plugin(hooked, tmp_path):
     hooked("v0_6")
     setup = sys.modules["nemo_rl.models.megatron.setup"]
@@ -123,7 +142,7 @@ def test_v06_before_1628_gets_the_mapping_from_the_plugin(hooked, tmp_path):
 def test_flash_fp32_stops_at_the_seam_before_any_model(hooked, tmp_path):
     worker_module = hooked("v0_6")
     with pytest.raises(RuleViolation) as err:
-        worker_module.MegatronPolicyWorker(policy_config("flash", precision="float32"))
+        worker_module.MegatronPolicyWorker(policy_config("flash", precision="float32", impl="transformer_engine"))
     assert [f.code for f in err.value.findings] == ["FLASH_REQUIRES_HALF_PRECISION"]
     assert not (tmp_path / "report").exists()  # stopped before the model config was even finished
     assert all(name not in os.environ for name in NVTE_VARIABLES)  # no model was built

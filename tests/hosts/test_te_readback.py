@@ -8,6 +8,7 @@ TE does not install on CPU. The stand-in tree written here has TE's module paths
 
 from __future__ import annotations
 
+import logging
 import sys
 import textwrap
 
@@ -102,3 +103,35 @@ def test_wrapped_selection_is_the_fallback_when_the_global_is_gone(fake_te):
 def test_no_attention_module_is_unobservable():
     assert te_readback.observe([object()]) == {"status": "unobservable", "backend": None, "engine": None,
                                                "source": "no Megatron or TE core-attention module in the model"}
+
+
+def test_a_failing_read_back_never_breaks_the_forward(monkeypatch, caplog):
+    """The hook runs inside the user's forward: ``observe`` failing is one warning, an error only if strict."""
+    torch = pytest.importorskip("torch")
+
+    def broken(modules):
+        raise RuntimeError("TE moved its module global")
+
+    monkeypatch.setattr(te_readback, "_attention_module_kinds", broken)
+    seen = []
+    model = torch.nn.Linear(4, 4)
+    te_readback.watch_first_forward(model, seen.append)
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        out = model(torch.ones(1, 4))
+    assert out.shape == (1, 4) and seen == []
+    assert any("reading back the attention backend failed (RuntimeError: TE moved" in r.getMessage() for r in caplog.records)
+    model(torch.ones(1, 4))  # fired once, then removed
+    strict_model = torch.nn.Linear(4, 4)
+    te_readback.watch_first_forward(strict_model, seen.append, strict=True)
+    with pytest.raises(RuntimeError, match="TE moved"):
+        strict_model(torch.ones(1, 4))
+
+
+def test_the_flash_attn_version_te_ran_is_recorded(fake_te):
+    from nemo_rl_attn_align.hosts.megatron_record import training_contract
+
+    layer = te_module(fake_te)
+    layer.forward((True, False, True))
+    contract = training_contract({}, "policy-rank0", te_readback.observe([layer]))
+    assert contract.value("flash_attention_version") == 2 and contract["flash_attention_version"].provenance.value == "observed"
+    assert "flash-attn 2.7.3" in contract["flash_attention_version"].source

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from types import SimpleNamespace
 
@@ -104,3 +105,69 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
 ])
 def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
     assert vllm_record.hf_rope(hf) == expected
+
+
+def _record(fake_vllm, tmp_path, config):
+    fake_vllm.Worker(config).compile_or_warm_up_model()
+    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    return contract
+
+
+@pytest.mark.parametrize("layer_windows, expected", [
+    ([4096, 4096], 4095),  # vLLM's FlashAttentionImpl passes (sliding_window - 1, 0): the left window
+    ([None, None], None),  # (-1, -1): no window
+    ([4096, None], 4095),  # the windowed layers' window (Gemma-style interleaving), as Megatron's window_size[0]
+])
+def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_path, layer_windows, expected):
+    from nemo_rl_attn_align.hosts.megatron_record import training_contract
+
+    contract = _record(fake_vllm, tmp_path, fake_vllm.standin_vllm_config(sliding_window=4096, layer_windows=layer_windows))
+    assert contract.value("sliding_window") == expected and contract["sliding_window"].provenance.value == "observed"
+    assert "impl.sliding_window[0]" in contract["sliding_window"].source
+    # Megatron's window_size is the same (left, right) pair TE receives: the two sides record one value
+    training = training_contract({"window_size": [expected, 0] if expected is not None else None}, "policy-rank0")
+    assert training.value("sliding_window") == expected
+
+
+def test_sliding_window_falls_back_to_the_hf_config_without_an_impl_pair():
+    hf = {"sliding_window": 4096, "layer_windows": {}}
+    assert vllm_record.rollout_contract(hf, "vllm-rank0-worker0").value("sliding_window") == 4095
+    off = vllm_record.rollout_contract({**hf, "use_sliding_window": False}, "vllm-rank0-worker0")
+    assert off.value("sliding_window") is None
+    differ = vllm_record.rollout_contract({"layer_windows": {"a": 4095, "b": 1023}}, "vllm-rank0-worker0")
+    assert differ["sliding_window"].provenance.value == "unobservable" and "differ" in differ["sliding_window"].source
+
+
+def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_vllm, tmp_path, monkeypatch, caplog):
+    """vLLM 0.13/0.14 have attention_config and still honour VLLM_ATTENTION_BACKEND when its backend is unset."""
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASHINFER")
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        fake_vllm.Worker(fake_vllm.standin_vllm_config(None)).compile_or_warm_up_model()
+    assert any("asked for attention backend FLASHINFER (VLLM_ATTENTION_BACKEND) but chose FLASH_ATTN" in r.getMessage()
+               for r in caplog.records)
+    config = fake_vllm.standin_vllm_config("TRITON_ATTN")
+    assert vllm_record.requested_backend(config, {"VLLM_ATTENTION_BACKEND": "FLASHINFER"})[0] == "TRITON_ATTN"
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
+@pytest.mark.parametrize("backend", ["FLASH_ATTN", "FLASHINFER"])
+def test_the_preview_predicts_what_the_worker_records(fake_vllm, tmp_path, monkeypatch, invariant, backend):
+    """One rule (``semantics.vllm_semantics``) for ``check``'s preview and the worker's record."""
+    from nemo_rl_attn_align.config import load_config
+    from nemo_rl_attn_align.preview import predict_rollout
+    from nemo_rl_attn_align.semantics import VLLM_DERIVED
+    from tests.conftest import EXAMPLES
+
+    if invariant:
+        monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    recorded = _record(fake_vllm, tmp_path, fake_vllm.standin_vllm_config(backend, (backend, backend)))
+    overrides = [f"++policy.generation.vllm_kwargs.attention_backend={backend}"]
+    predicted = predict_rollout(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml", overrides), dict(os.environ))
+    assert {n: predicted.value(n) for n in VLLM_DERIVED} == {n: recorded.value(n) for n in VLLM_DERIVED}
+    for name in VLLM_DERIVED:  # what the rule cannot know is pending in the preview, unobservable in the record
+        known = recorded[name].provenance.value == "configured"
+        assert predicted[name].provenance.value == ("configured" if known else "pending"), name
+        assert known or recorded[name].provenance.value == "unobservable"
+    if backend == "FLASH_ATTN":
+        assert recorded.value("split_kv_policy") == ("fixed_count:1" if invariant else "heuristic")
+        assert recorded.value("reduction_engine") == ("single_kernel" if invariant else "fa_split_combine")

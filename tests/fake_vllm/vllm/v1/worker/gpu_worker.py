@@ -2,7 +2,9 @@
 
 ``STANDIN_LAYER_BACKENDS`` (env, comma-separated) sets the backend each attention layer reports,
 standing in for vLLM's per-layer selection; ``VLLM_ATTENTION_BACKEND``-style requests go through
-``attention_config.backend`` as in vLLM >= 0.13.
+``attention_config.backend`` as in vLLM >= 0.13. Each layer's ``impl`` has the ``scale`` and the
+``sliding_window`` pair vLLM's ``FlashAttentionImpl.__init__`` stores: ``(window - 1, 0)`` for an
+HF ``sliding_window``, ``(-1, -1)`` without one.
 """
 
 import os
@@ -17,12 +19,19 @@ class _Backend:
         return self._name
 
 
-def standin_vllm_config(requested=None, layer_backends=("FLASH_ATTN", "FLASH_ATTN")):
+def _impl_window(window):
+    return (-1, -1) if window is None else (window - 1, 0)
+
+
+def standin_vllm_config(requested=None, layer_backends=("FLASH_ATTN", "FLASH_ATTN"), sliding_window=None, layer_windows=None):
+    """``sliding_window``: the HF config's; ``layer_windows``: each layer's window (default: the HF one)."""
     hf = SimpleNamespace(architectures=["Qwen2ForCausalLM"], num_hidden_layers=len(layer_backends), num_attention_heads=4,
-                         num_key_value_heads=2, sliding_window=None, rope_theta=10000.0, rope_scaling=None, vocab_size=128)
+                         num_key_value_heads=2, sliding_window=sliding_window, rope_theta=10000.0, rope_scaling=None, vocab_size=128)
+    windows = layer_windows if layer_windows is not None else [sliding_window] * len(layer_backends)
     layers = {
-        f"model.layers.{i}.self_attn.attn": SimpleNamespace(attn_backend=_Backend(name), impl=SimpleNamespace(scale=0.25))
-        for i, name in enumerate(layer_backends)
+        f"model.layers.{i}.self_attn.attn": SimpleNamespace(
+            attn_backend=_Backend(name), impl=SimpleNamespace(scale=0.25, sliding_window=_impl_window(window)))
+        for i, (name, window) in enumerate(zip(layer_backends, windows))
     }
     return SimpleNamespace(
         model_config=SimpleNamespace(hf_config=hf, dtype="torch.bfloat16", tokenizer="standin/tiny", get_head_size=lambda: 16),
