@@ -415,6 +415,10 @@ class AttentionContract:
         """The value of field ``name`` (whatever its provenance)."""
         return self[name].value
 
+    def known_value(self, name: str) -> Any:
+        """The value of field ``name`` when it is known (observed or configured), else None."""
+        return self[name].value if self[name].known else None
+
     def replace(self, **changes: FieldValue) -> "AttentionContract":
         """A copy with some fields replaced (``name=FieldValue``)."""
         for name in changes:

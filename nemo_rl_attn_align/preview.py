@@ -222,7 +222,7 @@ def predict_determinism(cfg: Mapping[str, Any], environ: Optional[Mapping[str, s
     if vllm_batch_invariant(r_env):
         r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
         problems.extend(found)
-    collective = collective_for(*(c.value("tp_size") for c in (training, rollout) if c is not None and c["tp_size"].known))
+    collective = collective_for(*(c.known_value("tp_size") for c in (training, rollout) if c is not None))
     return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), problems
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 from nemo_rl_attn_align.binding import Code, Mandate, Status, Verdict, bind, same_value
 from nemo_rl_attn_align.contract import SIDES, AttentionContract, Tier, field_spec, fields_of
 from nemo_rl_attn_align.determinism import DeterminismProbe, collective_for, compare
-from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
+from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, format_finding
 
 REPORT_SCHEMA_VERSION = 1
 REPORT_KIND = "nemo-rl-attn-align/report"
@@ -199,10 +199,6 @@ def _divergences(representative: AttentionContract, other: AttentionContract) ->
     return out
 
 
-def _known_tp(contracts: Iterable[AttentionContract]) -> list[Any]:
-    return [c.value("tp_size") for c in contracts if c["tp_size"].known]
-
-
 def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Finding]:
     """What the host hooks noticed (e.g. Transformer Engine ran another backend than requested)."""
     out = []
@@ -266,7 +262,7 @@ def build_report(
     binding = None
     if by_side["training"] and by_side["rollout"]:
         training, rollout = by_side["training"][0], by_side["rollout"][0]
-        coll = collective_for(*_known_tp((training, rollout))) if collective == "auto" else collective
+        coll = collective_for(training.known_value("tp_size"), rollout.known_value("tp_size")) if collective == "auto" else collective
         t_probe, r_probe = probes[("training", training.worker_id)], probes[("rollout", rollout.worker_id)]
         diff = compare(t_probe, r_probe, coll) if t_probe is not None and r_probe is not None else None
         binding = bind(training, rollout, mandate, allow_dtype_difference=allow_dtype_difference, determinism=diff)
@@ -453,7 +449,7 @@ def render_binding(binding: Mapping[str, Any], full: bool = False) -> str:
 
 def render_findings(findings: list[Mapping[str, Any]], shown: tuple[str, ...] = ("error", "warning")) -> list[str]:
     """One line per finding (dicts) of the ``shown`` severities, then a count of the others."""
-    lines = [f"{f['severity']} {f['code']}: {f['key']}: {f['message']} Fix: {f['fix']}" for f in findings if f["severity"] in shown]
+    lines = [format_finding(f) for f in findings if f["severity"] in shown]
     hidden = sum(f["severity"] not in shown for f in findings)
     if hidden:
         lines.append(f"(+{hidden} more findings of severity other than {'/'.join(shown)} in the JSON)")
