@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -22,3 +23,17 @@ def write_yaml(tmp_path):
         return path
 
     return write
+
+
+REQUIRE_REAL = os.environ.get("ATTN_ALIGN_TEST_REQUIRE_REAL") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In a real-host lane of ``.ci/run`` (ATTN_ALIGN_TEST_REQUIRE_REAL=1) a skip is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_REAL and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"skipped in a real-host lane (ATTN_ALIGN_TEST_REQUIRE_REAL=1): {reason}"
