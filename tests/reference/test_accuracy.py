@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nemo_rl_attn_align.drift import ulp_of  # noqa: E402
-from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention  # noqa: E402
+from nemo_rl_attn_align.reference.attention import exact_attention, logit_magnitude, reference_attention  # noqa: E402
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, make_qkv  # noqa: E402
 
@@ -32,6 +32,45 @@ def test_fp32_inputs_bound():
     out64, lse64 = exact_attention(q, k, v)
     assert (out.double() - out64).abs().max() <= 2.0 ** -19 * v.abs().max()
     assert ((lse.double() - lse64).abs() <= 2.0 ** -20 * (1 + lse64.abs())).all()
+
+
+def bounds(q, k, v, out64, lse64, dtype):
+    """The stated bound of ``attention.py``: ``(out bound, lse bound, logit term of the out bound)``."""
+    d, vmax = q.shape[-1], float(v.abs().max())
+    m = logit_magnitude(q, k)
+    logit_term = 2.0 ** -23 * (d + 2) * m * vmax
+    base = 2.0 ** -19 * vmax if dtype == torch.float32 else ulp_of(out64, dtype) + 2.0 ** -20 * vmax
+    return base + logit_term, 2.0 ** -20 * (1 + lse64.abs()) + 2.0 ** -24 * (d + 2) * m, base
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float32])
+@pytest.mark.parametrize("q_scale", [1, 10, 100])
+def test_within_the_bound_with_large_logits(dtype, q_scale):
+    q, k, v = make_qkv(torch.float32, seq_q=150, seq_kv=170, head_dim=32)
+    q, k, v = (q * q_scale).to(dtype), k.to(dtype), v.to(dtype)
+    out, lse = reference_attention(q, k, v, spec=SPEC)
+    out64, lse64 = exact_attention(q, k, v)
+    out_bound, lse_bound, _ = bounds(q, k, v, out64, lse64, dtype)
+    assert ((out.double() - out64).abs() <= out_bound).all()
+    assert ((lse.double() - lse64).abs() <= lse_bound).all()
+
+
+@pytest.mark.parametrize("dtype, q_scale", [(torch.float16, 100), (torch.float32, 100)])
+def test_the_logit_term_is_needed(dtype, q_scale):
+    """Without it the bound fails at large logits: the error grows with |s| (FP32 dot products)."""
+    q, k, v = make_qkv(torch.float32, seq_q=150, seq_kv=170, head_dim=32)
+    q, k, v = (q * q_scale).to(dtype), k.to(dtype), v.to(dtype)
+    out, _ = reference_attention(q, k, v, spec=SPEC)
+    out64, lse64 = exact_attention(q, k, v)
+    _, _, without_logit_term = bounds(q, k, v, out64, lse64, dtype)
+    assert not ((out.double() - out64).abs() <= without_logit_term).all()
+
+
+def test_logit_magnitude_is_the_largest_scaled_abs_dot_product():
+    q = torch.tensor([[[1.0, -2.0]], [[0.5, 0.5]]])        # [2 tokens, 1 head, D=2]
+    k = torch.tensor([[[3.0, 1.0]], [[-1.0, 4.0]]])
+    # |q0|.|k1| = 1 + 8 = 9 is the largest; scale 1/sqrt(2)
+    assert logit_magnitude(q, k) == pytest.approx(9 / 2 ** 0.5)
 
 
 def test_rejects_mismatched_inputs():
