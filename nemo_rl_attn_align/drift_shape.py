@@ -161,7 +161,7 @@ def resolve_shape(cfg: dict | None, flags: dict[str, Any]) -> Shape:
                  window, _positive_int("seq_len", seq_len, sources["seq_len"]), sources)
 
 
-def _rollout(gpu: str, seq_len: int) -> list[str]:
+def default_rollout(gpu: str, seq_len: int) -> list[str]:
     """vLLM's path on ``gpu``: chunked prefill, and cascade past a shared prompt of half the sequence."""
     engine = "vllm-fa3" if gpu == "sm90" else "vllm"
     prompt = seq_len // 2 // DEFAULT_CHUNK * DEFAULT_CHUNK
@@ -183,7 +183,7 @@ def default_engines(cfg: dict | None, gpu: str, shape: Shape) -> tuple[list[str]
     mc = get_path(cfg or {}, "policy.megatron_cfg", None)
     if not isinstance(mc, dict) or not mc.get("enabled", True) or not cfg:
         training = [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)]
-        rollout = _rollout(gpu, shape.seq_len)
+        rollout = default_rollout(gpu, shape.seq_len)
         return training, [r for r in rollout if not (shape.window is not None and "cascade" in r)]
     backend = str(mc.get("attention_backend") or "auto")
     cp = mc.get("context_parallel_size") or 1
@@ -201,7 +201,7 @@ def default_engines(cfg: dict | None, gpu: str, shape: Shape) -> tuple[list[str]
             engines = ["flash"]
     else:
         engines = []                                         # TE's unfused attention: not replayed
-    rollout = [r for r in _rollout(gpu, shape.seq_len) if not (shape.window is not None and "cascade" in r)]
+    rollout = [r for r in default_rollout(gpu, shape.seq_len) if not (shape.window is not None and "cascade" in r)]
     return ["reference", *engines], rollout
 
 
