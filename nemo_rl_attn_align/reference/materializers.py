@@ -259,7 +259,7 @@ ENGINES: dict[str, Engine] = {
     "te-allgather": Engine(lambda q, k, v, g, p: _te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
                            {"cp": 2, "tile": 0}, _cp_plan("all_gather"), "Transformer Engine CP KV all-gather",
                            "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVAllGather, FlashAttention-2 per chunk"),
-    "te-fused": Engine(_not_replayable, {"cp": 1}, lambda p: SinglePass(), "Transformer Engine FusedAttention (cuDNN)",
+    "te-fused": Engine(_not_replayable, {}, lambda p: SinglePass(), "Transformer Engine FusedAttention (cuDNN)",
                        "Transformer Engine 2.14-2.15 FusedAttention (cuDNN fused attention): not replayable"),
     "vllm": Engine(lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=False), dict(_VLLM_PARAMS), _vllm_plan,
                    "vLLM chunked prefill over paged KV, FlashAttention-2",
