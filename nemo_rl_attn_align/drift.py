@@ -67,10 +67,11 @@ def check_materializers(mats: list[Materializer], shape: Shape, gpu: str = DEFAU
                              "Fix: use te-allgather for sliding-window models.")
 
 
-def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of ``dtype`` at the (FP64) values ``x``: ``2**(floor(log2|x|)) * eps``."""
+def ulp_of(x: torch.Tensor, dtype: torch.dtype, work: torch.dtype = torch.float64) -> torch.Tensor:
+    """Spacing of ``dtype`` at the values ``x``: ``2**(floor(log2|x|)) * eps``, in ``work`` precision."""
     info = torch.finfo(dtype)
-    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(info.tiny)))) * info.eps
+    _, exponent = torch.frexp(x.abs().clamp_min(info.tiny).to(work))   # |x| = m * 2**e, m in [0.5, 1)
+    return torch.exp2(exponent.to(work)) * (info.eps / 2)
 
 
 #: Magnitudes below this fraction of a tensor's largest are measured in the ulps at that floor,
@@ -128,14 +129,19 @@ def _chunked_stats(fields: dict[str, Any], n: int) -> dict[str, float]:
 
 def local_ulps(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``|a - b|`` (``[T, H, D]``) in ulps of ``dtype`` at the largest ``|a|, |b|`` of the same (token, head)."""
-    a, b = a.to(torch.float64), b.to(torch.float64)
-    local = torch.maximum(a.abs(), b.abs()).amax(dim=-1, keepdim=True)
-    return (a - b).abs() / ulp_of(local, dtype)
+    local = torch.maximum(a.abs().amax(dim=-1, keepdim=True), b.abs().amax(dim=-1, keepdim=True))
+    return (a.to(torch.float64) - b.to(torch.float64)).abs() / ulp_of(local, dtype)
 
 
 def beyond_one_ulp(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """1.0 where ``a`` and ``b`` are more than one ulp (of ``dtype``, at their own magnitude) apart."""
-    return (ulps(a, b, dtype, floor=0.0) > 1.0).to(torch.float64)
+    """1.0 where ``a`` and ``b`` are more than one ulp (of ``dtype``, at their own magnitude) apart.
+
+    Two bf16/fp16 tensors are compared in FP32 (exact for their values, and its rounding of the
+    difference is far below their ulp); anything else in FP64."""
+    half = (torch.bfloat16, torch.float16)
+    work = torch.float32 if a.dtype in half and b.dtype in half else torch.float64
+    a, b = a.to(work), b.to(work)
+    return ((a - b).abs() > ulp_of(torch.maximum(a.abs(), b.abs()), dtype, work)).to(torch.float32)
 
 
 def compare(a: tuple, b: tuple, lp_a: torch.Tensor, lp_b: torch.Tensor) -> dict[str, float]:
