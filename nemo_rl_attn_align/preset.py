@@ -7,7 +7,8 @@ setting that removes the first cause, then previews again. What each cause takes
   mode, ``VLLM_BATCH_INVARIANT=1`` in ``policy.generation.vllm_cfg.env_vars`` (one KV split);
 * ``CUBLAS_WORKSPACE_CONFIG`` meaning differs: Megatron's deterministic workspace ``:4096:8`` on the
   side that lacks one (vLLM's batch-invariant mode sets ``:4096:8`` or ``:16:8``, the same meaning);
-* ``dtype``: the rollout runs ``policy.precision`` (``policy.generation.vllm_cfg.precision``);
+* ``dtype``: a rollout precision other than ``policy.precision`` (an FP8 rollout, say) is a choice:
+  the preset refuses, ``--fix`` sets ``policy.generation.vllm_cfg.precision`` to ``policy.precision``;
 * training ``reduction_order: ring_step`` / ``downcast: per_partial`` (context parallelism): NeMo-RL
   packs sequences whenever ``context_parallel_size > 1`` and Transformer Engine runs packed (``thd``,
   padding masks) attention only over its p2p ring (``AttnFuncWithCPAndQKVOA2A`` and
@@ -16,9 +17,10 @@ setting that removes the first cause, then previews again. What each cause takes
   allreduce to Tree/Simple while Megatron's deterministic mode requires Ring: only TP 1 aligns.
 
 The preset (run by the driver before any worker starts, and shown by ``check``) applies only
-settings that keep the run's parallel layout; a cause that needs a layout change is refused with one
-finding. ``check --fix`` may also change the layout, each such change labelled with its cost, and
-prints the smallest set of Hydra overrides that turns the preview to pass. Stdlib only.
+determinism settings (environment variables); a cause that needs the parallel layout or the rollout
+precision changed is refused with one finding. ``check --fix`` may also change those, each such
+change labelled with its cost, and prints the smallest set of Hydra overrides that turns the preview
+to pass. Stdlib only.
 """
 
 from __future__ import annotations
@@ -43,13 +45,14 @@ MAX_ROUNDS = 6
 
 @dataclass(frozen=True)
 class Change:
-    """One config setting the preset or ``--fix`` makes: the dotted key, the value, why, and the cost
-    (``layout``: the change alters the run's parallel layout, which the preset never does)."""
+    """One config setting the preset or ``--fix`` makes: the dotted key, the value, why, and whether
+    it ``alters_run`` (changes the parallel layout or the rollout precision, which the preset never
+    does; ``check --fix`` lists such changes with their cost)."""
 
     key: str
     value: Any
     reason: str
-    layout: bool = False
+    alters_run: bool = False
 
     def override(self) -> str:
         """The Hydra override that makes this change (``++`` adds or sets), quoted for a POSIX shell."""
@@ -58,7 +61,7 @@ class Change:
         return "'" + text.replace("'", "'\\''") + "'"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "value": self.value, "reason": self.reason, "layout": self.layout,
+        return {"key": self.key, "value": self.value, "reason": self.reason, "alters_run": self.alters_run,
                 "override": self.override()}
 
 
@@ -135,7 +138,7 @@ def _refuse(where: str, value: Any, message: str, fix: str) -> Finding:
     return Finding(PRESET_CODE, Severity.ERROR, where, repr(value), message, fix)
 
 
-def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], layout_ok: bool) -> list[Change] | Finding:
+def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok: bool) -> list[Change] | Finding:
     """The changes that remove one cause, or the finding that says why none keeps the layout."""
     if kind == "field":
         t, r = result.training.value, result.rollout.value
@@ -143,14 +146,21 @@ def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], layout_ok
             return [Change(f"{_VLLM_ENV}.VLLM_BATCH_INVARIANT", "1",
                            "vLLM batch-invariant mode: one KV split, tiles folded in KV order")]
         if name == "dtype":
-            return [Change("policy.generation.vllm_cfg.precision", get_key(cfg, "policy.precision"),
-                           "the rollout runs the training precision")]
+            if alter_ok:
+                return [Change("policy.generation.vllm_cfg.precision", get_key(cfg, "policy.precision"),
+                               "the rollout runs the training precision (a deliberate low-precision rollout "
+                               "loses its speed-up)", alters_run=True)]
+            return _refuse("policy.generation.vllm_cfg.precision", r,
+                           f"dtype: the rollout runs {r!r}, the training {t!r}: a rollout precision is a choice "
+                           "the preset does not override",
+                           "set policy.generation.vllm_cfg.precision to policy.precision (check --fix), or "
+                           "attention_align.allow_dtype_difference: true to measure the difference")
         if name in ("reduction_order", "downcast") and t in ("ring_step", "per_partial"):
             cp = get_key(cfg, "policy.megatron_cfg.context_parallel_size")
-            if layout_ok:
+            if alter_ok:
                 return [Change("policy.megatron_cfg.context_parallel_size", 1,
                                "no context parallelism: one kernel pass over the KV; each GPU then holds "
-                               "whole sequences (more activation memory)", layout=True)]
+                               "whole sequences (more activation memory)", alters_run=True)]
             return _refuse("policy.megatron_cfg.context_parallel_size", cp,
                            f"context_parallel_size {cp}: NeMo-RL packs sequences under context parallelism and "
                            "Transformer Engine runs packed attention only over its p2p ring, whose merge order "
@@ -166,12 +176,12 @@ def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], layout_ok
                        "deterministic cuBLAS workspace on both sides")]
     tp = (get_key(cfg, "policy.megatron_cfg.tensor_model_parallel_size"),
           get_key(cfg, "policy.generation.vllm_cfg.tensor_parallel_size"))
-    if layout_ok:
+    if alter_ok:
         return [Change("policy.megatron_cfg.tensor_model_parallel_size", 1,
                        "no tensor parallelism in training: no allreduce reduces the compared tensor "
-                       "(each GPU holds the whole model)", layout=True),
+                       "(each GPU holds the whole model)", alters_run=True),
                 Change("policy.generation.vllm_cfg.tensor_parallel_size", 1,
-                       "no tensor parallelism in rollout (each GPU holds the whole model)", layout=True)]
+                       "no tensor parallelism in rollout (each GPU holds the whole model)", alters_run=True)]
     return _refuse("policy.megatron_cfg.tensor_model_parallel_size", {"training": tp[0], "rollout": tp[1]},
                    f"{name}: with tensor parallelism the allreduce must run one NCCL algorithm on both sides, "
                    "but vLLM's batch-invariant mode pins it to Tree/Simple and Megatron's deterministic mode "
@@ -186,11 +196,11 @@ def _field_fix(name: str) -> str:
     return field_spec(name).fix
 
 
-def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any], *, layout_ok: bool = False) -> Alignment:
+def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any], *, alter_ok: bool = False) -> Alignment:
     """Apply the settings that make the semantic and determinism tiers of ``preview_of(cfg)`` pass.
 
     ``preview_of`` previews a config (``preview.preview_binding`` with fixed settings and
-    environment). ``layout_ok`` lets parallel sizes change (``check --fix``); the preset keeps them.
+    environment). ``alter_ok`` lets parallel sizes change (``check --fix``); the preset keeps them.
     ``cfg`` is not modified: the changes are applied to a copy.
     """
     work = copy.deepcopy(dict(cfg))
@@ -200,7 +210,7 @@ def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any]
     for _ in range(MAX_ROUNDS):
         fresh: list[Change] = []
         for kind, name, result in blocking_causes(preview):
-            remedy = _remedy(kind, name, result, work, layout_ok)
+            remedy = _remedy(kind, name, result, work, alter_ok)
             if isinstance(remedy, Finding):
                 refusals.setdefault(remedy.key, remedy)
                 continue

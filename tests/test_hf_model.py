@@ -105,3 +105,12 @@ def test_identity_matches_what_transformers_writes(tmp_path, model_type):
     fields = identity_fields(load_model_config(str(tmp_path), {}).config)
     assert (fields["num_attention_heads"], fields["num_query_groups"], fields["head_dim"]) == (4, 2, getattr(config, "head_dim", None) or 32)
     assert fields["rope_parameters"]["theta"] == float(getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"])
+
+
+def test_drift_takes_the_shape_from_the_local_config_before_the_builtin_table(tmp_path):
+    from nemo_rl_attn_align.drift_shape import resolve_shape
+
+    model = write_model(tmp_path / "qwen3", {**QWEN3, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64})
+    shape = resolve_shape({"policy": {"model_name": str(model)}}, {})
+    assert (shape.heads, shape.kv_heads, shape.head_dim, shape.window) == (8, 4, 64, None)
+    assert shape.sources["heads"] == str(model / "config.json")

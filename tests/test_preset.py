@@ -26,14 +26,14 @@ def check(*args):
                           capture_output=True, text=True, cwd=REPO, timeout=60, env={"PATH": "/usr/bin:/bin"})
 
 
-def aligned(*overrides, layout_ok=False, environ=None):
+def aligned(*overrides, alter_ok=False, environ=None):
     cfg = load_config(GRPO, list(overrides))
     settings = load_settings(cfg)
 
     def preview_of(c):
         return preview_binding(c, settings, environ or {})
 
-    return cfg, align(cfg, preview_of, layout_ok=layout_ok), preview_of
+    return cfg, align(cfg, preview_of, alter_ok=alter_ok), preview_of
 
 
 def test_stock_grpo_is_aligned_by_two_environment_variables():
@@ -43,10 +43,12 @@ def test_stock_grpo_is_aligned_by_two_environment_variables():
     assert cfg["policy"]["generation"]["vllm_cfg"]["env_vars"] is None  # the input is left as it was
 
 
-def test_rollout_precision_follows_training():
+def test_a_chosen_rollout_precision_is_refused_by_the_preset_and_fixed_by_fix():
     _, result, _ = aligned("++policy.generation.vllm_cfg.precision=float16")
-    assert ("policy.generation.vllm_cfg.precision", "bfloat16") in [(c.key, c.value) for c in result.changes]
-    assert result.aligned
+    assert result.refusal.key == "policy.generation.vllm_cfg.precision"
+    _, fixed, _ = aligned("++policy.generation.vllm_cfg.precision=float16", alter_ok=True)
+    assert ("policy.generation.vllm_cfg.precision", "bfloat16", True) in [(c.key, c.value, c.alters_run) for c in fixed.changes]
+    assert fixed.aligned
 
 
 @pytest.mark.parametrize(("overrides", "key"), [
@@ -58,13 +60,13 @@ def test_the_preset_keeps_the_layout_and_refuses_with_one_finding(overrides, key
     _, result, _ = aligned(*overrides)
     assert not result.aligned
     assert result.refusal.code == "ALIGN_PRESET_REFUSED" and result.refusal.key == key
-    assert all(not c.layout for c in result.changes)
+    assert all(not c.alters_run for c in result.changes)
     assert (BI, "1") in [(c.key, c.value) for c in result.changes]  # what can be aligned still is
 
 
 def test_fix_may_change_the_layout_and_is_minimal():
     cfg, result, preview_of = aligned("policy.megatron_cfg.context_parallel_size=2",
-                                      "++policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT='1'", layout_ok=True)
+                                      "++policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT='1'", alter_ok=True)
     assert result.aligned
     keys = [c.key for c in minimal(cfg, result, preview_of)]
     assert keys == ["policy.megatron_cfg.context_parallel_size", CUBLAS]  # BI is already set

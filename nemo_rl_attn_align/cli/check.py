@@ -88,7 +88,7 @@ def _fix(cfg: dict, preview_of) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
     from nemo_rl_attn_align.preset import align, minimal
 
-    alignment = align(cfg, preview_of, layout_ok=True)
+    alignment = align(cfg, preview_of, alter_ok=True)
     if alignment.preview.binding is None:
         return {"overrides": [], "changes": [], "none_because": "the config has no training and rollout side to bind"}
     if alignment.refusal is not None:
@@ -142,7 +142,7 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
     if not fix["overrides"]:
         return ["fix: none needed: the semantic and determinism tiers already pass"]
     lines = ["fix: add after the recipe on the command line:", "  " + " ".join(fix["overrides"])]
-    lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["layout"]]
+    lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["alters_run"]]
     return lines
 
 
