@@ -475,6 +475,12 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
         + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]
     lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
+    preset = doc["settings"].get("preset")
+    if preset:
+        changed = ", ".join(f"{c['key']}={c['value']!r}" for c in preset["changes"]) or "nothing"
+        lines.append(f"preset aligned changed: {changed}")
+        if preset.get("refusal"):
+            lines.append(f"preset aligned could not align: {format_finding(preset['refusal'])}")
     if doc.get("collected_from_workers"):
         lines.append("(collected from worker records now: the driver wrote no report; default mandate)")
     if doc["binding"] is not None:
@@ -553,6 +559,7 @@ def finalize(
     point: str = "setup",
     final: bool = False,
     enforce: bool = True,
+    preset: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
@@ -561,7 +568,8 @@ def finalize(
     driver passes the experiment's real log dir); ``run_id`` leaves out files of other runs;
     ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
     ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
-    history are kept); ``final`` marks the run's last collection.
+    history are kept); ``final`` marks the run's last collection; ``preset`` is what
+    ``attention_align.preset`` changed, kept under ``settings.preset``.
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
@@ -572,6 +580,7 @@ def finalize(
     doc = collect(folder, run_id=run_id, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
                   on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides)
     doc["collected_at"] = point
+    doc["settings"]["preset"] = dict(preset) if preset is not None else None
     if previous is not None:
         doc["drift"]["steps"] = list(previous["drift"]["steps"])
         doc["history"] = list(previous.get("history", []))
