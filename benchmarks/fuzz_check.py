@@ -50,8 +50,16 @@ def _overrides_for(changes: dict) -> list[str]:
 
 
 def one_case(args: tuple[int, int]) -> dict:
-    """Run generated config number ``index`` of seed ``seed``; the classification of its outcome."""
-    seed, index = args
+    """Run generated config number ``index`` of seed ``seed``; the classification of its outcome
+    (a failure of the harness itself is reported as such, apart from the plugin's)."""
+    try:
+        return _one_case(*args)
+    except Exception as err:  # noqa: BLE001
+        return {"index": args[1], "exit": "harness", "problems": [f"harness: {type(err).__name__}: {str(err)[:200]}"],
+                "wrong_accept": None, "deferred_accept": None, "changes": {}, "overrides": None}
+
+
+def _one_case(seed: int, index: int) -> dict:
     rng = random.Random(seed * 1_000_003 + index)
     changes = hi.random_mutation(rng, deferred=rng.random() < 0.15)
     as_json = index % 3 == 0
@@ -102,13 +110,17 @@ def fuzz(n: int, seed: int, jobs: int) -> dict:
                 deferred.append(result)
     elapsed = time.perf_counter() - start
     tracebacks = [p for p in problems if any(x.startswith("traceback") for x in p["problems"])]
+    harness = [p for p in problems if p["exit"] == "harness"]
+    problems = [p for p in problems if p["exit"] != "harness"]
     summary = {"configs": n, "seed": seed, "seconds": round(elapsed, 1), "exit_codes": {str(k): v for k, v in sorted(exits.items(), key=str)},
                "tracebacks": len(tracebacks), "output_problems": len(problems) - len(tracebacks), "wrong_accepts": len(wrong),
+               "harness_failures": len(harness),
                "wrong_accepts_deferred_to_enabled_truthiness": len(deferred),
                "examples": {"problems": problems[:20], "wrong_accepts": wrong[:20], "deferred": deferred[:5]}}
     print(f"fuzz: {n} configs (seed {seed}) in {elapsed:.0f} s; exit codes {summary['exit_codes']}")
     print(f"  tracebacks: {summary['tracebacks']}; other output problems: {summary['output_problems']}; "
-          f"wrong accepts: {summary['wrong_accepts']}; wrong accepts only under enabled truthiness (issue 9): {len(deferred)}")
+          f"wrong accepts: {summary['wrong_accepts']}; wrong accepts only under enabled truthiness (issue 9): {len(deferred)}; "
+          f"harness failures: {len(harness)}")
     for item in (problems + wrong)[:10]:
         print(f"  e.g. #{item['index']}: {item['problems'] or item['wrong_accept']} <- {item['changes']}")
     return summary
@@ -125,6 +137,12 @@ def _alias_bomb(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_pieces(path: Path, pieces) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for piece in pieces:
+            handle.write(piece)
+
+
 def _record(**extra) -> str:
     return json.dumps({"kind": "nemo-rl-attn-align/host-detail", "side": "training", "worker_id": "w", **extra})
 
@@ -136,19 +154,22 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
     (tmp / "loop_b").symlink_to(tmp / "loop_a")
     os.mkfifo(tmp / "fifo")
     (tmp / "afile").write_text("x")
+    # Big files are written in pieces: this process must stay small, since a child's peak RSS
+    # (wait4) starts from the parent's size at fork.
+    _write_pieces(tmp / "string50m.yaml", ["a: '", *["x" * (1 << 20)] * 50, "'\n"])
+    _write_pieces(tmp / "keys4m.yaml", ("".join(f"k{i}: {i}\n" for i in range(j, j + 100_000)) for j in range(0, 4_200_000, 100_000)))
+    _write_pieces(tmp / "report_big.json", ["[", *["0," * (1 << 20)] * 40, "0]"])
     files = {
         "bomb6.yaml": _alias_bomb(6), "bomb9.yaml": _alias_bomb(9),
-        "string50m.yaml": "a: '" + "x" * (50 << 20) + "'\n",
-        "keys4m.yaml": "".join(f"k{i}: {i}\n" for i in range(4_200_000)),
         "deep.yaml": "a: " + "[" * 100_000 + "]" * 100_000 + "\n",
         "deep_block.yaml": "".join(" " * i + f"k{i}:\n" for i in range(2000)),
+        "deep_block_small.yaml": "".join(" " * i + f"k{i}:\n" for i in range(200)),
         "recursive.yaml": "a: &a [*a]\n",
         "newline_key.yaml": f"defaults: {ex}\nattention_align:\n  \"bad\\nkey\": 1\n",
         "huge_value.yaml": f"defaults: {ex}\nattention_align:\n  on_mismatch: '{'v' * 200_000}'\n",
         "report_v1.0.json": json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": 1.0}),
         "report_true.json": json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": True}),
         "report_deep.json": "[" * 500_000 + "]" * 500_000,
-        "report_big.json": "[" + "0," * (40 << 20) + "0]",
     }
     for name, text in files.items():
         (tmp / name).write_text(text)
@@ -175,7 +196,8 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         ("check: 50 MB string", [*CLI, "check", str(tmp / "string50m.yaml")], bad),
         ("check: 4.2 M keys", [*CLI, "check", str(tmp / "keys4m.yaml")], bad),
         ("check: 100k-deep flow nesting", [*CLI, "check", str(tmp / "deep.yaml")], bad),
-        ("check: 2000-deep block nesting", [*CLI, "check", str(tmp / "deep_block.yaml")], bad),
+        ("check: 2000-deep block nesting (2 MB)", [*CLI, "check", str(tmp / "deep_block.yaml")], bad),
+        ("check: 200-deep block nesting (20 KB)", [*CLI, "check", str(tmp / "deep_block_small.yaml")], bad),
         ("check: override key 600 levels deep", [*CLI, "check", ex, "++" + ".".join(["a"] * 600) + "=1"], bad),
         ("check: override value 5000 brackets deep", [*CLI, "check", ex, "++a=" + "[" * 5000 + "]" * 5000], bad),
         ("check: key with a newline", [*CLI, "check", str(tmp / "newline_key.yaml")], bad),
@@ -199,7 +221,7 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
     ]
 
 
-def _run_measured(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str, float, float]:
+def _run_measured(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str, float, float, float]:
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd, env=env)
@@ -211,7 +233,8 @@ def _run_measured(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str,
         out.seek(0)
         err.seek(0)
         code = os.waitstatus_to_exitcode(status)
-        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace"), elapsed, usage.ru_maxrss / 1024
+        cpu = usage.ru_utime + usage.ru_stime
+        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace"), elapsed, usage.ru_maxrss / 1024, cpu
 
 
 def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
@@ -221,19 +244,20 @@ def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
         tmp_path = Path(tmp)
         baseline = _run_measured([sys.executable, "-c", "import nemo_rl_attn_align.cli"], tmp_path, env)
         for name, argv, want in hostile_cases(tmp_path):
-            code, out, err, seconds, mb = _run_measured(argv, tmp_path, env)
+            code, out, err, seconds, mb, cpu = _run_measured(argv, tmp_path, env)
             text = out + err
             lines = text.count("\n")
             ok = code == want["exit"] and ("lines" not in want or lines == want["lines"]) and "Traceback" not in text
             if "unreadable" in want:
                 ok = ok and f"unreadable: {want['unreadable']}" in text
             ok = ok and seconds < timeout_note and mb < memory_mb
-            rows.append({"case": name, "exit": code, "lines": lines, "seconds": round(seconds, 3), "peak_mb": round(mb, 1),
+            rows.append({"case": name, "exit": code, "lines": lines, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3), "peak_mb": round(mb, 1),
                          "ok": ok, "output": (err or out).strip().splitlines()[0][:160] if text.strip() else ""})
-        print(f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s, {baseline[4]:.1f} MB")
-    print(f"{'case':<46} {'exit':>4} {'lines':>5} {'s':>6} {'MB':>6}  ok  output")
+        print(f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s wall, {baseline[5]:.3f} s CPU, {baseline[4]:.1f} MB")
+    print(f"{'case':<46} {'exit':>4} {'lines':>5} {'wall s':>6} {'cpu s':>6} {'MB':>6}  ok  output")
     for r in rows:
-        print(f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['peak_mb']:>6.1f}  {'yes' if r['ok'] else 'NO '} {r['output']}")
+        print(f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} {r['peak_mb']:>6.1f}  "
+              f"{'yes' if r['ok'] else 'NO '} {r['output']}")
     print(f"{sum(r['ok'] for r in rows)}/{len(rows)} cases as expected (exit, one line, < {timeout_note} s, < {memory_mb} MB)")
     return rows
 

@@ -290,38 +290,49 @@ def _apply_overrides(cfg, overrides: Sequence[str]) -> None:
         override = parsed[0]
         if not override.key_or_group:
             raise UsageError(f"override {shown(text)} has no key. {_USAGE}.")
+        hint = _override_hint(cfg, override)  # before applying: a failed override can leave the config changed
         try:
             ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
         except Exception as err:  # HydraException, OmegaConfBaseException, RecursionError, ...
             first = _first_line(err) or type(err).__name__
-            raise UsageError(f"override {shown(text)} cannot be applied ({first}). Fix: {_override_hint(cfg, override)}.") from None
+            raise UsageError(f"override {shown(text)} cannot be applied ({first}). Fix: {hint}.") from None
 
 
-def _has_key(cfg, key: str) -> bool:
-    """Whether the dotted ``key`` is in ``cfg`` (without resolving or tripping struct mode)."""
+def _deepest_existing(cfg, key: str) -> tuple[int, Any]:
+    """How many leading parts of the dotted ``key`` exist in ``cfg``, and the node the last one
+    names (without resolving or tripping struct mode)."""
     from omegaconf import DictConfig, ListConfig
 
-    node = cfg
-    for part in key.split("."):
+    node, parts = cfg, key.split(".")
+    for depth, part in enumerate(parts):
         if isinstance(node, DictConfig) and part in node:
             node = node._get_node(part)
         elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
             node = node._get_node(int(part))
         else:
-            return False
-    return True
+            return depth, node
+    return len(parts), node
 
 
 def _override_hint(cfg, override) -> str:
+    from omegaconf import DictConfig, ListConfig
+
     key = override.key_or_group
-    exists = _has_key(cfg, key)
+    depth, node = _deepest_existing(cfg, key)
+    parts = key.split(".")
+    exists = depth == len(parts)
+    if not exists and depth and not isinstance(node, (DictConfig, ListConfig)):
+        parent = ".".join(parts[:depth])
+        return f"{parent} holds a value, not a mapping, so it has no key {parts[depth]}; set {parent}=VALUE instead"
     if override.is_delete():
         if exists:
             return f"write ~{key} (a value after ~{key}= must equal the current one)"
         return f"{key} is not in the config, so there is nothing to delete; drop ~{key}"
     if override.is_add():
         return f"{key} is already in the config; write {key}=VALUE" if exists else f"check that the parent of {key} is a mapping"
-    if override.is_force_add() or exists:
+    if exists:
+        return f"{key} is in the config but this value cannot replace it; to add keys inside it, write ++{key}.NAME=VALUE"
+    if override.is_force_add():
         return f"check that the parent of {key} is a mapping and the value is valid"
     return f"{key} is not in the config; write ++{key}=VALUE to add it"
 

@@ -12,6 +12,7 @@ caught. ``tests/test_hostile_properties.py`` draws from these pools with hypothe
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
@@ -108,7 +109,7 @@ def set_path(cfg: dict, dotted: str, value: Any) -> None:
     if is_unset(value):
         node.pop(leaf, None)
     else:
-        node[leaf] = value
+        node[leaf] = copy.deepcopy(value)  # the pools' lists and dicts are shared: never alias them
 
 
 def _truthy(value: Any) -> bool:
@@ -353,5 +354,5 @@ def random_mutation(rng: random.Random, deferred: bool = False) -> dict[str, Any
     changes = {}
     for key in keys:
         pool = pools[key]
-        changes[key] = rng.choice(pool) if rng.random() < 0.85 else rng.choice(_ODD)
+        changes[key] = copy.deepcopy(rng.choice(pool) if rng.random() < 0.85 else rng.choice(_ODD))
     return changes
