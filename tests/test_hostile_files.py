@@ -240,3 +240,13 @@ def test_drift_out_is_checked_before_the_sweep(tmp_path, capsys, out, expected):
     target = out if out.startswith("/") else str(tmp_path / out)
     code, stdout, err = run_cli(capsys, "drift", "--heads", "2", "--head-dim", "8", "--seq-len", "16", "--no-progress", "--out", target)
     assert code == 2 and stdout == "" and expected in err and err.count("\n") == 1
+
+
+# --- the environment the driver hands to workers --------------------------------------------------
+
+@pytest.mark.parametrize("raw", ["[" * 100_000, '{"strict": "false", "report_dir": 5}', "null", "\x00"])
+def test_worker_settings_from_a_hostile_environment_fall_back_to_defaults(raw):
+    from nemo_rl_attn_align.hosts import handoff
+
+    settings = handoff.worker_settings({handoff.SETTINGS_ENV: raw})
+    assert settings == handoff.WorkerSettings()
