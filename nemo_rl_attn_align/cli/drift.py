@@ -132,10 +132,12 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``drift``; returns the exit code."""
     from nemo_rl_attn_align.errors import UsageError
 
+    from nemo_rl_attn_align.limits import shown_text
+
     try:
         config_path, overrides, shape, dtypes, training, rollout = _prepare(args)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
     from nemo_rl_attn_align import drift
     from nemo_rl_attn_align.report import atomic_write_json
