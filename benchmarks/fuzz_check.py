@@ -11,7 +11,8 @@ under NeMo-RL's truthiness of ``megatron_cfg.enabled`` (issue 9's change) are co
 
 Hostile files (``--hostile``): each case runs in a fresh subprocess; printed are its exit code,
 stdout/stderr line count, wall and CPU time and peak RSS (``wait4``), the whole process included
-(interpreter start and imports; the first row, checking the packaged example, is the reference).
+(interpreter start and imports; the first row, checking the packaged example, is the reference),
+and the wall time of the same command in this warm process (the refusal itself).
 Target: exit 2 (or the stated outcome), one line, under 1 s of CPU time, under 100 MB.
 
     python benchmarks/fuzz_check.py --n 30000 --jobs 2 [--seed 0] [--out fuzz.json]
@@ -239,26 +240,53 @@ def _run_measured(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str,
         return code, out.read().decode(errors="replace"), err.read().decode(errors="replace"), elapsed, usage.ru_maxrss / 1024, cpu
 
 
+def _in_process_ms(argv: list[str]) -> float:
+    """Wall time of the same command through ``nemo_rl_attn_align.cli.main`` in this (warm)
+    process: the cost of the refusal itself, without interpreter start and imports."""
+    import contextlib
+    import io
+
+    from nemo_rl_attn_align.cli import main as cli_main
+
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            cli_main(argv[len(CLI):])
+        except SystemExit:
+            pass
+    return (time.perf_counter() - start) * 1e3
+
+
 def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
     rows = []
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         tmp_path = Path(tmp)
         baseline = _run_measured([sys.executable, "-c", "import nemo_rl_attn_align.cli"], tmp_path, env)
-        for name, argv, want in hostile_cases(tmp_path):
-            code, out, err, seconds, mb, cpu = _run_measured(argv, tmp_path, env)
+        cases = hostile_cases(tmp_path)
+        # Subprocesses first: a child's peak RSS (wait4) starts from this process's size at fork.
+        measured = [_run_measured(argv, tmp_path, env) for _, argv, _ in cases]
+        cwd = os.getcwd()
+        os.chdir(tmp_path)
+        try:
+            _in_process_ms(cases[0][1])  # warm the imports once
+            in_process_ms = [_in_process_ms(argv) for _, argv, _ in cases]
+        finally:
+            os.chdir(cwd)
+        for (name, argv, want), (code, out, err, seconds, mb, cpu), in_process in zip(cases, measured, in_process_ms):
             text = out + err
             lines = text.count("\n")
             ok = code == want["exit"] and ("lines" not in want or lines == want["lines"]) and "Traceback" not in text
             if "unreadable" in want:
                 ok = ok and f"unreadable: {want['unreadable']}" in text
             ok = ok and cpu < timeout_note and mb < memory_mb  # CPU time: wall time depends on the machine's load
-            rows.append({"case": name, "exit": code, "lines": lines, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3), "peak_mb": round(mb, 1),
+            rows.append({"case": name, "exit": code, "lines": lines, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3),
+                         "in_process_ms": round(in_process, 1), "peak_mb": round(mb, 1),
                          "ok": ok, "output": (err or out).strip().splitlines()[0][:160] if text.strip() else ""})
         print(f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s wall, {baseline[5]:.3f} s CPU, {baseline[4]:.1f} MB")
-    print(f"{'case':<46} {'exit':>4} {'lines':>5} {'wall s':>6} {'cpu s':>6} {'MB':>6}  ok  output")
+    print(f"{'case':<46} {'exit':>4} {'lines':>5} {'wall s':>6} {'cpu s':>6} {'in-proc ms':>10} {'MB':>6}  ok  output")
     for r in rows:
-        print(f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} {r['peak_mb']:>6.1f}  "
+        print(f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} {r['in_process_ms']:>10.1f} {r['peak_mb']:>6.1f}  "
               f"{'yes' if r['ok'] else 'NO '} {r['output']}")
     print(f"{sum(r['ok'] for r in rows)}/{len(rows)} cases as expected (exit, one line, < {timeout_note} s CPU, < {memory_mb} MB); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
