@@ -134,15 +134,19 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
         b.pending("backend", "attention_backend is invalid")
     _from_config(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
     b.configured("cp_layout", "load_balanced" if cp > 1 else "none", "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r")
-    b.configured("cp_comm_type", comm if cp > 1 else None, "model_overrides.cp_comm_type (Megatron's default p2p)")
+    if cp > 1:  # an unknown value is the pre-flight rules' CONFIG_VALUE_INVALID; the field is then pending
+        _from_config(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
+    else:
+        b.configured("cp_comm_type", None, "no context parallelism")
     _from_config(b, "tp_size", mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size")
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
     fusion = mcfg.get("apply_rope_fusion", True)
     b.configured("rope_fusion", fusion if isinstance(fusion, bool) else True, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
     mbs = _count(policy.get("logprob_batch_size")) or _count(policy.get("train_micro_batch_size"))
     _from_config(b, "physical_batch", mbs, "policy.logprob_batch_size")
-    b.configured("batch_invariant", overrides.get("batch_invariant_mode") is True, "model_overrides.batch_invariant_mode")
-    b.configured("deterministic", overrides.get("deterministic_mode") is True, "model_overrides.deterministic_mode")
+    # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
+    b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
+    b.configured("deterministic", bool(overrides.get("deterministic_mode")), "model_overrides.deterministic_mode")
     b.pending("flash_attention_version", "the installed flash-attn, known at start")
     b.pending("versions", "the worker's installed libraries")
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
@@ -226,7 +230,7 @@ def predict_determinism(cfg: Mapping[str, Any], environ: Optional[Mapping[str, s
     environ = os.environ if environ is None else environ
     t_env = _worker_env(cfg, _MEGATRON, environ)
     problems: list[str] = []
-    if _get(cfg, "policy.megatron_cfg.model_overrides.deterministic_mode") is True:
+    if bool(_get(cfg, "policy.megatron_cfg.model_overrides.deterministic_mode")):
         t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
         problems.extend(found)
     r_env = _worker_env(cfg, _VLLM, environ)

@@ -23,12 +23,14 @@ run wrote is listed as stale; none of them stops the collection. The document's 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
 import re
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
@@ -36,6 +38,7 @@ from nemo_rl_attn_align.binding import Code, Mandate, Status, Verdict, bind, sam
 from nemo_rl_attn_align.contract import SIDES, AttentionContract, Tier, field_spec, fields_of
 from nemo_rl_attn_align.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, format_finding
+from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, MAX_REPORT_BYTES, InputRefused, nesting_depth, read_text, shown_path
 
 REPORT_SCHEMA_VERSION = 1
 REPORT_KIND = "nemo-rl-attn-align/report"
@@ -94,9 +97,41 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
     return path
 
 
+#: Longest worker file name: the temp name adds ``.`` + ``.XXXXXXXX.tmp`` and must stay within
+#: the 255 bytes most file systems allow.
+_MAX_FILE_NAME = 200
+
+
+#: A temp file untouched this long belongs to a writer that died (a live write takes milliseconds).
+STALE_TEMP_AGE_S = 10.0
+
+
+def remove_stale_temp_files(report_dir: PathLike, older_than_s: float = STALE_TEMP_AGE_S) -> list[str]:
+    """Delete the temp files (``.*.tmp``) that writers killed mid-write left in ``report_dir``,
+    ``workers/`` and ``hosts/``, when untouched for ``older_than_s``; returns their paths. Never raises."""
+    removed, cutoff = [], time.time() - older_than_s
+    for folder in (Path(report_dir), Path(report_dir) / WORKERS_DIR, Path(report_dir) / HOSTS_DIR):
+        try:
+            candidates = sorted(folder.glob(".*.tmp")) if folder.is_dir() else []
+        except OSError:
+            continue
+        for path in candidates:
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed.append(str(path))
+            except OSError:
+                continue
+    return removed
+
+
 def _worker_file(report_dir: PathLike, folder: str, side: str, worker_id: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)
-    return Path(report_dir) / folder / f"{side}--{safe}.json"
+    name = f"{side}--{safe}.json"
+    if len(name) > _MAX_FILE_NAME:  # a very long id: cut, with a digest of the whole id (the record keeps it whole)
+        digest = hashlib.sha256(worker_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = f"{side}--{safe[: _MAX_FILE_NAME - len(side) - 25]}-{digest}.json"
+    return Path(report_dir) / folder / name
 
 
 def worker_record_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
@@ -137,10 +172,16 @@ def write_worker_detail(report_dir: PathLike, side: str, worker_id: str, detail:
     return atomic_write_json(worker_detail_path(report_dir, side, worker_id), body)
 
 
+def _schema_version_ok(data: Mapping[str, Any]) -> bool:
+    """Exactly the integer ``REPORT_SCHEMA_VERSION`` (``1.0`` and ``true`` equal 1 in Python, but are not it)."""
+    version = data.get("schema_version")
+    return type(version) is int and version == REPORT_SCHEMA_VERSION
+
+
 def _parse_worker_record(data: Any) -> tuple[AttentionContract, Optional[DeterminismProbe]]:
     if not isinstance(data, dict) or data.get("kind") != WORKER_KIND:
         raise ValueError(f"not a worker record (kind {data.get('kind') if isinstance(data, dict) else None!r})")
-    if data.get("schema_version") != REPORT_SCHEMA_VERSION:
+    if not _schema_version_ok(data):
         raise ValueError(f"schema_version {data.get('schema_version')!r}, this version reads {REPORT_SCHEMA_VERSION}")
     contract = AttentionContract.from_dict(data["contract"])
     probe = DeterminismProbe.from_dict(data["determinism"]) if data.get("determinism") is not None else None
@@ -152,6 +193,26 @@ def _parse_detail(data: Any) -> dict[str, Any]:
         raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     if data.get("side") not in SIDES or not isinstance(data.get("worker_id"), str):
         raise ValueError("a host detail needs side (training or rollout) and worker_id")
+    for key, kinds in (("stage", (str, type(None))), ("host", (str, type(None))), ("findings", (list, type(None))),
+                       ("peers", (list, type(None)))):
+        if not isinstance(data.get(key), kinds):
+            raise ValueError(f"host detail {key} is {type(data.get(key)).__name__}, not {' or '.join(k.__name__ for k in kinds)}")
+    for key in ("findings", "peers"):
+        if not all(isinstance(item, str) for item in data.get(key) or []):
+            raise ValueError(f"host detail {key} holds a value that is not a string")
+    return data
+
+
+def read_json_file(path: PathLike, limit: int, what: str) -> Any:
+    """The parsed JSON of the regular file ``path`` (at most ``limit`` bytes, nested at most
+    ``MAX_NESTING`` deep). Raises ``ValueError`` with one line (``InputRefused``, bad UTF-8, bad
+    JSON, too deep) or ``OSError``; a FIFO or device is refused without blocking."""
+    try:
+        data = json.loads(read_text(path, limit, what))
+    except RecursionError:
+        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels") from None
+    if nesting_depth(data) > MAX_NESTING:
+        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels")
     return data
 
 
@@ -159,10 +220,10 @@ def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: Optional[str
     parsed = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json_file(path, MAX_RECORD_BYTES, "worker file")
             item = parse(data)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError, ContractError are ValueErrors
-            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
+        except Exception as err:  # noqa: BLE001 - any bad file is listed as unreadable; the collection goes on
+            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {str(err)[:500]}"})
             continue
         if run_id is not None and data.get("run_id") != run_id:
             out["stale"].append(str(path))
@@ -326,16 +387,24 @@ def write_report(report_dir: PathLike, doc: Mapping[str, Any]) -> Path:
 _REQUIRED_KEYS = ("schema_version", "kind", "verdict", "settings", "workers", "contracts", "binding", "findings", "drift")
 
 
+#: The type each top-level section of a report must have.
+_SECTION_TYPES = {"settings": dict, "workers": dict, "contracts": list, "binding": (dict, type(None)), "findings": list, "drift": dict}
+
+
 def _check_report(doc: Any, where: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != REPORT_KIND:
         raise ReportError(f"{where}: not a nemo-rl-attn-align report (expected kind {REPORT_KIND!r})")
-    if doc.get("schema_version") != REPORT_SCHEMA_VERSION:
-        raise ReportError(f"{where}: report schema_version {doc.get('schema_version')!r}; this version reads {REPORT_SCHEMA_VERSION}")
+    if not _schema_version_ok(doc):
+        version = str(doc.get("schema_version"))[:40]
+        raise ReportError(f"{where}: report schema_version {version}; this version reads {REPORT_SCHEMA_VERSION} (an integer)")
     missing = [key for key in _REQUIRED_KEYS if key not in doc]
     if missing:
         raise ReportError(f"{where}: report lacks {', '.join(missing)}")
-    if doc["verdict"] not in {v.value for v in Verdict}:
-        raise ReportError(f"{where}: verdict {doc['verdict']!r} is not one of pass, incomparable, fail")
+    if not isinstance(doc["verdict"], str) or doc["verdict"] not in {v.value for v in Verdict}:
+        raise ReportError(f"{where}: verdict {str(doc['verdict'])[:40]!r} is not one of pass, incomparable, fail")
+    wrong = [key for key, kind in _SECTION_TYPES.items() if not isinstance(doc[key], kind)]
+    if wrong:
+        raise ReportError(f"{where}: report section {wrong[0]} is {type(doc[wrong[0]]).__name__}; the report is malformed")
     return doc
 
 
@@ -344,24 +413,27 @@ def load_report(path: PathLike) -> dict[str, Any]:
     the driver never wrote one, a report collected now from the worker records with the default
     mandate). Raises ``ReportError`` with one line."""
     path = Path(path)
-    if path.is_dir():
-        if (path / REPORT_FILENAME).is_file():
-            path = path / REPORT_FILENAME
-        elif (path / WORKERS_DIR).is_dir():
-            doc = collect(path, mandate=Mandate())
-            doc["collected_from_workers"] = True
-            return doc
-        else:
-            raise ReportError(f"{path}: no {REPORT_FILENAME} and no {WORKERS_DIR}/ in this directory")
+    where = shown_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ReportError(f"{path}: cannot read: {err.strerror or err}") from None
-    try:
-        doc = json.loads(text)
+        if path.is_dir():
+            if (path / REPORT_FILENAME).is_file():
+                path, where = path / REPORT_FILENAME, shown_path(path / REPORT_FILENAME)
+            elif (path / WORKERS_DIR).is_dir():
+                doc = collect(path, mandate=Mandate())
+                doc["collected_from_workers"] = True
+                return doc
+            else:
+                raise ReportError(f"{where}: no {REPORT_FILENAME} and no {WORKERS_DIR}/ in this directory")
+        doc = read_json_file(path, MAX_REPORT_BYTES, "report")
     except json.JSONDecodeError as err:
-        raise ReportError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
-    return _check_report(doc, str(path))
+        raise ReportError(f"{where}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise ReportError(f"{where}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except InputRefused as err:
+        raise ReportError(str(err)) from None
+    except (OSError, ValueError) as err:  # missing, permission, symlink loop, name too long, NUL in the path
+        raise ReportError(f"{where}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+    return _check_report(doc, where)
 
 
 def _drift_name(name: str) -> str:

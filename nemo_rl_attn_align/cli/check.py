@@ -45,7 +45,7 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
     """The CONFIG path (the packaged example when the first token is already an override) and the overrides."""
     from nemo_rl_attn_align.config import default_example_path
 
-    if not tokens or (_looks_like_override(tokens[0]) and not os.path.exists(tokens[0])):
+    if not tokens or (_looks_like_override(tokens[0]) and not os.path.lexists(tokens[0])):
         return default_example_path(), list(tokens)
     return Path(tokens[0]), list(tokens[1:])
 
@@ -149,21 +149,22 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
 def render_text(result: dict[str, Any]) -> str:
     """The human-readable form of ``evaluate``'s result."""
     from nemo_rl_attn_align.errors import format_finding
+    from nemo_rl_attn_align.limits import shown, shown_text
 
     plan = result["plan"]
-    lines = [f"config: {result['config']}"]
+    lines = [f"config: {shown_text(result['config'])}"]
     if result["overrides"]:
-        lines.append(f"overrides: {' '.join(result['overrides'])}")
+        lines.append(f"overrides: {' '.join(shown_text(o) for o in result['overrides'])}")
     if not plan["megatron_enabled"]:
         lines.append("megatron: disabled (policy.megatron_cfg.enabled is not true); attention_backend is not used")
     else:
-        requested = "unset" if plan["requested"] is None else repr(plan["requested"])
+        requested = "unset" if plan["requested"] is None else shown(plan["requested"])
         lines.append(f"attention_backend: {requested} -> {plan['attn_backend'] or 'invalid'} ({plan['source']})")
         lines.append(f"precision: {plan['precision'] or 'invalid'}")
         if plan["nvte"]:
             lines.append("NVTE set by Megatron at model build: " + " ".join(f"{k}={v}" for k, v in plan["nvte"].items()))
         existing = plan["nvte_existing"]
-        lines.append("NVTE already set: " + (", ".join(f"{k}={v['value']} ({v['source']})" for k, v in existing.items()) or "none"))
+        lines.append("NVTE already set: " + (", ".join(f"{k}={shown_text(v['value'])} ({v['source']})" for k, v in existing.items()) or "none"))
     lines.extend(format_finding(f) for f in plan["findings"])
     lines.extend(_preset_lines(result["attention_align"]["preset"]))
     lines.append(result["preview_text"])
@@ -183,18 +184,20 @@ def render_text(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code."""
-    from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.errors import UsageError, strict_json
+    from nemo_rl_attn_align.limits import shown_text
 
     try:
         config_path, overrides = split_config_and_overrides(args.args)
         result = evaluate(config_path, overrides, full=args.full, fix=args.fix)
     except UsageError as err:
+        message = shown_text(str(err), 2000)
         if args.json:
-            print(json.dumps({"error": str(err), "exit_code": EXIT_UNUSABLE}))
-        print(f"error: {err}", file=sys.stderr)
+            print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE}))
+        print(f"error: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "preview_text"}, indent=2))
+        print(json.dumps(strict_json({k: v for k, v in result.items() if k != "preview_text"}), indent=2, allow_nan=False))
     else:
         print(render_text(result))
     return result["exit_code"]

@@ -170,13 +170,17 @@ class RunReport:
         write_report(self.settings.report_dir, self.doc)
 
     def at_end(self, point: str) -> None:
-        """The last collection (``train_end``, ``exit``, ...): once, one line, never raises."""
+        """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the
+        temp files of writers killed mid-write (listed in the report as incomplete writes) are removed."""
+        from nemo_rl_attn_align.report import remove_stale_temp_files
+
         with self._lock:
             if self.finished:
                 return
             self.finished = True
             self._guarded(f"collecting the attention report at {point}",
                           lambda: self._collect(point, enforce=False, final=True), strict=False)
+            remove_stale_temp_files(self.settings.report_dir)
 
 
 #: The run report of this driver process (None before the first ``setup()``).

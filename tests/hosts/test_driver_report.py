@@ -261,3 +261,20 @@ def test_the_logger_seam_reaches_the_report(driver, tmp_path, bootstrap_state):
     lines = (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]  # NeMo-RL's own logging is untouched
     assert report_of(run)["drift"]["steps"] == [{"step": 1, "token_mult_prob_error": 1.001}, {"step": 2, "gen_kl_error": 0.002}]
+
+
+def test_temp_files_of_killed_writers_are_listed_then_removed_at_the_end(driver, tmp_path):
+    """A writer killed between its temp file and the rename leaves ``.<name>.<rand>.tmp``: every
+    collection lists it as an incomplete write and reads past it; the last one removes it."""
+    import time
+
+    run, printed = driver(config(tmp_path))
+    worker(run, "training", "policy-rank0", training_peers(1))
+    worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
+    leftover = Path(run.settings.report_dir) / "workers" / ".rollout--vllm-rank0-worker1.json.k1ll3d.tmp"
+    leftover.write_text('{"schema_version": 1, "kind": "nemo-rl-att')
+    os.utime(leftover, (time.time() - 60, time.time() - 60))
+    run.at_setup()
+    assert report_of(run)["workers"]["incomplete_writes"] == [str(leftover)] and report_of(run)["workers"]["unreadable"] == []
+    driver_report.end_of_training()
+    assert not leftover.exists() and report_of(run)["workers"]["incomplete_writes"] == [str(leftover)]
