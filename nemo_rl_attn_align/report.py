@@ -213,6 +213,38 @@ def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> li
     return out
 
 
+def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
+    starts workers for (``expected_counts``) or that some worker recorded."""
+    coverage = {}
+    for side in SIDES:
+        expected = expected_counts.get(side)
+        if expected is None and not by_side.get(side):
+            continue
+        ids = set((expected or {}).get("ids") or ())
+        recorded = [c.worker_id for c in by_side.get(side, [])]
+        coverage[side] = {"recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
+                          "expected": (expected or {}).get("count"),
+                          "how": (expected or {}).get("how") or "not derived from the config (the workers' own peers)"}
+    return coverage
+
+
+def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+    """``rollout: 1 of 2 workers recorded; training: 2 of 2`` (None when nothing is known)."""
+    parts = [f"{side}: {c['recorded']} of {c['expected'] if c['expected'] is not None else '?'} workers recorded"
+             for side, c in coverage.items()]
+    return "; ".join(parts) or None
+
+
+def _side_missing(side: str, expected: Optional[Mapping[str, Any]], strict: bool) -> Finding:
+    """No worker of ``side`` wrote: a warning, an error in strict mode; with the count the config gives."""
+    count = (expected or {}).get("count")
+    what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if count else f"no {side} worker wrote a record"
+    return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict else Severity.WARNING, f"workers.{side}", count,
+                   f"{what}: nothing to bind, the {side} side was not checked",
+                   f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)")
+
+
 def build_report(
     records: Mapping[str, Any],
     *,
@@ -222,6 +254,8 @@ def build_report(
     expected: Iterable[str] = (),
     collective: Optional[str] = "auto",
     absent_sides: Optional[Mapping[str, str]] = None,
+    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """The report document for ``read_worker_records``' result (see docs/report-schema.md).
 
@@ -229,14 +263,18 @@ def build_report(
     name (missing ones are listed); ``collective``: the NCCL collective that reduces the compared
     tensor, ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1);
     ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
-    counted as a missing side."""
+    counted as a missing side; ``expected_counts``: side -> ``{"count", "ids", "how"}``
+    (``expected_workers.ExpectedSide.to_dict()``), the workers the config starts: the report says
+    "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``)."""
     absent_sides = dict(absent_sides or {})
+    expected_counts = {side: dict(e) for side, e in (expected_counts or {}).items() if side not in absent_sides}
     details = records.get("details", {})
     contracts = [c for c, _ in records["records"]]
     probes = {(c.side, c.worker_id): p for c, p in records["records"]}
     by_side = {side: [c for c in contracts if c.side == side] for side in SIDES}
     found = [c.worker_id for c in contracts]
     expected = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
+    expected |= {worker for e in expected_counts.values() for worker in e.get("ids") or ()}
     missing = sorted(expected - set(found))
     findings: list[Finding] = []
     for worker in missing:
@@ -255,9 +293,7 @@ def build_report(
                                     f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
                                     "nothing to fix: this run records one side only"))
         elif not members:
-            findings.append(Finding(Code.SIDE_MISSING.value, Severity.WARNING, f"workers.{side}", None,
-                                    f"no {side} worker wrote a record: nothing to bind",
-                                    f"check that the {side} workers started with the plugin active"))
+            findings.append(_side_missing(side, expected_counts.get(side), strict))
     findings.extend(_detail_findings(details))
     binding = None
     if by_side["training"] and by_side["rollout"]:
@@ -299,6 +335,7 @@ def build_report(
             "unreadable": list(records["unreadable"]),
             "incomplete_writes": list(records["incomplete_writes"]),
             "stale": list(records.get("stale", [])),
+            "coverage": side_coverage(by_side, expected_counts),
         },
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": {side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
@@ -474,6 +511,9 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
         + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]
+    coverage = coverage_line(workers.get("coverage") or {})
+    if coverage:
+        lines.append(coverage)
     lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
     if doc.get("collected_from_workers"):
         lines.append("(collected from worker records now: the driver wrote no report; default mandate)")
@@ -553,6 +593,7 @@ def finalize(
     point: str = "setup",
     final: bool = False,
     enforce: bool = True,
+    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
@@ -561,7 +602,8 @@ def finalize(
     driver passes the experiment's real log dir); ``run_id`` leaves out files of other runs;
     ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
     ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
-    history are kept); ``final`` marks the run's last collection.
+    history are kept); ``final`` marks the run's last collection; ``expected_counts`` as
+    ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding).
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
@@ -570,7 +612,8 @@ def finalize(
     raised after the report is written and printed."""
     folder = Path(report_dir if report_dir is not None else settings.report_dir)
     doc = collect(folder, run_id=run_id, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
-                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides)
+                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides,
+                  expected_counts=expected_counts, strict=bool(getattr(settings, "strict", False)))
     doc["collected_at"] = point
     if previous is not None:
         doc["drift"]["steps"] = list(previous["drift"]["steps"])
