@@ -13,7 +13,8 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64, "rope_theta": 10000.0}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 64, "attn_logit_softcapping": 50.0,
-                                                     "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 32}),
+                                                     "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 64,
+                                                     "tie_word_embeddings": True}),  # vLLM's Gemma2 has no lm_head
 }
 
 
@@ -34,7 +35,7 @@ def make_model(directory: Path, architecture: str, seed: int = 0) -> Path:
     import transformers
 
     config_cls, model_cls, extra = ARCHITECTURES[architecture]
-    config = getattr(transformers, config_cls)(**SHAPE, **extra, tie_word_embeddings=False)
+    config = getattr(transformers, config_cls)(**{**SHAPE, "tie_word_embeddings": False, **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(directory)
