@@ -213,20 +213,30 @@ def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> li
     return out
 
 
-def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]],
+                  peers: Mapping[str, set] = {}) -> dict[str, Any]:
     """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
-    starts workers for (``expected_counts``) or that some worker recorded."""
+    starts workers for (``expected_counts``) or that some worker recorded; without the config's
+    count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
     coverage = {}
     for side in SIDES:
-        expected = expected_counts.get(side)
-        if expected is None and not by_side.get(side):
+        expected = dict(expected_counts.get(side) or {})
+        if not expected and not by_side.get(side):
             continue
-        ids = set((expected or {}).get("ids") or ())
+        if not expected and peers.get(side):
+            expected = {"count": len(peers[side]), "ids": sorted(peers[side]), "how": "the peers the workers' host details name"}
+        ids = set(expected.get("ids") or ())
         recorded = [c.worker_id for c in by_side.get(side, [])]
         coverage[side] = {"recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
-                          "expected": (expected or {}).get("count"),
-                          "how": (expected or {}).get("how") or "not derived from the config (the workers' own peers)"}
+                          "expected": expected.get("count"), "how": expected.get("how") or "not derived from the config"}
     return coverage
+
+
+def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, set]:
+    peers: dict[str, set] = {}
+    for (side, _), detail in details.items():
+        peers.setdefault(side, set()).update(p for p in detail.get("peers") or [] if isinstance(p, str))
+    return peers
 
 
 def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
@@ -335,7 +345,7 @@ def build_report(
             "unreadable": list(records["unreadable"]),
             "incomplete_writes": list(records["incomplete_writes"]),
             "stale": list(records.get("stale", [])),
-            "coverage": side_coverage(by_side, expected_counts),
+            "coverage": side_coverage(by_side, expected_counts, _peers_by_side(details)),
         },
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": {side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
