@@ -247,10 +247,10 @@ def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
 
 
 def _side_missing(side: str, expected: Optional[Mapping[str, Any]], strict: bool) -> Finding:
-    """No worker of ``side`` wrote: a warning, an error in strict mode; with the count the config gives."""
+    """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
     count = (expected or {}).get("count")
     what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if count else f"no {side} worker wrote a record"
-    return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict else Severity.WARNING, f"workers.{side}", count,
+    return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict and count else Severity.WARNING, f"workers.{side}", count,
                    f"{what}: nothing to bind, the {side} side was not checked",
                    f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)")
 
@@ -275,7 +275,8 @@ def build_report(
     ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
     counted as a missing side; ``expected_counts``: side -> ``{"count", "ids", "how"}``
     (``expected_workers.ExpectedSide.to_dict()``), the workers the config starts: the report says
-    "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``)."""
+    "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``; without
+    N, no record on a side stays a warning)."""
     absent_sides = dict(absent_sides or {})
     expected_counts = {side: dict(e) for side, e in (expected_counts or {}).items() if side not in absent_sides}
     details = records.get("details", {})
