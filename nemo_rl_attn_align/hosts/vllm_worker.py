@@ -130,7 +130,7 @@ def cover(worker_class: type) -> bool:
 def _wrap_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        cover(type(self))
+        HostRecord.guarded(f"covering vLLM worker class {type(self).__qualname__}", lambda: cover(type(self)))
 
     return __init__
 
