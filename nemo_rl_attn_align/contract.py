@@ -271,11 +271,11 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("merge_rule", _SEM, _choice(*MERGE_RULES), "how partial results combine: online_softmax_lse (merge (out, lse) partials) or full_softmax (one softmax over the whole row)",
           fix="use a FlashAttention/FusedAttention-family backend on both sides (unfused and local compute one full softmax), or relax attention_align.mandate.merge_rule"),
     _spec("reduction_order", _SEM, _choice(*REDUCTION_ORDERS), "order partials are folded: kv_index (by global KV block index, canonical), ring_step (TE CP ring), split_kv (split-KV combine), unspecified",
-          fix="rollout: VLLM_BATCH_INVARIANT=1 in policy.generation.vllm_cfg.env_vars (one KV split); training: context_parallel_size 1 or cp_comm_type all_gather/a2a; or relax attention_align.mandate.reduction_order"),
+          fix="attention_align.preset: aligned (or check --fix) sets it: rollout VLLM_BATCH_INVARIANT=1 in policy.generation.vllm_cfg.env_vars (one KV split); training context_parallel_size 1 (NeMo-RL packs sequences under CP and TE runs packed attention only over its p2p ring); or relax attention_align.mandate.reduction_order"),
     _spec("acc_dtype", _SEM, _kind_dtype, "dtype of the running (out, lse) accumulators",
           fix="use kernels that accumulate in the demanded dtype, or relax attention_align.mandate.acc_dtype"),
     _spec("downcast", _SEM, _choice(*DOWNCASTS), "where the output leaves acc_dtype: final_write (once) or per_partial (each partial before the merge)",
-          fix="per-partial downcasts come from TE context parallelism over a p2p ring: use context_parallel_size 1 or cp_comm_type all_gather/a2a, or relax attention_align.mandate.downcast"),
+          fix="per-partial downcasts come from TE context parallelism over a p2p ring (NeMo-RL's packed sequences run no other): use context_parallel_size 1, or relax attention_align.mandate.downcast"),
     _spec("dtype", _SEM, _kind_dtype, "dtype of Q/K/V and of the attention output",
           fix="set policy.precision and policy.generation.vllm_cfg.precision to the same dtype, or set attention_align.allow_dtype_difference: true for a deliberate sweep"),
     # recorded: how it was materialized; every difference is listed, none rejected

@@ -526,6 +526,12 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     if coverage:
         lines.append(coverage)
     lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
+    preset = doc["settings"].get("preset")
+    if preset:
+        changed = ", ".join(f"{c['key']}={c['value']!r}" for c in preset["changes"]) or "nothing"
+        lines.append(f"preset aligned changed: {changed}")
+        if preset.get("refusal"):
+            lines.append(f"preset aligned could not align: {format_finding(preset['refusal'])}")
     if doc.get("collected_from_workers"):
         lines.append("(collected from worker records now: the driver wrote no report; default mandate)")
     if doc["binding"] is not None:
@@ -604,6 +610,7 @@ def finalize(
     point: str = "setup",
     final: bool = False,
     enforce: bool = True,
+    preset: Optional[Mapping[str, Any]] = None,
     expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
@@ -613,7 +620,8 @@ def finalize(
     driver passes the experiment's real log dir); ``run_id`` leaves out files of other runs;
     ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
     ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
-    history are kept); ``final`` marks the run's last collection; ``expected_counts`` as
+    history are kept); ``final`` marks the run's last collection; ``preset`` is what
+    ``attention_align.preset`` changed, kept under ``settings.preset``; ``expected_counts`` as
     ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding).
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
@@ -626,6 +634,7 @@ def finalize(
                   on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides,
                   expected_counts=expected_counts, strict=bool(getattr(settings, "strict", False)))
     doc["collected_at"] = point
+    doc["settings"]["preset"] = dict(preset) if preset is not None else None
     if previous is not None:
         doc["drift"]["steps"] = list(previous["drift"]["steps"])
         doc["history"] = list(previous.get("history", []))

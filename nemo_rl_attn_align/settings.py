@@ -3,6 +3,7 @@
 ```yaml
 attention_align:
   on_mismatch: warn            # error | warn | record (default warn)
+  preset: aligned              # optional: apply the settings that make both sides run one contract
   allow_dtype_difference: false
   strict: false                # true: a failure inside the plugin's own observability stops the run
   report_dir: ${logger.log_dir}/attention_align   # the default
@@ -44,6 +45,7 @@ from nemo_rl_attn_align.suggest import did_you_mean
 BLOCK = "attention_align"
 OnMismatch = Literal["error", "warn", "record"]
 ON_MISMATCH = get_args(OnMismatch)
+Preset = Literal["aligned"]
 #: Directory name of the report under ``logger.log_dir`` when ``report_dir`` is not set.
 REPORT_SUBDIR = "attention_align"
 
@@ -93,6 +95,7 @@ class AlignSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     on_mismatch: OnMismatch = "warn"
+    preset: Optional[Preset] = None
     allow_dtype_difference: StrictBool = False
     strict: StrictBool = False
     report_dir: Optional[str] = None
@@ -112,6 +115,7 @@ class AlignSettings(BaseModel):
 
 _FIXES = {
     "on_mismatch": f"set {BLOCK}.on_mismatch to one of {', '.join(ON_MISMATCH)}",
+    "preset": f"set {BLOCK}.preset to aligned, or remove it",
     "allow_dtype_difference": f"set {BLOCK}.allow_dtype_difference to true or false (a YAML boolean, unquoted)",
     "strict": f"set {BLOCK}.strict to true or false (a YAML boolean, unquoted)",
     "report_dir": f"set {BLOCK}.report_dir to a directory path, or remove it for <logger.log_dir>/{REPORT_SUBDIR}",
@@ -142,7 +146,7 @@ def _error_line(error: Mapping[str, Any]) -> str:
     else:
         fix = _FIXES.get(loc[0], f"correct {key}")
     if error["type"] == "literal_error" and isinstance(value, str):
-        close = did_you_mean(value, ON_MISMATCH)
+        close = did_you_mean(value, ("aligned",) if loc[0] == "preset" else ON_MISMATCH)
         message += f" (did you mean {close!r}?)" if close else ""
     return f"{key}={value!r}: {message}. Fix: {fix}."
 
@@ -160,7 +164,7 @@ def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
     if not isinstance(block, Mapping):
         raise UsageError(
             f"{BLOCK}={block!r}: must be a mapping. Fix: write `{BLOCK}:` followed by indented keys "
-            f"(on_mismatch, allow_dtype_difference, strict, report_dir, mandate, drift), or remove it."
+            f"(on_mismatch, preset, allow_dtype_difference, strict, report_dir, mandate, drift), or remove it."
         )
     try:
         settings = AlignSettings.model_validate(dict(block))

@@ -111,8 +111,9 @@ class RunReport:
     """The report of one run of an algorithm, from ``setup()`` to the end of training."""
 
     def __init__(self, settings: Any, *, run_id: str, absent: Mapping[str, str], printer: Callable[[str], None] = _print,
-                 expected: Mapping[str, Any] | None = None):
+                 preset: Mapping[str, Any] | None = None, expected: Mapping[str, Any] | None = None):
         self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
+        self.preset = preset  # what ``attention_align.preset`` changed (``preset.Alignment.to_dict()``)
         self.run_id = run_id
         self.absent = dict(absent)
         #: side -> ``expected_workers.ExpectedSide``: the workers the config starts
@@ -127,7 +128,7 @@ class RunReport:
         from nemo_rl_attn_align.report import AttentionMismatch, finalize, raise_for_mismatch
 
         self.doc = finalize(self.settings, printer=self.printer, absent_sides=self.absent, run_id=self.run_id,
-                            previous=self.doc, point=point, final=final, enforce=False,
+                            previous=self.doc, point=point, final=final, enforce=False, preset=self.preset,
                             expected_counts={side: e.to_dict() for side, e in self.expected.items()})
         if enforce:
             self._stop_if_unrecorded()
