@@ -101,7 +101,9 @@ def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     """The identity fields a config.json fixes for both sides (fields it does not fix are left out).
 
     ``softmax_scale`` is ``query_pre_attn_scalar ** -0.5`` where the model has one (Gemma 2/3),
-    else ``head_dim ** -0.5``; ``sliding_window`` is HF's window minus the query itself.
+    else ``head_dim ** -0.5``; ``sliding_window`` is HF's window minus the query itself;
+    ``layer_windows`` that window per layer (``layer_types``: ``sliding_attention`` or full);
+    ``logit_softcapping`` is ``attn_logit_softcapping`` (None: none).
     """
     heads = _positive_int(hf.get("num_attention_heads"))
     out: dict[str, Any] = {}
@@ -122,7 +124,15 @@ def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
         base = scalar if isinstance(scalar, (int, float)) and not isinstance(scalar, bool) and scalar > 0 else head_dim
         out["softmax_scale"] = 1.0 / math.sqrt(base)
     layer_types = hf.get("layer_types")
+    left = hf_left_window(hf.get("sliding_window"), hf.get("use_sliding_window"))
     if not (isinstance(layer_types, list) and len(set(map(str, layer_types))) > 1):  # mixed windows: per layer
-        out["sliding_window"] = hf_left_window(hf.get("sliding_window"), hf.get("use_sliding_window"))
+        out["sliding_window"] = left
+    layers = _positive_int(hf.get("num_hidden_layers"))
+    if isinstance(layer_types, list) and layers and len(layer_types) == layers:
+        out["layer_windows"] = [left if kind == "sliding_attention" else None for kind in layer_types]
+    elif layers:
+        out["layer_windows"] = [left] * layers
+    cap = hf.get("attn_logit_softcapping")
+    out["logit_softcapping"] = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
     out["rope_type"], out["rope_parameters"] = _rope(hf)
     return out

@@ -274,6 +274,48 @@ def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> li
     return out
 
 
+def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]],
+                  peers: Mapping[str, set] = {}) -> dict[str, Any]:
+    """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
+    starts workers for (``expected_counts``) or that some worker recorded; without the config's
+    count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
+    coverage = {}
+    for side in SIDES:
+        expected = dict(expected_counts.get(side) or {})
+        if not expected and not by_side.get(side):
+            continue
+        if not expected and peers.get(side):
+            expected = {"count": len(peers[side]), "ids": sorted(peers[side]), "how": "the peers the workers' host details name"}
+        ids = set(expected.get("ids") or ())
+        recorded = [c.worker_id for c in by_side.get(side, [])]
+        coverage[side] = {"recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
+                          "expected": expected.get("count"), "how": expected.get("how") or "not derived from the config"}
+    return coverage
+
+
+def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, set]:
+    peers: dict[str, set] = {}
+    for (side, _), detail in details.items():
+        peers.setdefault(side, set()).update(p for p in detail.get("peers") or [] if isinstance(p, str))
+    return peers
+
+
+def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+    """``rollout: 1 of 2 workers recorded; training: 2 of 2`` (None when nothing is known)."""
+    parts = [f"{side}: {c['recorded']} of {c['expected'] if c['expected'] is not None else '?'} workers recorded"
+             for side, c in coverage.items()]
+    return "; ".join(parts) or None
+
+
+def _side_missing(side: str, expected: Optional[Mapping[str, Any]], strict: bool) -> Finding:
+    """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
+    count = (expected or {}).get("count")
+    what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if count else f"no {side} worker wrote a record"
+    return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict and count else Severity.WARNING, f"workers.{side}", count,
+                   f"{what}: nothing to bind, the {side} side was not checked",
+                   f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)")
+
+
 def build_report(
     records: Mapping[str, Any],
     *,
@@ -283,6 +325,8 @@ def build_report(
     expected: Iterable[str] = (),
     collective: Optional[str] = "auto",
     absent_sides: Optional[Mapping[str, str]] = None,
+    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """The report document for ``read_worker_records``' result (see docs/report-schema.md).
 
@@ -290,14 +334,19 @@ def build_report(
     name (missing ones are listed); ``collective``: the NCCL collective that reduces the compared
     tensor, ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1);
     ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
-    counted as a missing side."""
+    counted as a missing side; ``expected_counts``: side -> ``{"count", "ids", "how"}``
+    (``expected_workers.ExpectedSide.to_dict()``), the workers the config starts: the report says
+    "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``; without
+    N, no record on a side stays a warning)."""
     absent_sides = dict(absent_sides or {})
+    expected_counts = {side: dict(e) for side, e in (expected_counts or {}).items() if side not in absent_sides}
     details = records.get("details", {})
     contracts = [c for c, _ in records["records"]]
     probes = {(c.side, c.worker_id): p for c, p in records["records"]}
     by_side = {side: [c for c in contracts if c.side == side] for side in SIDES}
     found = [c.worker_id for c in contracts]
     expected = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
+    expected |= {worker for e in expected_counts.values() for worker in e.get("ids") or ()}
     missing = sorted(expected - set(found))
     findings: list[Finding] = []
     for worker in missing:
@@ -316,9 +365,7 @@ def build_report(
                                     f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
                                     "nothing to fix: this run records one side only"))
         elif not members:
-            findings.append(Finding(Code.SIDE_MISSING.value, Severity.WARNING, f"workers.{side}", None,
-                                    f"no {side} worker wrote a record: nothing to bind",
-                                    f"check that the {side} workers started with the plugin active"))
+            findings.append(_side_missing(side, expected_counts.get(side), strict))
     findings.extend(_detail_findings(details))
     binding = None
     if by_side["training"] and by_side["rollout"]:
@@ -360,6 +407,7 @@ def build_report(
             "unreadable": list(records["unreadable"]),
             "incomplete_writes": list(records["incomplete_writes"]),
             "stale": list(records.get("stale", [])),
+            "coverage": side_coverage(by_side, expected_counts, _peers_by_side(details)),
         },
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": {side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
@@ -546,6 +594,9 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
         + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]
+    coverage = coverage_line(workers.get("coverage") or {})
+    if coverage:
+        lines.append(coverage)
     lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
     preset = doc["settings"].get("preset")
     if preset:
@@ -632,6 +683,7 @@ def finalize(
     final: bool = False,
     enforce: bool = True,
     preset: Optional[Mapping[str, Any]] = None,
+    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
@@ -641,7 +693,8 @@ def finalize(
     ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
     ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
     history are kept); ``final`` marks the run's last collection; ``preset`` is what
-    ``attention_align.preset`` changed, kept under ``settings.preset``.
+    ``attention_align.preset`` changed, kept under ``settings.preset``; ``expected_counts`` as
+    ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding).
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
@@ -650,7 +703,8 @@ def finalize(
     raised after the report is written and printed."""
     folder = Path(report_dir if report_dir is not None else settings.report_dir)
     doc = collect(folder, run_id=run_id, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
-                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides)
+                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides,
+                  expected_counts=expected_counts, strict=bool(getattr(settings, "strict", False)))
     doc["collected_at"] = point
     doc["settings"]["preset"] = dict(preset) if preset is not None else None
     if previous is not None:

@@ -50,7 +50,7 @@ def test_identity_of_a_plain_gqa_model():
     fields = identity_fields(QWEN3)
     assert fields == {"architecture": "Qwen3ForCausalLM", "num_layers": 28, "num_attention_heads": 16,
                       "vocab_size": 151936, "num_query_groups": 8, "head_dim": 128, "softmax_scale": 1.0 / math.sqrt(128),
-                      "sliding_window": None, "rope_type": "default",
+                      "sliding_window": None, "layer_windows": [None] * 28, "logit_softcapping": None, "rope_type": "default",
                       "rope_parameters": {"theta": 1000000.0, "partial_rotary_factor": 1.0}}
 
 
@@ -67,6 +67,8 @@ def test_gemma2_scale_softcapping_model_and_mixed_windows():
     fields = identity_fields(gemma2)
     assert math.isclose(fields["softmax_scale"], 64 ** -0.5)
     assert "sliding_window" not in fields  # one window per layer: left to the engines' records
+    assert fields["layer_windows"] == [15, None]  # the window per layer, as the kernels receive it
+    assert identity_fields({**gemma2, "attn_logit_softcapping": 50.0})["logit_softcapping"] == 50.0
 
 
 def test_multimodal_text_config_is_used(tmp_path):

@@ -100,7 +100,10 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
     handoff.export_settings(handoff.WorkerSettings(strict=settings.strict, report_dir=report_dir, run_id=run_id))
     effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
     settings = settings.model_copy(update={"strict": effective.strict, "report_dir": effective.report_dir})
-    run = driver_report.RunReport(settings, run_id=run_id, absent=driver_report.absent_sides(cfg, algorithm), preset=preset)
+    from nemo_rl_attn_align.expected_workers import expected_workers
+
+    absent = driver_report.absent_sides(cfg, algorithm)
+    run = driver_report.RunReport(settings, run_id=run_id, absent=absent, preset=preset, expected=expected_workers(cfg, absent))
     return driver_report.start(run)
 
 
