@@ -3,8 +3,9 @@
 Attention shapes come, field by field, from the first of: explicit flags, the config's
 ``attention_align.drift`` block, ``policy.megatron_cfg.model_overrides`` (``num_attention_heads``,
 ``num_query_groups``, ``kv_channels``, ``window_size``), ``policy.hf_config_overrides``
-(``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the built-in
-table of well-known ``policy.model_name`` values. ``kv_heads`` defaults to ``heads`` (MHA) and
+(``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the model's
+``config.json`` on local disk (``hf_model``: a local path or the Hugging Face cache, never the
+network), and only then the built-in table of well-known ``policy.model_name`` values. ``kv_heads`` defaults to ``heads`` (MHA) and
 ``window`` to none (full causal), as in Megatron and Hugging Face.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from nemo_rl_attn_align.config import get_path
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.hf_model import identity_fields, load_model_config
 
 #: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
 #: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).
@@ -106,6 +108,12 @@ def _sources(cfg: dict | None) -> list[tuple[str, dict]]:
             "heads": hf.get("num_attention_heads"), "kv_heads": hf.get("num_key_value_heads"),
             "head_dim": hf.get("head_dim"), "window": _hf_window(hf), "hidden": hf.get("hidden_size")}))
     model = get_path(cfg, "policy.model_name", None)
+    local = load_model_config(model)
+    if local is not None:
+        ident = identity_fields(local.config)
+        layers.append((str(local.path), {
+            "heads": ident.get("num_attention_heads"), "kv_heads": ident.get("num_query_groups"),
+            "head_dim": ident.get("head_dim"), "window": ident.get("sliding_window")}))
     table = builtin_shape(model)
     if table:
         layers.append((f"built-in table ({model})", dict(table)))

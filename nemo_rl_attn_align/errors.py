@@ -11,19 +11,38 @@ Two kinds of failure exist, and the CLI maps them to exit codes:
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from nemo_rl_attn_align.limits import shown, shown_text
+
 
 def json_value(value: Any) -> Any:
-    """``value`` itself when it is a JSON scalar, else its ``repr`` (so any value can be reported)."""
+    """``value`` itself when it is a strict-JSON scalar, else its ``repr`` (so any value can be
+    reported: a NaN or infinite float becomes ``'nan'`` / ``'inf'``, never invalid JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (at any depth) replaced by its ``repr``, so
+    ``json.dumps(..., allow_nan=False)`` always succeeds on what ``check --json`` prints."""
+    if isinstance(value, float):
+        return json_value(value)
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
 def format_finding(finding: Mapping[str, Any]) -> str:
-    """One human-readable line for a finding in its dict form (``Finding.to_dict()``)."""
-    return (f"{finding['severity']} {finding['code']}: {finding['key']}={finding['value']!r}: "
-            f"{finding['message']} Fix: {finding['fix']}")
+    """One human-readable line for a finding in its dict form (``Finding.to_dict()``); long values
+    are cut and control characters escaped, so it stays one readable line."""
+    return (f"{finding['severity']} {finding['code']}: {shown_text(str(finding['key']))}={shown(finding['value'])}: "
+            f"{shown_text(str(finding['message']), 1000)} Fix: {shown_text(str(finding['fix']), 1000)}")
 
 
 class UsageError(Exception):

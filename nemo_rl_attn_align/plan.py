@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from nemo_rl_attn_align.backend import BACKEND_NAMES, NVTE_BY_BACKEND, NVTE_VARIABLES
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, UsageError, json_value
-from nemo_rl_attn_align.rules import UNSET, PolicyFacts, evaluate
+from nemo_rl_attn_align.rules import TRANSFORMER_IMPLS, UNSET, PolicyFacts, evaluate, is_count
 
 
 def _get(node: Any, key: str) -> Any:
@@ -24,7 +24,7 @@ def _get(node: Any, key: str) -> Any:
 
 def _nvte_env(megatron_cfg: Any, environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     env_vars = _get(megatron_cfg, "env_vars")
-    env_vars = env_vars if isinstance(env_vars, dict) else {}
+    env_vars = env_vars if isinstance(env_vars, dict) else {}  # another value is a CONFIG_VALUE_INVALID finding
     found = {}
     for name in NVTE_VARIABLES:
         if name in env_vars and env_vars[name] is not None:
@@ -53,11 +53,13 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         backend=backend_raw if isinstance(backend_raw, str) and backend_raw in BACKEND_NAMES else None,
         precision_raw=_get(policy_cfg, "precision"),
         pipeline_dtype_raw=_get(megatron_cfg, "pipeline_dtype"),
-        transformer_impl=impl if isinstance(impl, str) else "transformer_engine",
-        context_parallel_size=cp if isinstance(cp, int) and not isinstance(cp, bool) else 1,
+        transformer_impl=impl if isinstance(impl, str) and impl in TRANSFORMER_IMPLS else "transformer_engine",
+        context_parallel_size=int(cp) if is_count(cp) else 1,
         model_name=model_name if isinstance(model_name, str) else None,
         model_overrides=overrides if isinstance(overrides, dict) else {},
         nvte_env=_nvte_env(megatron_cfg, environ),
+        raw={"megatron_cfg": _get(policy_cfg, "megatron_cfg"), "model_name": model_name, "transformer_impl": impl,
+             "context_parallel_size": cp, "model_overrides": overrides, "env_vars": _get(megatron_cfg, "env_vars")},
     )
 
 

@@ -28,6 +28,7 @@ from nemo_rl_attn_align.contract import (
     normalize_dtype,
 )
 from nemo_rl_attn_align.config import get_path
+from nemo_rl_attn_align.hf_model import HFModelConfig, identity_fields, load_model_config
 from nemo_rl_attn_align.determinism import PROFILES, collective_for, compare, probe, vllm_batch_invariant
 from nemo_rl_attn_align.plan import read_policy_facts
 from nemo_rl_attn_align.semantics import te_semantics, vllm_semantics
@@ -67,10 +68,18 @@ def _dtype(value: Any) -> Optional[str]:
         return None
 
 
-def _identity(b: ContractBuilder, cfg: Mapping[str, Any]) -> None:
-    """Fields both sides share: causal LM, the tokenizer, the logical batch; the rest pending."""
+def _identity(b: ContractBuilder, cfg: Mapping[str, Any], model: Optional[HFModelConfig]) -> None:
+    """Fields both sides share: causal LM, the tokenizer, the logical batch, and what the model's
+    local ``config.json`` fixes (both sides build the model from it); the rest pending."""
     for name in fields_of(Tier.IDENTITY):
         b.pending(name, _AT_START)
+    if model is not None:
+        source = f"{model.path} (the config.json both sides load)"
+        for name, value in identity_fields(model.config).items():
+            if value is None:  # sliding_window: null is full attention, a value like any other
+                b.configured(name, None, source)
+            else:
+                _from_config(b, name, value, source)
     b.configured("causal", True, "decoder-only LM: causal mask")
     tokenizer = _get(cfg, "policy.tokenizer.name") or _get(cfg, "policy.model_name")
     if isinstance(tokenizer, str) and tokenizer:
@@ -97,7 +106,8 @@ def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
     return absent
 
 
-def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Optional[AttentionContract]:
+def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+                     model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
     """The training contract a Megatron policy worker would record, or ``None`` when
     ``policy.megatron_cfg.enabled`` is not true."""
     policy = cfg.get("policy")
@@ -107,7 +117,7 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
     mcfg = _mapping(policy, "megatron_cfg")
     overrides = facts.model_overrides
     b = ContractBuilder("training", "preview-training")
-    _identity(b, cfg)
+    _identity(b, cfg, model)
     for key, name in _MODEL_OVERRIDE_FIELDS.items():
         if key in overrides:
             _from_config(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
@@ -124,15 +134,19 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
         b.pending("backend", "attention_backend is invalid")
     _from_config(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
     b.configured("cp_layout", "load_balanced" if cp > 1 else "none", "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r")
-    b.configured("cp_comm_type", comm if cp > 1 else None, "model_overrides.cp_comm_type (Megatron's default p2p)")
+    if cp > 1:  # an unknown value is the pre-flight rules' CONFIG_VALUE_INVALID; the field is then pending
+        _from_config(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
+    else:
+        b.configured("cp_comm_type", None, "no context parallelism")
     _from_config(b, "tp_size", mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size")
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
     fusion = mcfg.get("apply_rope_fusion", True)
     b.configured("rope_fusion", fusion if isinstance(fusion, bool) else True, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
     mbs = _count(policy.get("logprob_batch_size")) or _count(policy.get("train_micro_batch_size"))
     _from_config(b, "physical_batch", mbs, "policy.logprob_batch_size")
-    b.configured("batch_invariant", overrides.get("batch_invariant_mode") is True, "model_overrides.batch_invariant_mode")
-    b.configured("deterministic", overrides.get("deterministic_mode") is True, "model_overrides.deterministic_mode")
+    # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
+    b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
+    b.configured("deterministic", bool(overrides.get("deterministic_mode")), "model_overrides.deterministic_mode")
     b.pending("flash_attention_version", "the installed flash-attn, known at start")
     b.pending("versions", "the worker's installed libraries")
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
@@ -161,7 +175,8 @@ def _worker_env(cfg: Mapping[str, Any], section: str, environ: Mapping[str, str]
 _VLLM, _MEGATRON = "policy.generation.vllm_cfg", "policy.megatron_cfg"
 
 
-def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Optional[AttentionContract]:
+def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+                    model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
     """The rollout contract a vLLM generation worker would record, or ``None`` when
     ``policy.generation.backend`` is not vllm."""
     if "rollout" in absent_sides(cfg):
@@ -171,7 +186,7 @@ def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]]
     env = _worker_env(cfg, _VLLM, os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
     b = ContractBuilder("rollout", "preview-rollout")
-    _identity(b, cfg)
+    _identity(b, cfg, model)
     dtype = _dtype(vcfg.get("precision", _get(cfg, "policy.precision")))
     if dtype is not None:
         b.configured("dtype", dtype, "policy.generation.vllm_cfg.precision")
@@ -215,7 +230,7 @@ def predict_determinism(cfg: Mapping[str, Any], environ: Optional[Mapping[str, s
     environ = os.environ if environ is None else environ
     t_env = _worker_env(cfg, _MEGATRON, environ)
     problems: list[str] = []
-    if _get(cfg, "policy.megatron_cfg.model_overrides.deterministic_mode") is True:
+    if bool(_get(cfg, "policy.megatron_cfg.model_overrides.deterministic_mode")):
         t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
         problems.extend(found)
     r_env = _worker_env(cfg, _VLLM, environ)
@@ -266,8 +281,14 @@ def preview_binding(cfg: Mapping[str, Any], settings: Any = None, environ: Optio
 
         settings = load_settings(cfg)
     environ = os.environ if environ is None else environ
-    training, rollout = predict_training(cfg, environ), predict_rollout(cfg, environ)
+    model = load_model_config(_get(cfg, "policy.model_name"), environ)
+    training, rollout = predict_training(cfg, environ, model), predict_rollout(cfg, environ, model)
     notes = [f"no {side} contract: {why}" for side, why in absent_sides(cfg).items()]
+    if model is not None:
+        notes.append(f"identity read from {model.path} (local; never fetched)")
+    elif training is not None and rollout is not None:
+        notes.append(f"identity pending: policy.model_name={_get(cfg, 'policy.model_name')!r} has no config.json "
+                     "on this machine (a local directory or the Hugging Face cache); nothing is downloaded")
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
     diff, problems = predict_determinism(cfg, environ, training, rollout)

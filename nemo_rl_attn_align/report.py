@@ -23,12 +23,14 @@ run wrote is listed as stale; none of them stops the collection. The document's 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
 import re
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
@@ -36,6 +38,7 @@ from nemo_rl_attn_align.binding import Code, Mandate, Status, Verdict, bind, sam
 from nemo_rl_attn_align.contract import SIDES, AttentionContract, Tier, field_spec, fields_of
 from nemo_rl_attn_align.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, format_finding
+from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, MAX_REPORT_BYTES, InputRefused, nesting_depth, read_text, shown_path
 
 REPORT_SCHEMA_VERSION = 1
 REPORT_KIND = "nemo-rl-attn-align/report"
@@ -94,9 +97,41 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
     return path
 
 
+#: Longest worker file name: the temp name adds ``.`` + ``.XXXXXXXX.tmp`` and must stay within
+#: the 255 bytes most file systems allow.
+_MAX_FILE_NAME = 200
+
+
+#: A temp file untouched this long belongs to a writer that died (a live write takes milliseconds).
+STALE_TEMP_AGE_S = 10.0
+
+
+def remove_stale_temp_files(report_dir: PathLike, older_than_s: float = STALE_TEMP_AGE_S) -> list[str]:
+    """Delete the temp files (``.*.tmp``) that writers killed mid-write left in ``report_dir``,
+    ``workers/`` and ``hosts/``, when untouched for ``older_than_s``; returns their paths. Never raises."""
+    removed, cutoff = [], time.time() - older_than_s
+    for folder in (Path(report_dir), Path(report_dir) / WORKERS_DIR, Path(report_dir) / HOSTS_DIR):
+        try:
+            candidates = sorted(folder.glob(".*.tmp")) if folder.is_dir() else []
+        except OSError:
+            continue
+        for path in candidates:
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed.append(str(path))
+            except OSError:
+                continue
+    return removed
+
+
 def _worker_file(report_dir: PathLike, folder: str, side: str, worker_id: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)
-    return Path(report_dir) / folder / f"{side}--{safe}.json"
+    name = f"{side}--{safe}.json"
+    if len(name) > _MAX_FILE_NAME:  # a very long id: cut, with a digest of the whole id (the record keeps it whole)
+        digest = hashlib.sha256(worker_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = f"{side}--{safe[: _MAX_FILE_NAME - len(side) - 25]}-{digest}.json"
+    return Path(report_dir) / folder / name
 
 
 def worker_record_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
@@ -137,10 +172,16 @@ def write_worker_detail(report_dir: PathLike, side: str, worker_id: str, detail:
     return atomic_write_json(worker_detail_path(report_dir, side, worker_id), body)
 
 
+def _schema_version_ok(data: Mapping[str, Any]) -> bool:
+    """Exactly the integer ``REPORT_SCHEMA_VERSION`` (``1.0`` and ``true`` equal 1 in Python, but are not it)."""
+    version = data.get("schema_version")
+    return type(version) is int and version == REPORT_SCHEMA_VERSION
+
+
 def _parse_worker_record(data: Any) -> tuple[AttentionContract, Optional[DeterminismProbe]]:
     if not isinstance(data, dict) or data.get("kind") != WORKER_KIND:
         raise ValueError(f"not a worker record (kind {data.get('kind') if isinstance(data, dict) else None!r})")
-    if data.get("schema_version") != REPORT_SCHEMA_VERSION:
+    if not _schema_version_ok(data):
         raise ValueError(f"schema_version {data.get('schema_version')!r}, this version reads {REPORT_SCHEMA_VERSION}")
     contract = AttentionContract.from_dict(data["contract"])
     probe = DeterminismProbe.from_dict(data["determinism"]) if data.get("determinism") is not None else None
@@ -152,6 +193,26 @@ def _parse_detail(data: Any) -> dict[str, Any]:
         raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     if data.get("side") not in SIDES or not isinstance(data.get("worker_id"), str):
         raise ValueError("a host detail needs side (training or rollout) and worker_id")
+    for key, kinds in (("stage", (str, type(None))), ("host", (str, type(None))), ("findings", (list, type(None))),
+                       ("peers", (list, type(None)))):
+        if not isinstance(data.get(key), kinds):
+            raise ValueError(f"host detail {key} is {type(data.get(key)).__name__}, not {' or '.join(k.__name__ for k in kinds)}")
+    for key in ("findings", "peers"):
+        if not all(isinstance(item, str) for item in data.get(key) or []):
+            raise ValueError(f"host detail {key} holds a value that is not a string")
+    return data
+
+
+def read_json_file(path: PathLike, limit: int, what: str) -> Any:
+    """The parsed JSON of the regular file ``path`` (at most ``limit`` bytes, nested at most
+    ``MAX_NESTING`` deep). Raises ``ValueError`` with one line (``InputRefused``, bad UTF-8, bad
+    JSON, too deep) or ``OSError``; a FIFO or device is refused without blocking."""
+    try:
+        data = json.loads(read_text(path, limit, what))
+    except RecursionError:
+        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels") from None
+    if nesting_depth(data) > MAX_NESTING:
+        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels")
     return data
 
 
@@ -159,10 +220,10 @@ def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: Optional[str
     parsed = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json_file(path, MAX_RECORD_BYTES, "worker file")
             item = parse(data)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError, ContractError are ValueErrors
-            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
+        except Exception as err:  # noqa: BLE001 - any bad file is listed as unreadable; the collection goes on
+            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {str(err)[:500]}"})
             continue
         if run_id is not None and data.get("run_id") != run_id:
             out["stale"].append(str(path))
@@ -213,6 +274,48 @@ def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> li
     return out
 
 
+def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]],
+                  peers: Mapping[str, set] = {}) -> dict[str, Any]:
+    """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
+    starts workers for (``expected_counts``) or that some worker recorded; without the config's
+    count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
+    coverage = {}
+    for side in SIDES:
+        expected = dict(expected_counts.get(side) or {})
+        if not expected and not by_side.get(side):
+            continue
+        if not expected and peers.get(side):
+            expected = {"count": len(peers[side]), "ids": sorted(peers[side]), "how": "the peers the workers' host details name"}
+        ids = set(expected.get("ids") or ())
+        recorded = [c.worker_id for c in by_side.get(side, [])]
+        coverage[side] = {"recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
+                          "expected": expected.get("count"), "how": expected.get("how") or "not derived from the config"}
+    return coverage
+
+
+def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, set]:
+    peers: dict[str, set] = {}
+    for (side, _), detail in details.items():
+        peers.setdefault(side, set()).update(p for p in detail.get("peers") or [] if isinstance(p, str))
+    return peers
+
+
+def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+    """``rollout: 1 of 2 workers recorded; training: 2 of 2`` (None when nothing is known)."""
+    parts = [f"{side}: {c['recorded']} of {c['expected'] if c['expected'] is not None else '?'} workers recorded"
+             for side, c in coverage.items()]
+    return "; ".join(parts) or None
+
+
+def _side_missing(side: str, expected: Optional[Mapping[str, Any]], strict: bool) -> Finding:
+    """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
+    count = (expected or {}).get("count")
+    what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if count else f"no {side} worker wrote a record"
+    return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict and count else Severity.WARNING, f"workers.{side}", count,
+                   f"{what}: nothing to bind, the {side} side was not checked",
+                   f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)")
+
+
 def build_report(
     records: Mapping[str, Any],
     *,
@@ -222,6 +325,8 @@ def build_report(
     expected: Iterable[str] = (),
     collective: Optional[str] = "auto",
     absent_sides: Optional[Mapping[str, str]] = None,
+    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """The report document for ``read_worker_records``' result (see docs/report-schema.md).
 
@@ -229,14 +334,19 @@ def build_report(
     name (missing ones are listed); ``collective``: the NCCL collective that reduces the compared
     tensor, ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1);
     ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
-    counted as a missing side."""
+    counted as a missing side; ``expected_counts``: side -> ``{"count", "ids", "how"}``
+    (``expected_workers.ExpectedSide.to_dict()``), the workers the config starts: the report says
+    "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``; without
+    N, no record on a side stays a warning)."""
     absent_sides = dict(absent_sides or {})
+    expected_counts = {side: dict(e) for side, e in (expected_counts or {}).items() if side not in absent_sides}
     details = records.get("details", {})
     contracts = [c for c, _ in records["records"]]
     probes = {(c.side, c.worker_id): p for c, p in records["records"]}
     by_side = {side: [c for c in contracts if c.side == side] for side in SIDES}
     found = [c.worker_id for c in contracts]
     expected = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
+    expected |= {worker for e in expected_counts.values() for worker in e.get("ids") or ()}
     missing = sorted(expected - set(found))
     findings: list[Finding] = []
     for worker in missing:
@@ -255,9 +365,7 @@ def build_report(
                                     f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
                                     "nothing to fix: this run records one side only"))
         elif not members:
-            findings.append(Finding(Code.SIDE_MISSING.value, Severity.WARNING, f"workers.{side}", None,
-                                    f"no {side} worker wrote a record: nothing to bind",
-                                    f"check that the {side} workers started with the plugin active"))
+            findings.append(_side_missing(side, expected_counts.get(side), strict))
     findings.extend(_detail_findings(details))
     binding = None
     if by_side["training"] and by_side["rollout"]:
@@ -299,6 +407,7 @@ def build_report(
             "unreadable": list(records["unreadable"]),
             "incomplete_writes": list(records["incomplete_writes"]),
             "stale": list(records.get("stale", [])),
+            "coverage": side_coverage(by_side, expected_counts, _peers_by_side(details)),
         },
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": {side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
@@ -326,16 +435,24 @@ def write_report(report_dir: PathLike, doc: Mapping[str, Any]) -> Path:
 _REQUIRED_KEYS = ("schema_version", "kind", "verdict", "settings", "workers", "contracts", "binding", "findings", "drift")
 
 
+#: The type each top-level section of a report must have.
+_SECTION_TYPES = {"settings": dict, "workers": dict, "contracts": list, "binding": (dict, type(None)), "findings": list, "drift": dict}
+
+
 def _check_report(doc: Any, where: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != REPORT_KIND:
         raise ReportError(f"{where}: not a nemo-rl-attn-align report (expected kind {REPORT_KIND!r})")
-    if doc.get("schema_version") != REPORT_SCHEMA_VERSION:
-        raise ReportError(f"{where}: report schema_version {doc.get('schema_version')!r}; this version reads {REPORT_SCHEMA_VERSION}")
+    if not _schema_version_ok(doc):
+        version = str(doc.get("schema_version"))[:40]
+        raise ReportError(f"{where}: report schema_version {version}; this version reads {REPORT_SCHEMA_VERSION} (an integer)")
     missing = [key for key in _REQUIRED_KEYS if key not in doc]
     if missing:
         raise ReportError(f"{where}: report lacks {', '.join(missing)}")
-    if doc["verdict"] not in {v.value for v in Verdict}:
-        raise ReportError(f"{where}: verdict {doc['verdict']!r} is not one of pass, incomparable, fail")
+    if not isinstance(doc["verdict"], str) or doc["verdict"] not in {v.value for v in Verdict}:
+        raise ReportError(f"{where}: verdict {str(doc['verdict'])[:40]!r} is not one of pass, incomparable, fail")
+    wrong = [key for key, kind in _SECTION_TYPES.items() if not isinstance(doc[key], kind)]
+    if wrong:
+        raise ReportError(f"{where}: report section {wrong[0]} is {type(doc[wrong[0]]).__name__}; the report is malformed")
     return doc
 
 
@@ -344,24 +461,27 @@ def load_report(path: PathLike) -> dict[str, Any]:
     the driver never wrote one, a report collected now from the worker records with the default
     mandate). Raises ``ReportError`` with one line."""
     path = Path(path)
-    if path.is_dir():
-        if (path / REPORT_FILENAME).is_file():
-            path = path / REPORT_FILENAME
-        elif (path / WORKERS_DIR).is_dir():
-            doc = collect(path, mandate=Mandate())
-            doc["collected_from_workers"] = True
-            return doc
-        else:
-            raise ReportError(f"{path}: no {REPORT_FILENAME} and no {WORKERS_DIR}/ in this directory")
+    where = shown_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ReportError(f"{path}: cannot read: {err.strerror or err}") from None
-    try:
-        doc = json.loads(text)
+        if path.is_dir():
+            if (path / REPORT_FILENAME).is_file():
+                path, where = path / REPORT_FILENAME, shown_path(path / REPORT_FILENAME)
+            elif (path / WORKERS_DIR).is_dir():
+                doc = collect(path, mandate=Mandate())
+                doc["collected_from_workers"] = True
+                return doc
+            else:
+                raise ReportError(f"{where}: no {REPORT_FILENAME} and no {WORKERS_DIR}/ in this directory")
+        doc = read_json_file(path, MAX_REPORT_BYTES, "report")
     except json.JSONDecodeError as err:
-        raise ReportError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
-    return _check_report(doc, str(path))
+        raise ReportError(f"{where}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise ReportError(f"{where}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except InputRefused as err:
+        raise ReportError(str(err)) from None
+    except (OSError, ValueError) as err:  # missing, permission, symlink loop, name too long, NUL in the path
+        raise ReportError(f"{where}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+    return _check_report(doc, where)
 
 
 def _drift_name(name: str) -> str:
@@ -474,7 +594,16 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
         + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]
+    coverage = coverage_line(workers.get("coverage") or {})
+    if coverage:
+        lines.append(coverage)
     lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
+    preset = doc["settings"].get("preset")
+    if preset:
+        changed = ", ".join(f"{c['key']}={c['value']!r}" for c in preset["changes"]) or "nothing"
+        lines.append(f"preset aligned changed: {changed}")
+        if preset.get("refusal"):
+            lines.append(f"preset aligned could not align: {format_finding(preset['refusal'])}")
     if doc.get("collected_from_workers"):
         lines.append("(collected from worker records now: the driver wrote no report; default mandate)")
     if doc["binding"] is not None:
@@ -553,6 +682,8 @@ def finalize(
     point: str = "setup",
     final: bool = False,
     enforce: bool = True,
+    preset: Optional[Mapping[str, Any]] = None,
+    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
@@ -561,7 +692,9 @@ def finalize(
     driver passes the experiment's real log dir); ``run_id`` leaves out files of other runs;
     ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
     ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
-    history are kept); ``final`` marks the run's last collection.
+    history are kept); ``final`` marks the run's last collection; ``preset`` is what
+    ``attention_align.preset`` changed, kept under ``settings.preset``; ``expected_counts`` as
+    ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding).
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
@@ -570,8 +703,10 @@ def finalize(
     raised after the report is written and printed."""
     folder = Path(report_dir if report_dir is not None else settings.report_dir)
     doc = collect(folder, run_id=run_id, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
-                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides)
+                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides,
+                  expected_counts=expected_counts, strict=bool(getattr(settings, "strict", False)))
     doc["collected_at"] = point
+    doc["settings"]["preset"] = dict(preset) if preset is not None else None
     if previous is not None:
         doc["drift"]["steps"] = list(previous["drift"]["steps"])
         doc["history"] = list(previous.get("history", []))

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 from nemo_rl_attn_align.backend import BACKEND_NAMES, DEFAULT_BACKEND, HALF_PRECISION_ONLY, NVTE_BY_BACKEND
 from nemo_rl_attn_align.errors import Finding, Severity
+from nemo_rl_attn_align.limits import shown
+from nemo_rl_attn_align.semantics import CP_COMM_TYPES
 from nemo_rl_attn_align.suggest import describe_invalid
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
@@ -23,11 +25,19 @@ PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "
 
 MEGATRON_KEY = "policy.megatron_cfg"
 BACKEND_KEY = f"{MEGATRON_KEY}.attention_backend"
+CP_KEY = f"{MEGATRON_KEY}.context_parallel_size"
+#: ``TransformerConfig.transformer_impl`` (megatron-core 0.16: ``Literal['local', 'transformer_engine',
+#: 'inference_optimized']``).
+TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
+#: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 class Code(str, enum.Enum):
     """Stable rule codes. The value is the code; ``summary`` says what it catches."""
 
+    CONFIG_VALUE_INVALID = "CONFIG_VALUE_INVALID"
+    FLAG_NOT_BOOLEAN = "FLAG_NOT_BOOLEAN"
     ATTN_BACKEND_INVALID = "ATTN_BACKEND_INVALID"
     ATTN_BACKEND_NULL = "ATTN_BACKEND_NULL"
     PRECISION_INVALID = "PRECISION_INVALID"
@@ -60,6 +70,8 @@ class Code(str, enum.Enum):
 
 
 _SUMMARIES = {
+    Code.CONFIG_VALUE_INVALID: "a key the rules read has a value NeMo-RL or Megatron rejects (wrong type, out of range, broken structure).",
+    Code.FLAG_NOT_BOOLEAN: "a Megatron flag is not true/false; Megatron reads it by truthiness (1, 'false', 'no' are on).",
     Code.ATTN_BACKEND_INVALID: "attention_backend is not one of flash, fused, unfused, local, auto (exact, lower case).",
     Code.ATTN_BACKEND_NULL: "attention_backend: null; NeMo-RL treats it as unset, so Megatron's default (auto) applies.",
     Code.PRECISION_INVALID: "policy.precision or megatron_cfg.pipeline_dtype is not float32, bfloat16 or float16.",
@@ -82,6 +94,7 @@ _SUMMARIES = {
 }
 
 _SEVERITIES = {
+    Code.FLAG_NOT_BOOLEAN: Severity.WARNING,
     Code.ATTN_BACKEND_NULL: Severity.WARNING,
     Code.BACKEND_IGNORED_BY_LOCAL_SPEC: Severity.WARNING,
     Code.PRECISION_OVERRIDE_IGNORED: Severity.WARNING,
@@ -114,6 +127,9 @@ class PolicyFacts:
     model_overrides: dict = field(default_factory=dict)
     #: NVTE_* variable -> (value, where it comes from) as the worker will see it.
     nvte_env: dict = field(default_factory=dict)
+    #: The values as written (``UNSET`` when absent), for ``_config_values``; the fields above hold
+    #: what the other rules use (a default where the value is unusable, which is then an error).
+    raw: dict = field(default_factory=dict)
 
     @property
     def precision(self) -> str | None:
@@ -126,6 +142,90 @@ class PolicyFacts:
         if self.backend is not None:
             return self.backend
         return DEFAULT_BACKEND if self.backend_raw is UNSET or self.backend_raw is None else None
+
+
+def is_count(value: Any) -> bool:
+    """An integer >= 1 as NeMo-RL and Megatron use it (``True`` is Python's 1, so it counts)."""
+    return isinstance(value, int) and value >= 1
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _invalid(key: str, value: Any, why: str, fix: str) -> Finding:
+    return finding(Code.CONFIG_VALUE_INVALID, key, value, why, fix)
+
+
+def _config_values(facts: PolicyFacts) -> list[Finding]:
+    """Values of the keys the rules read that NeMo-RL or Megatron cannot use at all."""
+    raw = facts.raw
+    megatron_cfg = raw.get("megatron_cfg", UNSET)
+    if megatron_cfg is not UNSET and not isinstance(megatron_cfg, dict):
+        return [_invalid(MEGATRON_KEY, megatron_cfg,
+                         f"is {_type_name(megatron_cfg)}, not a mapping; NeMo-RL reads policy.megatron_cfg.get('enabled') and fails.",
+                         "write policy.megatron_cfg as a mapping (enabled: true, attention_backend: ...), or remove it.")]
+    out = []
+    name = raw.get("model_name", UNSET)
+    if name is not UNSET and not (isinstance(name, str) and name.strip()):
+        out.append(_invalid("policy.model_name", name, f"is {_type_name(name)}, not a model id; NeMo-RL loads the "
+                            "model's Hugging Face config from it.", "set policy.model_name to a Hugging Face model id or path."))
+    if not facts.megatron_enabled:
+        return out
+    cp = raw.get("context_parallel_size", UNSET)
+    if cp is not UNSET and not is_count(cp):
+        why = "is below 1" if isinstance(cp, int) else f"is {_type_name(cp)}, not an integer"
+        out.append(_invalid(CP_KEY, cp, f"{why}; NeMo-RL compares it with 1 and Megatron divides the world size by it "
+                            "(no conversion: '2' and 2.0 are not 2).", "set context_parallel_size to 1, 2, 4, ... (an unquoted integer)."))
+    impl = raw.get("transformer_impl", UNSET)
+    if impl is not UNSET and not (isinstance(impl, str) and impl in TRANSFORMER_IMPLS):
+        out.append(_invalid(f"{MEGATRON_KEY}.transformer_impl", impl,
+                            f"{describe_invalid(impl, TRANSFORMER_IMPLS)} (megatron-core's TransformerConfig.transformer_impl).",
+                            "set transformer_impl to transformer_engine (the default), local or inference_optimized."))
+    overrides = raw.get("model_overrides", UNSET)
+    if overrides not in (UNSET, None) and not isinstance(overrides, dict) and _truthy(overrides):
+        out.append(_invalid(f"{MEGATRON_KEY}.model_overrides", overrides,
+                            f"is {_type_name(overrides)}, not a mapping; NeMo-RL iterates model_overrides.items() and fails.",
+                            "write model_overrides as a mapping of TransformerConfig fields, or remove it."))
+    env_vars = raw.get("env_vars", UNSET)
+    if env_vars not in (UNSET, None) and not isinstance(env_vars, dict) and _truthy(env_vars):
+        out.append(_invalid(f"{MEGATRON_KEY}.env_vars", env_vars,
+                            f"is {_type_name(env_vars)}, not a mapping; NeMo-RL builds dict(env_vars) for the workers.",
+                            "write env_vars as a mapping of NAME: value, or remove it."))
+    out.extend(_override_values(facts))
+    return out
+
+
+def _truthy(value: Any) -> bool:
+    try:
+        return bool(value)
+    except Exception:  # noqa: BLE001 - a value without truthiness is no usable value either
+        return True
+
+
+def _override_values(facts: PolicyFacts) -> list[Finding]:
+    """``model_overrides`` values megatron-core cannot take, and flags it reads by truthiness."""
+    overrides, out = facts.model_overrides, []
+    key = f"{MEGATRON_KEY}.model_overrides"
+    softmax = overrides.get("softmax_type")
+    if softmax is not None and not (isinstance(softmax, str) and softmax in SOFTMAX_TYPES):
+        out.append(_invalid(f"{key}.softmax_type", softmax, f"{describe_invalid(softmax, SOFTMAX_TYPES)} "
+                            "(megatron-core's TransformerConfig.softmax_type).", "set softmax_type to vanilla, off-by-one or learnable."))
+    comm = overrides.get("cp_comm_type")
+    comms = comm if isinstance(comm, list) else [comm]
+    if (comm is not None and facts.context_parallel_size > 1 and facts.transformer_impl != "local"
+            and not (comms and all(isinstance(c, str) and c in CP_COMM_TYPES for c in comms))):
+        out.append(_invalid(f"{key}.cp_comm_type", comm, f"is not one of {', '.join(CP_COMM_TYPES)} (or a list of them, one "
+                            "per layer); Transformer Engine's context-parallel attention accepts only these.",
+                            "set cp_comm_type to p2p (Megatron's default), all_gather, a2a or a2a+p2p, or remove it."))
+    flag = overrides.get("batch_invariant_mode")
+    if "batch_invariant_mode" in overrides and not isinstance(flag, bool):
+        state = "on" if _truthy(flag) else "off"
+        out.append(finding(Code.FLAG_NOT_BOOLEAN, f"{key}.batch_invariant_mode", flag,
+                           f"is {_type_name(flag)}, not true/false; Megatron reads it by truthiness (`if "
+                           f"config.batch_invariant_mode:`), so {shown(flag)} turns batch-invariant mode {state} and the "
+                           "checks follow that.", "write batch_invariant_mode: true or false (unquoted)."))
+    return out
 
 
 def _backend_value(facts: PolicyFacts) -> list[Finding]:
@@ -234,7 +334,7 @@ def _softmax_type(facts: PolicyFacts) -> list[Finding]:
     if not facts.megatron_enabled or facts.backend != "flash" or facts.transformer_impl == "local":
         return []
     softmax = facts.model_overrides.get("softmax_type")
-    if softmax is not None and softmax != "vanilla":
+    if softmax is not None and softmax in SOFTMAX_TYPES and softmax != "vanilla":
         return [finding(Code.FLASH_UNSUPPORTED_SOFTMAX, f"{MEGATRON_KEY}.model_overrides.softmax_type", softmax,
                         "Transformer Engine's FlashAttention supports only softmax_type=vanilla.",
                         "use attention_backend=fused or auto, or softmax_type=vanilla.")]
@@ -248,7 +348,7 @@ def _softmax_type(facts: PolicyFacts) -> list[Finding]:
 def _batch_invariant(facts: PolicyFacts) -> list[Finding]:
     # TransformerConfig.__post_init__ asserts flash (megatron-core 0.16.1); bf16 and CP == 1 are required by
     # Megatron-LM's batch-invariant kernels (design.md section 3).
-    if not facts.megatron_enabled or facts.model_overrides.get("batch_invariant_mode") is not True:
+    if not facts.megatron_enabled or not _truthy(facts.model_overrides.get("batch_invariant_mode")):
         return []
     key = f"{MEGATRON_KEY}.model_overrides.batch_invariant_mode"
     out = []
@@ -311,6 +411,7 @@ def _without_megatron(facts: PolicyFacts) -> list[Finding]:
 
 #: Every rule, in the order findings are reported.
 RULES: tuple[Callable[[PolicyFacts], list[Finding]], ...] = (
+    _config_values,
     _backend_value,
     _precision_values,
     _half_precision,

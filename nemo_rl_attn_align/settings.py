@@ -3,6 +3,7 @@
 ```yaml
 attention_align:
   on_mismatch: warn            # error | warn | record (default warn)
+  preset: aligned              # optional: apply the settings that make both sides run one contract
   allow_dtype_difference: false
   strict: false                # true: a failure inside the plugin's own observability stops the run
   report_dir: ${logger.log_dir}/attention_align   # the default
@@ -31,21 +32,26 @@ fix. Importing this module imports pydantic (~70 ms): keep it off interpreter st
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping, Optional, get_args
+from typing import Annotated, Any, Literal, Mapping, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from nemo_rl_attn_align.binding import Mandate
 from nemo_rl_attn_align.config import get_path
 from nemo_rl_attn_align.contract import ContractError, field_spec, normalize_dtype
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.limits import shown, shown_text
 from nemo_rl_attn_align.suggest import did_you_mean
 
 BLOCK = "attention_align"
 OnMismatch = Literal["error", "warn", "record"]
 ON_MISMATCH = get_args(OnMismatch)
+Preset = Literal["aligned"]
 #: Directory name of the report under ``logger.log_dir`` when ``report_dir`` is not set.
 REPORT_SUBDIR = "attention_align"
+#: Integers as written: ``true``, ``'32'`` and ``2.0`` are refused, never coerced.
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 
 
 class MandateSettings(BaseModel):
@@ -93,6 +99,7 @@ class AlignSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     on_mismatch: OnMismatch = "warn"
+    preset: Optional[Preset] = None
     allow_dtype_difference: StrictBool = False
     strict: StrictBool = False
     report_dir: Optional[str] = None
@@ -104,7 +111,10 @@ class AlignSettings(BaseModel):
     def _non_empty(cls, value: Any) -> Any:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ValueError("must be a non-empty path string")
-        return value
+        if value is not None and "\0" in value:
+            raise ValueError("must not contain a NUL character")
+        # X/../Y is Y: creating the directory must not leave an empty X behind.
+        return os.path.normpath(value) if value is not None else None
 
     def to_mandate(self) -> Mandate:
         return self.mandate.to_mandate()
@@ -112,11 +122,12 @@ class AlignSettings(BaseModel):
 
 _FIXES = {
     "on_mismatch": f"set {BLOCK}.on_mismatch to one of {', '.join(ON_MISMATCH)}",
+    "preset": f"set {BLOCK}.preset to aligned, or remove it",
     "allow_dtype_difference": f"set {BLOCK}.allow_dtype_difference to true or false (a YAML boolean, unquoted)",
     "strict": f"set {BLOCK}.strict to true or false (a YAML boolean, unquoted)",
     "report_dir": f"set {BLOCK}.report_dir to a directory path, or remove it for <logger.log_dir>/{REPORT_SUBDIR}",
     "mandate": f"set {BLOCK}.mandate to a mapping of merge_rule, reduction_order, acc_dtype, downcast, dtype",
-    "drift": f"set {BLOCK}.drift.<key> to a positive integer (window: 0 or more), or remove it",
+    "drift": f"set {BLOCK}.drift.<key> to a positive integer, unquoted (window: 0 or more), or remove it",
 }
 
 
@@ -129,7 +140,7 @@ def _model_keys(loc: tuple) -> tuple[str, ...]:
 
 def _error_line(error: Mapping[str, Any]) -> str:
     loc = tuple(str(part) for part in error["loc"])
-    key = ".".join((BLOCK,) + loc)
+    key = shown_text(".".join((BLOCK,) + loc))
     if error["type"] == "extra_forbidden":
         known = _model_keys(loc)
         close = did_you_mean(loc[-1], known)
@@ -142,9 +153,9 @@ def _error_line(error: Mapping[str, Any]) -> str:
     else:
         fix = _FIXES.get(loc[0], f"correct {key}")
     if error["type"] == "literal_error" and isinstance(value, str):
-        close = did_you_mean(value, ON_MISMATCH)
+        close = did_you_mean(value, get_args(Preset) if loc[0] == "preset" else ON_MISMATCH)
         message += f" (did you mean {close!r}?)" if close else ""
-    return f"{key}={value!r}: {message}. Fix: {fix}."
+    return f"{key}={shown(value)}: {shown_text(message)}. Fix: {fix}."
 
 
 def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
@@ -159,8 +170,8 @@ def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
         block = {}
     if not isinstance(block, Mapping):
         raise UsageError(
-            f"{BLOCK}={block!r}: must be a mapping. Fix: write `{BLOCK}:` followed by indented keys "
-            f"(on_mismatch, allow_dtype_difference, strict, report_dir, mandate, drift), or remove it."
+            f"{BLOCK}={shown(block)}: must be a mapping. Fix: write `{BLOCK}:` followed by indented keys "
+            f"(on_mismatch, preset, allow_dtype_difference, strict, report_dir, mandate, drift), or remove it."
         )
     try:
         settings = AlignSettings.model_validate(dict(block))

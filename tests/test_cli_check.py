@@ -102,13 +102,13 @@ def test_binding_preview_is_shown_and_only_warns_by_default():
     proc = check(GRPO)
     assert proc.returncode == 0
     assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
-    assert "on_mismatch=warn: the run would warn and go on" in proc.stdout
+    assert "on_mismatch=warn: the run warns and goes on" in proc.stdout
 
 
 def test_failing_preview_with_on_mismatch_error_exits_1():
     proc = check(GRPO, "++attention_align.on_mismatch=error")
     assert proc.returncode == 1
-    assert "the run would stop at start" in proc.stdout
+    assert "on_mismatch=error: the run stops at start" in proc.stdout
 
 
 def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():

@@ -37,7 +37,7 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
         assert spec.validate(a) == a and spec.validate(b) == b and a != b
     assert fields_of(Tier.SEMANTIC) == ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")
     assert {"architecture", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "softmax_scale",
-            "causal", "sliding_window", "rope_type", "rope_parameters", "vocab_size", "tokenizer",
+            "causal", "sliding_window", "layer_windows", "logit_softcapping", "rope_type", "rope_parameters", "vocab_size", "tokenizer",
             "batch_size"} == set(fields_of(Tier.IDENTITY))
 
 
@@ -50,13 +50,14 @@ def test_identity_and_semantic_fields_name_a_fix():
 BAD_VALUES = {
     "architecture": [""], "num_layers": [0, -1, True, 2.0, "28"], "num_attention_heads": [0],
     "num_query_groups": [None], "head_dim": [1.5], "softmax_scale": [float("nan"), float("inf"), "0.1", True],
-    "causal": [1, "true"], "sliding_window": [-1, 1.0], "rope_type": [3], "rope_parameters": [[1], "x", {"t": float("nan")}, {1: 2}],
+    "causal": [1, "true"], "sliding_window": [-1, 1.0],
+    "layer_windows": [[], [-1], 4096, [1.0]], "logit_softcapping": [0, -30.0, "50"], "rope_type": [3], "rope_parameters": [[1], "x", {"t": float("nan")}, {1: 2}],
     "vocab_size": [None], "tokenizer": [None, ""], "batch_size": [0],
     "merge_rule": ["online", None], "reduction_order": ["kvindex", "KV_INDEX"], "acc_dtype": ["float64", "int8"],
     "downcast": ["final"], "dtype": ["bfloat17", None],
     "engine": [None], "backend": [{"layer": 3}, 5], "reduction_engine": [""], "split_kv_policy": ["fixed_count:0", "auto", "fixed_size:x"],
     "kv_page_size": [0], "kv_cache_dtype": [""], "chunked_prefill_chunk": [-8], "prefix_caching": ["yes"],
-    "cp_size": [0], "cp_layout": ["zigzag"], "cp_comm_type": ["ring"], "tp_size": [None], "mode": ["decode"],
+    "cp_size": [0], "decode_cp_size": [0], "cp_layout": ["zigzag"], "cp_comm_type": ["ring"], "tp_size": [None], "mode": ["decode"],
     "rope_fusion": ["on"], "physical_batch": [0], "batch_invariant": [1], "deterministic": ["no"],
     "flash_attention_version": [0], "versions": ["2.13", {"torch": object()}],
 }

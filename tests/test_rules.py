@@ -40,6 +40,25 @@ def codes(policy_cfg, environ=None):
 
 # (code, config that triggers it, environ, a near-miss config that must not trigger it, its environ)
 CASES = [
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size="2"), {},
+     policy(megatron_cfg__context_parallel_size=2), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=2.0), {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=0), {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__transformer_impl="TE"), {},
+     policy(megatron_cfg__transformer_impl="transformer_engine"), {}),
+    (Code.CONFIG_VALUE_INVALID, {**BASE, "megatron_cfg": "flash"}, {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__model_overrides="oops"), {},
+     policy(megatron_cfg__model_overrides=None), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__env_vars=["NVTE_FLASH_ATTN=1"]), {},
+     policy(megatron_cfg__env_vars={}), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__model_overrides={"softmax_type": "sinks"}), {},
+     policy(megatron_cfg__model_overrides={"softmax_type": "off-by-one"}), {}),
+    (Code.CONFIG_VALUE_INVALID,
+     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": "ring"}), {},
+     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": ["p2p", "a2a"]}), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(model_name=7), {}, policy(model_name="Qwen/Qwen3-8B"), {}),
+    (Code.FLAG_NOT_BOOLEAN, policy(megatron_cfg__model_overrides={"batch_invariant_mode": 1}), {},
+     policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}), {}),
     (Code.ATTN_BACKEND_INVALID, policy(megatron_cfg__attention_backend="Flash"), {}, policy(), {}),
     (Code.ATTN_BACKEND_NULL, policy(megatron_cfg__attention_backend=None), {},
      policy(megatron_cfg__attention_backend=DELETE), {}),
@@ -168,3 +187,16 @@ def test_build_plan_needs_a_policy_section():
         build_plan({"grpo": {}})
     with pytest.raises(UsageError, match="policy"):
         build_plan({"policy": "x"})
+
+
+@pytest.mark.parametrize("value, on", [(1, True), ("false", True), ("no", True), (0, False), ("", False), ([], False)])
+def test_batch_invariant_mode_follows_megatron_truthiness(value, on):
+    """Megatron's ``if config.batch_invariant_mode:`` decides; the checks follow it and say so."""
+    found = codes(policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": value}))
+    assert ("BATCH_INVARIANT_REQUIRES_FLASH" in found) is on
+    assert "FLAG_NOT_BOOLEAN" in found
+
+
+@pytest.mark.parametrize("cp", [True, 1, 2, 8])
+def test_usable_context_parallel_sizes_are_not_refused(cp):
+    assert "CONFIG_VALUE_INVALID" not in codes(policy(megatron_cfg__context_parallel_size=cp))

@@ -45,7 +45,8 @@ def _activate():
 
         bootstrap.activate("shim")
     except Exception as exc:  # noqa: BLE001 - a worker must start even if the plugin cannot
-        sys.stderr.write(f"nemo-rl-attn-align: shim could not activate ({type(exc).__name__}: {exc})\n")
+        first = (str(exc).splitlines() or [""])[0][:200]
+        sys.stderr.write(f"nemo-rl-attn-align: shim could not activate ({type(exc).__name__}: {first})\n")
 
 
 def _is_shim_dir(path):

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--full", action="store_true", help="show every field of the binding preview")
+    parser.add_argument("--fix", action="store_true",
+                        help="print the smallest list of Hydra overrides that makes the binding preview pass")
     parser.add_argument("args", nargs="*", metavar="CONFIG [OVERRIDES...]",
                         help="the YAML file, then Hydra-style overrides: a.b=v, ++a.b=v (new key), ~a.b (delete)")
     parser.set_defaults(handler=run)
@@ -43,22 +45,29 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
     """The CONFIG path (the packaged example when the first token is already an override) and the overrides."""
     from nemo_rl_attn_align.config import default_example_path
 
-    if not tokens or (_looks_like_override(tokens[0]) and not os.path.exists(tokens[0])):
+    if not tokens or (_looks_like_override(tokens[0]) and not os.path.lexists(tokens[0])):
         return default_example_path(), list(tokens)
     return Path(tokens[0]), list(tokens[1:])
 
 
-def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool = False) -> dict[str, Any]:
-    """Load, plan, check and preview the binding; the JSON-ready dict that ``--json`` prints."""
+def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool = False, fix: bool = False) -> dict[str, Any]:
+    """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
+    ``fix``, also the overrides that make the preview pass. The JSON-ready dict ``--json`` prints."""
     from nemo_rl_attn_align.config import load_config
     from nemo_rl_attn_align.plan import build_plan
+    from nemo_rl_attn_align.preset import align
     from nemo_rl_attn_align.preview import preview_binding
     from nemo_rl_attn_align.settings import load_settings
 
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
     settings = load_settings(cfg)
-    preview = preview_binding(cfg, settings, environ)
+
+    def preview_of(config):
+        return preview_binding(config, settings, environ)
+
+    alignment = align(cfg, preview_of) if settings.preset == "aligned" else None
+    preview = alignment.preview if alignment is not None else preview_of(cfg)
     preview_dict = preview.to_dict()
     stops_at_start = settings.on_mismatch == "error" and preview_dict["verdict"] == "fail"
     ok = plan.ok and not stops_at_start
@@ -66,54 +75,104 @@ def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool =
         "config": str(config_path),
         "overrides": overrides,
         "plan": plan.to_dict(),
-        "attention_align": {"settings": settings.model_dump(mode="json"), **preview_dict},
-        "preview_text": preview.render() if full else _short_preview(preview_dict),
+        "attention_align": {"settings": settings.model_dump(mode="json"), **preview_dict,
+                            "preset": alignment.to_dict() if alignment is not None else None},
+        "fix": _fix(alignment.config if alignment is not None else cfg, preview_of) if fix else None,
+        "preview_text": preview.render() if full else _short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
 
 
-def _short_preview(preview: dict[str, Any]) -> str:
-    """The binding preview in a few lines: the verdict's summary, its errors, the notes."""
-    from nemo_rl_attn_align.report import render_findings
+def _fix(cfg: dict, preview_of) -> dict[str, Any]:
+    """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
+    from nemo_rl_attn_align.preset import align, minimal
+
+    alignment = align(cfg, preview_of, alter_ok=True)
+    if alignment.preview.binding is None:
+        return {"overrides": [], "changes": [], "none_because": "the config has no training and rollout side to bind"}
+    if alignment.refusal is not None:
+        return {"overrides": [], "changes": [], "none_because": alignment.refusal.line()}
+    changes = minimal(cfg, alignment, preview_of)
+    return {"overrides": [c.override() for c in changes], "changes": [c.to_dict() for c in changes], "none_because": None}
+
+
+#: What a failed binding does to the run, by ``attention_align.on_mismatch``.
+CONSEQUENCE = {"error": "the run stops at start", "warn": "the run warns and goes on",
+               "record": "the run only records it in the report"}
+
+
+def _short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
+    """The binding preview in a few lines: the verdict's summary, what fails it, the notes. A
+    failing field is labelled ``error`` only where the run would stop (``on_mismatch: error``)."""
+    from nemo_rl_attn_align.errors import format_finding
 
     binding = preview["binding"]
     if binding is None:
         lines = ["binding preview: not applicable (the config has no training and rollout side to bind)"]
     else:
         lines = [f"binding preview ('pending' = known once the engines run): {binding['summary']}"]
-        lines += [f"  {line}" for line in render_findings(binding["findings"], shown=("error",))]
+        label = "error" if on_mismatch == "error" else "warning"
+        failing = [f for f in binding["findings"] if f["severity"] == "error"]
+        lines += [f"  {format_finding({**f, 'severity': label})}" for f in failing]
+        if failing:
+            lines.append("  (check --fix lists the overrides that remove these; attention_align.preset: aligned applies them)")
         lines.append("  (--full shows every field)")
     lines += [f"  note: {note}" for note in preview["notes"]]
     return "\n".join(lines)
 
 
+def _preset_lines(preset: dict[str, Any] | None) -> list[str]:
+    if preset is None:
+        return []
+    lines = [f"preset aligned: {len(preset['changes'])} change(s) applied before any worker starts"]
+    lines += [f"  {c['key']}={c['value']!r}: {c['reason']}" for c in preset["changes"]]
+    if preset["refusal"] is not None:
+        from nemo_rl_attn_align.errors import format_finding
+
+        lines.append(f"  cannot align: {format_finding(preset['refusal'])}")
+    return lines
+
+
+def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
+    if fix is None:
+        return []
+    if fix["none_because"] is not None:
+        return [f"fix: none: {fix['none_because']}"]
+    if not fix["overrides"]:
+        return ["fix: none needed: the semantic and determinism tiers already pass"]
+    lines = ["fix: add after the recipe on the command line:", "  " + " ".join(fix["overrides"])]
+    lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["alters_run"]]
+    return lines
+
+
 def render_text(result: dict[str, Any]) -> str:
     """The human-readable form of ``evaluate``'s result."""
     from nemo_rl_attn_align.errors import format_finding
+    from nemo_rl_attn_align.limits import shown, shown_text
 
     plan = result["plan"]
-    lines = [f"config: {result['config']}"]
+    lines = [f"config: {shown_text(result['config'])}"]
     if result["overrides"]:
-        lines.append(f"overrides: {' '.join(result['overrides'])}")
+        lines.append(f"overrides: {' '.join(shown_text(o) for o in result['overrides'])}")
     if not plan["megatron_enabled"]:
         lines.append("megatron: disabled (policy.megatron_cfg.enabled is not true); attention_backend is not used")
     else:
-        requested = "unset" if plan["requested"] is None else repr(plan["requested"])
+        requested = "unset" if plan["requested"] is None else shown(plan["requested"])
         lines.append(f"attention_backend: {requested} -> {plan['attn_backend'] or 'invalid'} ({plan['source']})")
         lines.append(f"precision: {plan['precision'] or 'invalid'}")
         if plan["nvte"]:
             lines.append("NVTE set by Megatron at model build: " + " ".join(f"{k}={v}" for k, v in plan["nvte"].items()))
         existing = plan["nvte_existing"]
-        lines.append("NVTE already set: " + (", ".join(f"{k}={v['value']} ({v['source']})" for k, v in existing.items()) or "none"))
+        lines.append("NVTE already set: " + (", ".join(f"{k}={shown_text(v['value'])} ({v['source']})" for k, v in existing.items()) or "none"))
     lines.extend(format_finding(f) for f in plan["findings"])
+    lines.extend(_preset_lines(result["attention_align"]["preset"]))
     lines.append(result["preview_text"])
     align = result["attention_align"]
-    on_mismatch = align["settings"]["on_mismatch"]
     if align["verdict"] == "fail":
-        consequence = {"error": "the run would stop at start", "warn": "the run would warn and go on",
-                       "record": "the run would only record it"}[on_mismatch]
-        lines.append(f"binding preview: fail; attention_align.on_mismatch={on_mismatch}: {consequence}")
+        on_mismatch = align["settings"]["on_mismatch"]
+        lines.append(f"binding preview: fail; attention_align.on_mismatch={on_mismatch}: {CONSEQUENCE[on_mismatch]}")
+    lines.extend(_fix_lines(result["fix"]))
     if result["exit_code"] == EXIT_OK:
         lines.append("verdict: OK: these attention settings can work")
     elif not plan["ok"]:
@@ -125,18 +184,20 @@ def render_text(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code."""
-    from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.errors import UsageError, strict_json
+    from nemo_rl_attn_align.limits import shown_text
 
     try:
         config_path, overrides = split_config_and_overrides(args.args)
-        result = evaluate(config_path, overrides, full=args.full)
+        result = evaluate(config_path, overrides, full=args.full, fix=args.fix)
     except UsageError as err:
+        message = shown_text(str(err), 2000)
         if args.json:
-            print(json.dumps({"error": str(err), "exit_code": EXIT_UNUSABLE}))
-        print(f"error: {err}", file=sys.stderr)
+            print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE}))
+        print(f"error: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "preview_text"}, indent=2))
+        print(json.dumps(strict_json({k: v for k, v in result.items() if k != "preview_text"}), indent=2, allow_nan=False))
     else:
         print(render_text(result))
     return result["exit_code"]

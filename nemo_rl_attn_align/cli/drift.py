@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from nemo_rl_attn_align import drift_shape
@@ -74,8 +76,7 @@ def _prepare(args: argparse.Namespace):
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
     settings = load_settings(cfg)
-    if args.out is None:
-        args.out = Path(settings.report_dir)
+    args.out = check_out_dir(Path(settings.report_dir) if args.out is None else args.out)
     flags = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
              "window": args.window, "seq_len": args.seq_len}
     shape = drift_shape.resolve_shape(cfg, flags)
@@ -92,19 +93,56 @@ def _prepare(args: argparse.Namespace):
     drift.check_materializers([*training, *rollout], shape, gpu)
     if args.vocab < 2:
         raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")
-    if args.out.exists() and not args.out.is_dir():
-        raise UsageError(f"--out {args.out} is a file. Fix: pass a directory (it is created if missing).")
     return config_path, overrides, shape, dtypes, training, rollout, gpu
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_out_dir(out: Path) -> Path:
+    """``out`` normalized (``X/../Y`` is ``Y``), once it is known that it is or can become a
+    writable directory: its nearest existing ancestor must be a writable directory. UsageError otherwise."""
+    from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.limits import shown_path
+
+    fix = "Fix: pass a directory that exists or can be created (--out DIR)."
+    try:
+        out = Path(os.path.normpath(out))
+        probe = out
+        while not os.path.lexists(probe) and probe != probe.parent:
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            where = "is a file" if probe == out else f"cannot be created: {shown_path(probe)} is a file"
+            raise UsageError(f"--out {shown_path(out)} {where}. {fix}")
+        if not probe.exists():
+            raise UsageError(f"--out {shown_path(out)} cannot be created: {shown_path(probe)} is a broken link. {fix}")
+        longest = max((part for part in out.parts), key=lambda part: len(os.fsencode(part)), default="")
+        if len(os.fsencode(longest)) > _name_max(probe):
+            raise UsageError(f"--out {shown_path(out)}: a path component is {len(os.fsencode(longest))} bytes, "
+                             f"over the file system's limit of {_name_max(probe)}. {fix}")
+        try:  # a real test, leaving nothing behind: os.access does not know every file system's rules
+            os.rmdir(tempfile.mkdtemp(prefix=".drift-out-check-", dir=probe))
+        except OSError as err:
+            raise UsageError(f"--out {shown_path(out)} cannot be created in {shown_path(probe)}: {err.strerror or err}. {fix}") from None
+    except (OSError, ValueError) as err:  # name too long, NUL in the path, symlink loop
+        raise UsageError(f"--out {shown_path(out)} is not usable: {getattr(err, 'strerror', None) or err}. {fix}") from None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``drift``; returns the exit code."""
     from nemo_rl_attn_align.errors import UsageError
 
+    from nemo_rl_attn_align.limits import shown_text
+
     try:
         config_path, overrides, shape, dtypes, training, rollout, gpu = _prepare(args)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
     from nemo_rl_attn_align import drift
     from nemo_rl_attn_align.report import atomic_write_json
@@ -112,7 +150,11 @@ def run(args: argparse.Namespace) -> int:
     result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab, gpu=gpu,
                              progress=drift.Progress(0, enabled=not args.no_progress))
     result = {"config": str(config_path), "overrides": overrides, **result}
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # changed since it was checked
+        print(f"error: --out {args.out} cannot be created now: {err.strerror or err}", file=sys.stderr)
+        return EXIT_UNUSABLE
     report = args.out / REPORT_NAME
     result["report"] = str(report)
     result["heatmap"] = None

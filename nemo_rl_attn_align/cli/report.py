@@ -31,16 +31,17 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``report``; returns the exit code."""
+    from nemo_rl_attn_align.limits import shown_path, shown_text
     from nemo_rl_attn_align.report import ReportError, load_report, render_summary
 
     try:
         doc = load_report(args.path)
         text = json.dumps(doc, indent=2) if args.json else render_summary(doc, full=args.all)
     except ReportError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNREADABLE
     except (KeyError, TypeError, AttributeError, ValueError) as err:
-        print(f"error: {args.path}: the report is malformed ({type(err).__name__}: {err}); "
+        print(f"error: {shown_path(args.path)}: the report is malformed ({type(err).__name__}: {shown_text(str(err))}); "
               "it was not written by this version of nemo-rl-attn-align", file=sys.stderr)
         return EXIT_UNREADABLE
     print(text)

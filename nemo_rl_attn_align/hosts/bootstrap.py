@@ -3,7 +3,10 @@
 Three doors lead here, all calling ``activate()``:
 
 * ``nemo_rl_attn_align.pth`` in the environment the plugin is installed in (every interpreter of
-  that environment processes it at start, like coverage's and autowrapt's ``.pth`` files);
+  that environment processes it at start, like coverage's and autowrapt's ``.pth`` files); its one
+  line reads the ``SWITCH`` itself (off: nothing is imported) and turns any failure of the import
+  into one line on stderr, once per interpreter (``site`` runs a venv's ``.pth`` files twice when
+  ``lib64`` links to ``lib``), never a traceback;
 * ``nemo_rl_attn_align/_shim/sitecustomize.py``, for interpreters of *other* environments that
   inherit ``PYTHONPATH`` (NeMo-RL's per-worker uv venvs get the driver's whole environment through
   Ray's ``runtime_env["env_vars"]``); it chains to the next ``sitecustomize`` like

@@ -110,10 +110,14 @@ def drift_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
 class RunReport:
     """The report of one run of an algorithm, from ``setup()`` to the end of training."""
 
-    def __init__(self, settings: Any, *, run_id: str, absent: Mapping[str, str], printer: Callable[[str], None] = _print):
+    def __init__(self, settings: Any, *, run_id: str, absent: Mapping[str, str], printer: Callable[[str], None] = _print,
+                 preset: Mapping[str, Any] | None = None, expected: Mapping[str, Any] | None = None):
         self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
+        self.preset = preset  # what ``attention_align.preset`` changed (``preset.Alignment.to_dict()``)
         self.run_id = run_id
         self.absent = dict(absent)
+        #: side -> ``expected_workers.ExpectedSide``: the workers the config starts
+        self.expected = dict(expected or {})
         self.printer = printer
         self.doc: dict[str, Any] | None = None
         self.finished = False
@@ -124,13 +128,25 @@ class RunReport:
         from nemo_rl_attn_align.report import AttentionMismatch, finalize, raise_for_mismatch
 
         self.doc = finalize(self.settings, printer=self.printer, absent_sides=self.absent, run_id=self.run_id,
-                            previous=self.doc, point=point, final=final, enforce=False)
+                            previous=self.doc, point=point, final=final, enforce=False, preset=self.preset,
+                            expected_counts={side: e.to_dict() for side, e in self.expected.items()})
         if enforce:
+            self._stop_if_unrecorded()
             try:
                 raise_for_mismatch(self.doc)
             except AttentionMismatch:
                 self.finished = True  # the run stops: nothing more to collect
                 raise
+
+    def _stop_if_unrecorded(self) -> None:
+        """Strict mode: a side with 0 of N workers recorded stops the run (after the report is written)."""
+        from nemo_rl_attn_align.binding import Code
+
+        unrecorded = [f["message"] for f in self.doc["findings"]
+                      if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"]
+        if unrecorded:
+            self.finished = True
+            raise _patching.StrictModeError("; ".join(unrecorded) + ". attention_align.strict is true, so the run stops.")
 
     def _guarded(self, what: str, action: Callable[[], None], strict: bool) -> None:
         _patching.guarded(f"{what} (report dir {self.settings.report_dir})", action, strict)
@@ -168,13 +184,17 @@ class RunReport:
         write_report(self.settings.report_dir, self.doc)
 
     def at_end(self, point: str) -> None:
-        """The last collection (``train_end``, ``exit``, ...): once, one line, never raises."""
+        """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the
+        temp files of writers killed mid-write (listed in the report as incomplete writes) are removed."""
+        from nemo_rl_attn_align.report import remove_stale_temp_files
+
         with self._lock:
             if self.finished:
                 return
             self.finished = True
             self._guarded(f"collecting the attention report at {point}",
                           lambda: self._collect(point, enforce=False, final=True), strict=False)
+            remove_stale_temp_files(self.settings.report_dir)
 
 
 #: The run report of this driver process (None before the first ``setup()``).

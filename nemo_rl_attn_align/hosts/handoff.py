@@ -45,7 +45,7 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
     if raw:
         try:
             loaded = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not what the driver wrote: the defaults apply
             loaded = {}
         if isinstance(loaded, dict):
             values = {k: loaded[k] for k in ("strict", "report_dir", "run_id") if k in loaded}
@@ -54,7 +54,7 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
     if environ.get(REPORT_DIR_ENV):
         values["report_dir"] = environ[REPORT_DIR_ENV]
     return WorkerSettings(
-        strict=bool(values.get("strict", False)),
-        report_dir=values.get("report_dir") or None,
+        strict=values.get("strict") is True,
+        report_dir=values.get("report_dir") if isinstance(values.get("report_dir"), str) and values.get("report_dir") else None,
         run_id=values.get("run_id") if isinstance(values.get("run_id"), str) else None,
     )

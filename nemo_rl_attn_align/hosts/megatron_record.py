@@ -18,6 +18,7 @@ from nemo_rl_attn_align.contract import AttentionContract, ContractBuilder, Cont
 from nemo_rl_attn_align.hosts.worker_records import put_field
 from nemo_rl_attn_align.rope import canonical_rope, megatron_scaling
 from nemo_rl_attn_align.semantics import left_window, te_semantics  # te_semantics: the rule `check` previews with
+from nemo_rl_attn_align.tokenizer_identity import tokenizer_identity
 
 #: TransformerConfig / GPTModelProvider attributes recorded as they are (missing ones are listed).
 MODEL_CONFIG_FIELDS = (
@@ -34,6 +35,7 @@ MODEL_CONFIG_FIELDS = (
     "softmax_scale",
     "attention_softmax_in_fp32",
     "window_size",
+    "window_attn_skip_freq",
     "position_embedding_type",
     "rotary_base",
     "rotary_percent",
@@ -106,6 +108,22 @@ def _rope(facts: Mapping[str, Any]) -> tuple[str | None, dict | None]:
     return canonical_rope(facts.get("rotary_base"), facts.get("rotary_percent"), megatron_scaling(facts))
 
 
+def megatron_layer_windows(facts: Mapping[str, Any]) -> list[int | None] | None:
+    """Per-layer left windows as megatron-core's ``is_layer_window_attention`` decides them from
+    ``window_size`` and ``window_attn_skip_freq`` (an int N: every N-th layer, 1-based, is full; a
+    list: 1 = windowed); None when the facts do not tell."""
+    layers, window, skip = facts.get("num_layers"), left_window(facts.get("window_size")), facts.get("window_attn_skip_freq")
+    if not isinstance(layers, int) or layers < 1 or "window_size" not in facts:
+        return None
+    if window is None or skip is None:
+        return [window] * layers
+    if isinstance(skip, int) and not isinstance(skip, bool) and skip > 0:
+        return [None if number % skip == 0 else window for number in range(1, layers + 1)]
+    if isinstance(skip, list) and len(skip) == layers:
+        return [window if flag else None for flag in skip]
+    return None
+
+
 def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None, requested: Any, not_read: str) -> None:
     """The flash-attn major TE ran, as its read-back ``seen`` reports it; none when TE ran another backend."""
     if seen is None:
@@ -149,12 +167,16 @@ def training_contract(
         b.observed("sliding_window", left_window(facts["window_size"]), f"{src}window_size[0] (-1 or None: no window)")
     else:
         b.unobservable("sliding_window", None, f"{src}window_size not recorded")
+    put("layer_windows", megatron_layer_windows(facts), f"{src}window_size and window_attn_skip_freq per layer")
+    put("logit_softcapping", None, "megatron-core's TransformerConfig has no attention logit soft capping", "configured")
+    put("decode_cp_size", None, "training does not decode", "configured")
     rope_type, rope_params = _rope(facts)
     put("rope_type", rope_type, src + "position_embedding_type")
     put("rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
     put("vocab_size", facts.get("vocab_size"), src + "vocab_size")
     if facts.get("tokenizer"):
-        put("tokenizer", facts["tokenizer"], "policy.tokenizer.name", "configured")
+        identity, how = tokenizer_identity(facts["tokenizer"])
+        put("tokenizer", identity, f"policy.tokenizer.name: {how}", "configured")
 
     cp_size = facts.get("context_parallel_size") or 1
     put("cp_size", cp_size, src + "context_parallel_size")

@@ -67,21 +67,43 @@ def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunRep
 
     cfg = as_dict(master_config)
     settings = load_settings(cfg)
+    preset = apply_preset(master_config, cfg, settings) if settings.preset == "aligned" else None
+    cfg = as_dict(master_config) if preset is not None else cfg
     plan = build_plan(cfg, os.environ)
     for finding in plan.warnings:
         log.warning("nemo-rl-attn-align: %s", finding.line())
     plan.raise_for_errors()
-    return _patching.guarded("starting the attention report", lambda: _start_run(cfg, settings, algorithm), settings.strict)
+    return _patching.guarded("starting the attention report", lambda: _start_run(cfg, settings, algorithm, preset), settings.strict)
 
 
-def _start_run(cfg: dict, settings: Any, algorithm: str) -> driver_report.RunReport:
+def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
+    """``attention_align.preset: aligned``: write the settings that align both sides into the master
+    config before any worker group exists (NeMo-RL builds every worker's environment from it), log
+    each change and, where a cause needs a layout change, the one finding that says so. Returns the
+    alignment (``preset.Alignment.to_dict()``) for the report."""
+    from nemo_rl_attn_align.preset import align, apply_changes
+    from nemo_rl_attn_align.preview import preview_binding
+
+    alignment = align(cfg, lambda config: preview_binding(config, settings, os.environ))
+    apply_changes(master_config, alignment.changes)
+    for change in alignment.changes:
+        log.warning("nemo-rl-attn-align: preset aligned sets %s=%r (%s)", change.key, change.value, change.reason)
+    if alignment.refusal is not None:
+        log.warning("nemo-rl-attn-align: preset aligned: %s", alignment.refusal.line())
+    return alignment.to_dict()
+
+
+def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = None) -> driver_report.RunReport:
     run_id = uuid.uuid4().hex
     # Absolute: Ray workers do not run in the driver's working directory.
     report_dir = os.path.abspath(driver_report.report_dir_for(cfg, settings.report_dir))
     handoff.export_settings(handoff.WorkerSettings(strict=settings.strict, report_dir=report_dir, run_id=run_id))
     effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
     settings = settings.model_copy(update={"strict": effective.strict, "report_dir": effective.report_dir})
-    run = driver_report.RunReport(settings, run_id=run_id, absent=driver_report.absent_sides(cfg, algorithm))
+    from nemo_rl_attn_align.expected_workers import expected_workers
+
+    absent = driver_report.absent_sides(cfg, algorithm)
+    run = driver_report.RunReport(settings, run_id=run_id, absent=absent, preset=preset, expected=expected_workers(cfg, absent))
     return driver_report.start(run)
 
 

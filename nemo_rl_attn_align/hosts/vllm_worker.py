@@ -9,23 +9,31 @@ with TP*PP > 1, vLLM's own Ray workers):
 * the bootstrap's import hook (``.pth`` or the ``PYTHONPATH`` shim) for NeMo-RL's vLLM venv, which
   does not contain this package and so has no entry point for vLLM to find.
 
-Both call ``attach()``, which wraps ``vllm.v1.worker.gpu_worker.Worker.compile_or_warm_up_model``:
-it runs after the model is loaded and the KV cache is allocated, so the attention layers in
-``vllm_config.compilation_config.static_forward_context`` carry the backend vLLM chose and
-``VLLM_BATCH_INVARIANT``'s rewrites of the environment have happened.
+Both call ``attach()``, which wraps ``compile_or_warm_up_model`` on the worker class vLLM really
+instantiates: it runs after the model is loaded and the KV cache is allocated, so the attention
+layers in ``vllm_config.compilation_config.static_forward_context`` carry the backend vLLM chose
+and ``VLLM_BATCH_INVARIANT``'s rewrites of the environment have happened. The base
+``vllm.v1.worker.gpu_worker.Worker`` is wrapped when its module is imported; its subclasses
+(``CPUWorker`` and ``XPUWorker`` override the method without calling ``super()``, a platform
+plugin may bring its own) are covered when they are instantiated: ``Worker.__init__`` is wrapped
+too, and wraps the method on the class of ``self`` that defines it. A subclass calling ``super()``
+records once. A class whose method cannot be wrapped is one warning naming it (an error in strict
+mode). The vLLM version is checked against ``versions.SUPPORTED`` once, at the first patch.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import threading
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff
+from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, rollout_peers, rollout_worker_id, world_size
 
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 TARGETS = (WORKER_MODULE,)
-SUPPORTED = {"vllm": ">=0.11,<0.26 (NeMo-RL pins 0.11.2, 0.17.1, 0.20.0, 0.25.1)"}
+#: The base worker class and the method run once the engine is up (wrapped on every class defining it).
 SEAM = ("Worker", "compile_or_warm_up_model")
 
 
@@ -40,9 +48,9 @@ class RolloutRecord(HostRecord):
         self.facts = facts
 
     def contract(self):
-        from nemo_rl_attn_align.hosts.vllm_record import VERSIONED, rollout_contract
+        from nemo_rl_attn_align.hosts.vllm_record import rollout_contract, rollout_versions
 
-        return rollout_contract(self.facts, self.worker_id, _patching.library_versions(VERSIONED))
+        return rollout_contract(self.facts, self.worker_id, rollout_versions())
 
     def detail(self) -> dict[str, Any]:
         return {"vllm_config": self.facts}
@@ -77,23 +85,73 @@ def record_engine(worker: Any) -> RolloutRecord:
     return record
 
 
+_warming = threading.local()
+
+
 def _wrap_warm_up(original: Callable) -> Callable:
     def compile_or_warm_up_model(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        HostRecord.guarded("recording the vLLM engine", lambda: record_engine(self))
+        # A subclass override calling super() runs two wrappers: only the outermost records.
+        depth = getattr(_warming, "depth", 0)
+        _warming.depth = depth + 1
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            _warming.depth = depth
+        if depth == 0:
+            HostRecord.guarded("recording the vLLM engine", lambda: record_engine(self))
         return result
 
     return compile_or_warm_up_model
 
 
-def _patch(module) -> None:
-    cls = getattr(module, SEAM[0], None)
-    if cls is None or not callable(getattr(cls, SEAM[1], None)):
+def _strict() -> bool:
+    return handoff.worker_settings().strict
+
+
+def cover(worker_class: type) -> bool:
+    """Wrap ``compile_or_warm_up_model`` on the class in ``worker_class``'s MRO that defines it;
+    False (one warning naming the class, an error in strict mode) when it cannot be wrapped."""
+    method = SEAM[1]
+    definer = next((klass for klass in worker_class.__mro__ if method in vars(klass)), None)
+    function = vars(definer).get(method) if definer is not None else None
+    if function is not None and _patching.is_wrapped(function):
+        return True
+    if not inspect.isfunction(function):
+        what = "has no" if definer is None else f"defines {method} as a {type(function).__name__}, not a plain"
         _patching.unsupported(
-            "vLLM", _patching.host_version("vllm", "vllm"), f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found", handoff.worker_settings().strict
+            "vLLM", versions.installed_version("vLLM"),
+            f"worker class {worker_class.__module__}.{worker_class.__qualname__} {what} method {method} the plugin can wrap, "
+            "so its engine is not recorded", _strict(),
         )
+        return False
+    return _seams.wrap(definer, method, _wrap_warm_up)
+
+
+def _wrap_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        HostRecord.guarded(f"covering vLLM worker class {type(self).__qualname__}", lambda: cover(type(self)))
+
+    return __init__
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def _patch(module) -> None:
+    strict = _strict()
+    versions.check_supported("vLLM", strict)
+    cls = getattr(module, SEAM[0], None)
+    if not isinstance(cls, type) or not callable(getattr(cls, SEAM[1], None)):
+        _patching.unsupported("vLLM", versions.installed_version("vLLM"), f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found", strict)
         return
-    _seams.wrap(cls, SEAM[1], _wrap_warm_up)
+    for worker_class in (cls, *_subclasses(cls)):  # subclasses defined later are covered at __init__
+        cover(worker_class)
+    _seams.wrap(cls, "__init__", _wrap_init)
 
 
 _seams = _patching.Seams(TARGETS, _patch)

@@ -188,3 +188,18 @@ def test_watched_modules_are_exactly_the_hosts_targets():
 def test_switch_values(value, expected):
     assert bootstrap.enabled({bootstrap.SWITCH: value}) is expected
     assert bootstrap.enabled({}) is True
+
+
+@pytest.mark.parametrize("shadow", ["raise RuntimeError('broken\\nsecond line')", "import sys; sys.exit(3)", ""])
+def test_pth_never_prints_a_traceback_whatever_is_importable(plugin_venv, tmp_path, shadow):
+    """A broken ``nemo_rl_attn_align`` earlier on sys.path (or one without the bootstrap): one line,
+    the interpreter runs; switched off, not even that line (the .pth imports nothing then)."""
+    package = tmp_path / "nemo_rl_attn_align"
+    package.mkdir()
+    (package / "__init__.py").write_text(shadow)
+    on = run_python(plugin_venv, "print('ran')", PYTHONPATH=str(tmp_path))
+    assert on.returncode == 0 and on.stdout == "ran\n"
+    assert "Traceback" not in on.stderr and on.stderr.count("\n") == 1
+    assert on.stderr.startswith("nemo-rl-attn-align: not active in this interpreter")
+    off = run_python(plugin_venv, "print('ran')", PYTHONPATH=str(tmp_path), NEMO_RL_ATTN_ALIGN="0")
+    assert (off.returncode, off.stdout, off.stderr) == (0, "ran\n", "")

@@ -104,3 +104,18 @@ def test_real_nemo_rl_driver_seams_are_wrapped(bootstrap_state):
         assert [_patching.is_wrapped(seam) for seam in seams] == [True] * len(seams)
     finally:
         nemo_rl_driver.detach()
+
+
+def test_preset_aligned_writes_the_settings_before_any_worker_starts(grpo, tmp_path, capsys):
+    config = master_config(tmp_path, preset="aligned")
+    config["policy"]["generation"] = {"backend": "vllm", "vllm_cfg": {"env_vars": None, "tensor_parallel_size": 1},
+                                      "colocated": {"resources": {"num_nodes": 1, "gpus_per_node": 0}}}
+    config["policy"]["megatron_cfg"]["env_vars"] = None
+    grpo(config, None, None, None)
+    assert config["policy"]["generation"]["vllm_cfg"]["env_vars"] == {"VLLM_BATCH_INVARIANT": "1"}
+    assert config["policy"]["megatron_cfg"]["env_vars"] == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    report = json.loads((tmp_path / "logs" / "exp_001" / "attention_align" / "attention_align_report.json").read_text())
+    preset = report["settings"]["preset"]
+    assert [c["key"] for c in preset["changes"]] == ["policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT",
+                                                     "policy.megatron_cfg.env_vars.CUBLAS_WORKSPACE_CONFIG"]
+    assert preset["aligned"] is True and "preset aligned changed:" in capsys.readouterr().out

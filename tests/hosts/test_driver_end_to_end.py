@@ -133,3 +133,20 @@ def test_sft_run_states_that_there_is_no_rollout_side(ray_cluster, tmp_path):
     assert doc["binding"] is None and doc["binding_applicable"] is False and doc["verdict"] == "incomparable"
     assert doc["workers"]["stages"]["training"] == {"policy-rank0": "first_forward"}
     assert [c["side"] for c in doc["contracts"]] == ["training"]
+
+
+def test_a_run_whose_vllm_workers_never_record_shows_0_of_n(ray_cluster, tmp_path):
+    """The plugin switched off in the generation workers only (their env_vars): the driver knows from
+    the config that 2 vLLM workers should have written, and says so."""
+    path = recipe_config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["policy"]["generation"]["vllm_cfg"]["env_vars"]["NEMO_RL_ATTN_ALIGN"] = "0"
+    cfg["cluster"]["gpus_per_node"] = 3  # upstream: one node, 2 of its GPUs for generation (not colocated)
+    path.write_text(yaml.safe_dump(cfg))
+    out = run_recipe(ray_cluster, tmp_path, path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rollout: 0 of 2 workers recorded" in out.stdout
+    doc = the_report(tmp_path)
+    assert doc["workers"]["coverage"]["rollout"] == {"recorded": 0, "expected": 2, "how": doc["workers"]["coverage"]["rollout"]["how"]}
+    assert doc["verdict"] == "incomparable" and doc["binding"] is None
+    assert any(f["code"] == Code.SIDE_MISSING.value and f["message"].startswith("rollout: 0 of 2") for f in doc["findings"])

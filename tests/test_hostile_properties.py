@@ -1,0 +1,101 @@
+"""Property-based: generated configs over every key the rules and settings read, through ``check``'s
+own entry point, as YAML files and as Hydra overrides.
+
+For every example: no exception escapes, the exit code is 0, 1 or 2, a usage error is one line,
+``--json`` output parses with a strict parser (no NaN / Infinity) and no finding spans lines; and
+when NeMo-RL, Megatron or the documented ``attention_align`` schema reject the config (the oracle
+in ``tests/hostile_inputs.py``, written from the hosts' behaviour), the exit code is not 0. Kept
+small for CI (a bounded number of examples, no deadline); ``benchmarks/fuzz_check.py`` runs tens of
+thousands.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nemo_rl_attn_align.config import default_example_path, load_config
+from nemo_rl_attn_align.errors import UsageError
+
+from . import hostile_inputs as hi
+
+BASE = load_config(default_example_path())
+BASE.pop("defaults", None)
+
+#: Arbitrary JSON-like values beyond the pools: scalars of every type (NaN and infinities too),
+#: odd strings, small nested lists and mappings.
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
+                     st.sampled_from(["2", "2.0", "true", "yes", "flash", "bfloat16", "p2p", "x\ny"]))
+ARBITRARY = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                         max_leaves=5)
+
+
+def _change(key: str):
+    return st.tuples(st.just(key), st.sampled_from(hi.POOLS[key]) | ARBITRARY)
+
+
+CHANGES = st.lists(st.sampled_from(sorted(hi.POOLS)).flatmap(_change), min_size=1, max_size=6).map(dict)
+
+_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _assert_sound(path: Path, overrides: list[str], as_json: bool) -> None:
+    outcome = hi.run_check(path, overrides, as_json=as_json)
+    assert outcome.problems == [], (outcome.problems, outcome.stdout[-500:], outcome.stderr[-500:])
+    if outcome.exit_code != 0:
+        return
+    try:
+        resolved = load_config(path, overrides)
+    except UsageError as err:  # pragma: no cover - would already be a problem above
+        raise AssertionError(f"check exited 0 but the loader refuses: {err}") from None
+    why = hi.rejection(resolved)
+    assert why is None, f"exit 0 for a config the host rejects ({why})"
+
+
+@_SETTINGS
+@given(changes=CHANGES, as_json=st.booleans())
+def test_generated_yaml_files(changes, as_json):
+    cfg = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        hi.set_path(cfg, key, value)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "c.yaml"
+        hi.write_config(path, cfg)
+        _assert_sound(path, [], as_json)
+
+
+@_SETTINGS
+@given(changes=CHANGES, as_json=st.booleans())
+def test_generated_overrides(changes, as_json):
+    overrides = [f"~{k}" if hi.is_unset(v) else f"++{k}={hi.hydra_literal(v)}" for k, v in changes.items()]
+    _assert_sound(default_example_path(), overrides, as_json)
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(max_size=40))
+def test_any_override_text(text):
+    """Whatever follows ``++policy.megatron_cfg.context_parallel_size=``: sound output, never a traceback."""
+    _assert_sound(default_example_path(), [f"++policy.megatron_cfg.context_parallel_size={text}"], as_json=True)
+
+
+def test_the_oracle_rejects_what_the_issue_found_accepted():
+    """The oracle itself: each wrong verdict of issue 12 is a rejection (so the properties can fail)."""
+    def with_(**changes):
+        cfg = copy.deepcopy(BASE)
+        for key, value in changes.items():
+            hi.set_path(cfg, key.replace("__", "."), value)
+        return hi.rejection(cfg)
+
+    mcfg = "policy__megatron_cfg__"
+    for value in ("2", 2.0, 0, -1):
+        assert with_(**{f"{mcfg}context_parallel_size": value})
+    assert with_(**{f"{mcfg}transformer_impl": "TE"})
+    assert with_(**{"policy__megatron_cfg": "flash"})
+    assert with_(**{f"{mcfg}model_overrides__batch_invariant_mode": 1, f"{mcfg}attention_backend": "fused"})
+    for value in (True, "32", 2.0):
+        assert with_(attention_align__drift__heads=value)
+    assert with_() is None and with_(**{f"{mcfg}context_parallel_size": 2}) is None
