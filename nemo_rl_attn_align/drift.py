@@ -1,10 +1,15 @@
 """The drift sweep: how far each (training engine, rollout engine) pair lands from each other.
 
 For every dtype and every pair of materializers it runs both on the same random inputs and reports
-the max and mean ``|d out|`` (absolute and in ulps of the dtype), ``|d lse|`` (absolute and in FP32
-ulps) and the per-token log-probability difference through a small fixed-seed LM head, summarised
-like NeMo-RL's ``token_mult_prob_error = mean(exp(|gen_lp - train_lp|))``. Each engine is also
-scored against the reference and against the FP64 exact attention.
+the max and mean ``|d out|`` (absolute, and in ulps of the dtype at the *local output magnitude*:
+the largest ``|out|`` of the same token and head, so near-zero elements do not read as hundreds of
+ulps), the share of output elements more than one ulp apart at their own magnitude, ``|d lse|``
+(absolute and in FP32 ulps) and the per-token log-probability difference through a small
+fixed-seed LM head, summarised like NeMo-RL's ``token_mult_prob_error = mean(exp(|gen_lp -
+train_lp|))``. Each engine is also scored against the reference and against the FP64 exact
+attention. An engine runs only in the dtypes it accepts (no fp32 rows for FlashAttention, TE's
+fused/flash backends or vLLM), and one whose order is not public (TE fused / cuDNN) is listed as
+not replayable, with no figures.
 
 The attention shape and the sweep's defaults come from ``drift_shape`` (torch-free, so the CLI can
 validate a config without importing torch).
@@ -21,11 +26,11 @@ from typing import Any
 
 import torch
 
-from nemo_rl_attn_align.drift_shape import DEFAULT_VOCAB, Shape
+from nemo_rl_attn_align.drift_shape import DEFAULT_GPU, DEFAULT_VOCAB, Shape
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec
-from nemo_rl_attn_align.reference.materializers import Materializer, parse_materializer
+from nemo_rl_attn_align.reference.materializers import ENGINES, Materializer, parse_materializer
 
 #: Torch dtype of each name in ``drift_shape.DTYPE_NAMES``.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -44,22 +49,29 @@ def parse_materializers(specs: list[str], flag: str) -> list[Materializer]:
     return out
 
 
-def check_materializers(mats: list[Materializer], shape: Shape) -> None:
-    """Stop before any work when an engine cannot run this shape (TE needs length % 2cp == 0)."""
+def check_materializers(mats: list[Materializer], shape: Shape, gpu: str = DEFAULT_GPU) -> None:
+    """Stop before any work when an engine cannot run this shape (TE needs length % 2cp == 0) or
+    does not run on ``gpu``."""
     for m in mats:
+        engine = ENGINES[m.engine]
+        if gpu not in engine.gpus:
+            other = "vllm" if m.engine == "vllm-fa3" else "vllm-fa3" if m.engine == "vllm" else "another engine"
+            raise UsageError(f"{m.name}: replays {', '.join(engine.gpus)} only, not --gpu {gpu}. "
+                             f"Fix: pass --gpu {engine.gpus[0]} or use {other}.")
         cp = m.options.get("cp")
-        if m.engine.startswith("te-") and shape.seq_len % (2 * cp):
+        if m.engine.startswith("te-") and cp and shape.seq_len % (2 * cp):
             raise UsageError(f"{m.name}: seq_len={shape.seq_len} is not divisible by 2*cp={2 * cp}. "
                              f"Fix: pass --seq-len {shape.seq_len - shape.seq_len % (2 * cp) or 2 * cp} or another cp.")
-        if m.engine == "te-p2p" and shape.window is not None and not m.canonical:
+        if m.engine.startswith("te-p2p") and shape.window is not None and not m.canonical:
             raise UsageError(f"{m.name}: the p2p ring is modelled for full causal attention only, window={shape.window}. "
                              "Fix: use te-allgather for sliding-window models.")
 
 
-def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of ``dtype`` at the (FP64) values ``x``: ``2**(floor(log2|x|)) * eps``."""
+def ulp_of(x: torch.Tensor, dtype: torch.dtype, work: torch.dtype = torch.float64) -> torch.Tensor:
+    """Spacing of ``dtype`` at the values ``x``: ``2**(floor(log2|x|)) * eps``, in ``work`` precision."""
     info = torch.finfo(dtype)
-    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(info.tiny)))) * info.eps
+    _, exponent = torch.frexp(x.abs().clamp_min(info.tiny).to(work))   # |x| = m * 2**e, m in [0.5, 1)
+    return torch.exp2(exponent.to(work)) * (info.eps / 2)
 
 
 #: Magnitudes below this fraction of a tensor's largest are measured in the ulps at that floor,
@@ -115,18 +127,37 @@ def _chunked_stats(fields: dict[str, Any], n: int) -> dict[str, float]:
     return out
 
 
+def local_ulps(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``|a - b|`` (``[T, H, D]``) in ulps of ``dtype`` at the largest ``|a|, |b|`` of the same (token, head)."""
+    local = torch.maximum(a.abs().amax(dim=-1, keepdim=True), b.abs().amax(dim=-1, keepdim=True))
+    return (a.to(torch.float64) - b.to(torch.float64)).abs() / ulp_of(local, dtype)
+
+
+def beyond_one_ulp(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """1.0 where ``a`` and ``b`` are more than one ulp (of ``dtype``, at their own magnitude) apart.
+
+    Two bf16/fp16 tensors are compared in FP32 (exact for their values, and its rounding of the
+    difference is far below their ulp); anything else in FP64."""
+    half = (torch.bfloat16, torch.float16)
+    work = torch.float32 if a.dtype in half and b.dtype in half else torch.float64
+    a, b = a.to(work), b.to(work)
+    return ((a - b).abs() > ulp_of(torch.maximum(a.abs(), b.abs()), dtype, work)).to(torch.float32)
+
+
 def compare(a: tuple, b: tuple, lp_a: torch.Tensor, lp_b: torch.Tensor) -> dict[str, float]:
     """Drift figures between two ``(out, lse)`` results and their token logprobs."""
     (out_a, lse_a), (out_b, lse_b) = a, b
     dlp = (lp_a - lp_b).abs()
-    out_floor = ULP_FLOOR * float(out_b.abs().max())
     lse_floor = ULP_FLOOR * float(lse_b.abs().max())
     stats = _chunked_stats({
         "out_abs": lambda r: (out_a[r].double() - out_b[r].double()).abs(),
-        "out_ulp": lambda r: ulps(out_a[r], out_b[r], out_a.dtype, out_floor),
+        "out_ulp": lambda r: local_ulps(out_a[r], out_b[r], out_a.dtype),
+        "out_beyond_1ulp": lambda r: beyond_one_ulp(out_a[r], out_b[r], out_a.dtype),
         "lse_abs": lambda r: (lse_a[r].double() - lse_b[r].double()).abs(),
         "lse_ulp": lambda r: ulps(lse_a[r], lse_b[r], torch.float32, lse_floor),
     }, out_a.shape[0])
+    stats.pop("out_beyond_1ulp_max")
+    stats["out_beyond_1ulp"] = stats.pop("out_beyond_1ulp_mean")
     return {
         **stats,
         "logprob_abs_max": float(dlp.max()),
@@ -137,14 +168,16 @@ def compare(a: tuple, b: tuple, lp_a: torch.Tensor, lp_b: torch.Tensor) -> dict[
 
 
 def _vs_exact(result: tuple, exact: tuple, dtype: torch.dtype) -> dict[str, float]:
-    """Largest errors of ``(out, lse)`` against the FP64 exact attention."""
-    floor = ULP_FLOOR * float(exact[0].abs().max())
+    """Largest errors of ``(out, lse)`` against the FP64 exact attention, and the share of output
+    elements more than one ulp from it."""
     stats = _chunked_stats({
         "out_abs": lambda r: (result[0][r].double() - exact[0][r]).abs(),
-        "out_ulp": lambda r: ulps(result[0][r], exact[0][r], dtype, floor),
+        "out_ulp": lambda r: local_ulps(result[0][r], exact[0][r], dtype),
         "lse_abs": lambda r: (result[1][r].double() - exact[1][r]).abs(),
+        "out_beyond_1ulp": lambda r: beyond_one_ulp(result[0][r], exact[0][r], dtype),
     }, result[0].shape[0])
-    return {k: v for k, v in stats.items() if k.endswith("_max")}
+    share = stats["out_beyond_1ulp_mean"]
+    return {**{k: v for k, v in stats.items() if k.endswith("_max") and "beyond" not in k}, "out_beyond_1ulp": share}
 
 
 class Progress:
@@ -177,13 +210,19 @@ def make_inputs(shape: Shape, seed: int):
     return q, k, v
 
 
+def runs_in(m: Materializer, dname: str) -> bool:
+    """Whether the engine of ``m`` is replayable and accepts dtype ``dname`` (canonical twins: any)."""
+    engine = ENGINES[m.engine]
+    return m.canonical or (engine.replayable and dname in engine.dtypes)
+
+
 def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rollout: list[Materializer], *,
               seed: int = 0, vocab: int = DEFAULT_VOCAB, spec: ReferenceSpec = ReferenceSpec(),
-              progress: Progress | None = None) -> dict[str, Any]:
-    """Run every engine once per dtype and compare all (training, rollout) pairs."""
+              progress: Progress | None = None, gpu: str = DEFAULT_GPU) -> dict[str, Any]:
+    """Run every engine once per dtype it accepts and compare all (training, rollout) pairs that both ran."""
     engines = list(dict.fromkeys([*training, *rollout]))
     progress = progress or Progress(0, enabled=False)
-    progress.total = len(dtypes) * (len(engines) + 2)
+    progress.total = len(dtypes) * 2 + sum(runs_in(m, d) for m in engines for d in dtypes)
     head = LMHead(shape.heads * shape.head_dim, vocab, seed)
     q32, k32, v32 = make_inputs(shape, seed)
     pairs, plans, started = [], [], time.perf_counter()
@@ -197,16 +236,20 @@ def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rol
         progress.step(f"{dname} reference")
         results, logprobs = {}, {}
         for m in engines:
+            if not runs_in(m, dname):
+                continue
             t0 = time.perf_counter()
             results[m] = ref if m.engine == "reference" and not m.params else m(q, k, v, window=shape.window, spec=spec)
             logprobs[m] = head.logprobs(results[m][0], tokens)
             seconds = time.perf_counter() - t0
-            plans.append({"dtype": dname, "engine": m.name, "seconds": seconds,
+            plans.append({"dtype": dname, "engine": m.name, "replays": ENGINES[m.engine].replays, "seconds": seconds,
                           "vs_reference": compare(results[m], ref, logprobs[m], ref_lp),
                           "vs_fp64": _vs_exact(results[m], exact, q.dtype)})
             progress.step(f"{dname} {m.name}")
         for t in training:
             for r in rollout:
+                if t not in results or r not in results:
+                    continue
                 pairs.append({"dtype": dname, "training": t.name, "rollout": r.name,
                               **compare(results[t], results[r], logprobs[t], logprobs[r])})
     return {
@@ -214,6 +257,11 @@ def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rol
         "dtypes": list(dtypes),
         "training": [m.name for m in training],
         "rollout": [m.name for m in rollout],
+        "gpu": gpu,
+        "replays": {m.name: ENGINES[m.engine].replays for m in engines},
+        "not_replayable": [m.name for m in engines if not m.canonical and not ENGINES[m.engine].replayable],
+        "skipped": [{"engine": m.name, "dtype": d} for d in dtypes for m in engines
+                    if ENGINES[m.engine].replayable and not runs_in(m, d)],
         "seed": seed,
         "vocab": vocab,
         "reference_spec": {"block_q": spec.block_q, "block_kv": spec.block_kv},
@@ -227,14 +275,20 @@ def render_table(result: dict[str, Any]) -> str:
     """The pairs as a fixed-width text table."""
     from nemo_rl_attn_align.report import format_table
 
-    rows = [[p["dtype"], p["training"], p["rollout"], f"{p['out_abs_max']:.3g}", f"{p['out_ulp_max']:.1f}",
-             f"{p['lse_abs_max']:.3g}", f"{p['logprob_abs_max']:.3g}", f"{p['token_mult_prob_error']:.6f}"]
+    rows = [[p["dtype"], p["training"], p["rollout"], f"{p['out_abs_max']:.3g}", f"{p['out_ulp_max']:.2f}",
+             f"{100 * p['out_beyond_1ulp']:.2f}%", f"{p['lse_abs_max']:.3g}", f"{p['logprob_abs_max']:.3g}",
+             f"{p['token_mult_prob_error']:.6f}"]
             for p in result["pairs"]]
     s = result["shape"]
-    title = (f"attention drift: heads={s['heads']} kv_heads={s['kv_heads']} head_dim={s['head_dim']} "
-             f"window={s['window']} seq_len={s['seq_len']}")
-    headers = ["dtype", "training", "rollout", "max|d out|", "max ulp", "max|d lse|", "max|d logp|", "mult_prob_err"]
-    return title + "\n" + format_table(headers, rows)
+    title = (f"attention drift on {result.get('gpu', DEFAULT_GPU)}: heads={s['heads']} kv_heads={s['kv_heads']} "
+             f"head_dim={s['head_dim']} window={s['window']} seq_len={s['seq_len']}")
+    headers = ["dtype", "training", "rollout", "max|d out|", "max ulp(local)", ">1 ulp", "max|d lse|", "max|d logp|",
+               "mult_prob_err"]
+    lines = [title, format_table(headers, rows)]
+    lines += [f"not replayable: {name} ({result['replays'][name]})" for name in result.get("not_replayable", [])]
+    lines += [f"replays: {name} = {what}" for name, what in result.get("replays", {}).items()
+              if name not in result.get("not_replayable", [])]
+    return "\n".join(lines)
 
 
 def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
@@ -249,8 +303,9 @@ def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
     fig, axes = plt.subplots(1, len(dtypes), figsize=((2.4 + 0.9 * len(rollout)) * len(dtypes), 1.6 + 0.5 * len(training)),
                              squeeze=False)
     for ax, dname in zip(axes[0], dtypes):
-        grid = [[next(p["logprob_abs_max"] for p in result["pairs"]
-                      if p["dtype"] == dname and p["training"] == t and p["rollout"] == r) for r in rollout] for t in training]
+        grid = [[next((p["logprob_abs_max"] for p in result["pairs"]
+                       if p["dtype"] == dname and p["training"] == t and p["rollout"] == r), math.nan)
+                 for r in rollout] for t in training]
         image = ax.imshow(grid, cmap="viridis")
         for i, row in enumerate(grid):
             for j, value in enumerate(row):

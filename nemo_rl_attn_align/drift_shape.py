@@ -35,8 +35,13 @@ _MODEL_SUFFIXES = ("-Instruct", "-Base")
 #: dtypes the sweep runs (``drift.DTYPES`` maps them to torch).
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 DEFAULT_DTYPES = DTYPE_NAMES
-DEFAULT_TRAINING = ("reference", "te-p2p:cp=2", "te-allgather:cp=2", "flash", "plain")
-DEFAULT_ROLLOUT = ("reference", "vllm:chunk=256", "vllm:chunk=256,splits=4", "flash-splitkv:splits=4", "flash")
+#: GPU generations plans are selected for (``--gpu``); NeMo-RL's recipes target Hopper.
+GPU_NAMES = ("sm80", "sm90")
+DEFAULT_GPU = "sm90"
+#: Training engines swept when the config names no backend of its own (``default_engines``); the
+#: unfused ``megatron-local`` and ``hf-eager`` are a flag away (each builds the full score matrix).
+DEFAULT_TRAINING = ("reference", "te-p2p:cp=2", "te-p2p-bshd:cp=2", "te-allgather:cp=2", "flash")
+DEFAULT_CHUNK = 256
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_VOCAB = 512
 
@@ -162,6 +167,57 @@ def resolve_shape(cfg: dict | None, flags: dict[str, Any]) -> Shape:
     sources.pop("hidden", None)
     return Shape(heads, kv_heads, _positive_int("head_dim", picked["head_dim"], sources["head_dim"]),
                  window, _positive_int("seq_len", seq_len, sources["seq_len"]), sources)
+
+
+def default_rollout(gpu: str, seq_len: int) -> list[str]:
+    """vLLM's path on ``gpu``: chunked prefill, and cascade past a shared prompt of half the sequence."""
+    engine = "vllm-fa3" if gpu == "sm90" else "vllm"
+    prompt = seq_len // 2 // DEFAULT_CHUNK * DEFAULT_CHUNK
+    plans = [f"{engine}:chunk={DEFAULT_CHUNK}"]
+    if prompt:
+        plans.append(f"{engine}:chunk={DEFAULT_CHUNK},cascade={prompt}")
+    return ["reference", *plans]
+
+
+def default_engines(cfg: dict | None, gpu: str, shape: Shape) -> tuple[list[str], list[str]]:
+    """``(training, rollout)`` engine specs the config runs on ``gpu`` (torch-free).
+
+    Training follows ``policy.megatron_cfg``: ``transformer_impl: local`` -> Megatron's own
+    attention; else TE with ``attention_backend`` (flash; fused; auto = fused on sm90, where TE
+    prefers cuDNN, flash on sm80). With ``context_parallel_size > 1`` NeMo-RL packs sequences, so
+    the flash path is TE's thd p2p ring (its bshd figure is swept beside it for comparison).
+    A window rules out the p2p ring (TE runs it full-causal only) and vLLM's cascade.
+    """
+    mc = get_path(cfg or {}, "policy.megatron_cfg", None)
+    if not isinstance(mc, dict) or not mc.get("enabled", True) or not cfg:
+        training = [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)]
+        rollout = default_rollout(gpu, shape.seq_len)
+        return training, [r for r in rollout if not (shape.window is not None and "cascade" in r)]
+    backend = str(mc.get("attention_backend") or "auto")
+    cp = mc.get("context_parallel_size") or 1
+    cp = cp if isinstance(cp, int) and not isinstance(cp, bool) and cp > 0 else 1
+    if mc.get("transformer_impl") == "local":
+        engines = ["megatron-local"]
+    elif backend == "fused" or (backend == "auto" and gpu == "sm90"):
+        engines = ["te-fused"]
+    elif backend in ("flash", "auto"):
+        if cp > 1 and shape.window is None:
+            engines = [f"te-p2p:cp={cp}", f"te-p2p-bshd:cp={cp}"]
+        elif cp > 1:
+            engines = [f"te-allgather:cp={cp}"]
+        else:
+            engines = ["flash"]
+    else:
+        engines = []                                         # TE's unfused attention: not replayed
+    rollout = [r for r in default_rollout(gpu, shape.seq_len) if not (shape.window is not None and "cascade" in r)]
+    return ["reference", *engines], rollout
+
+
+def parse_gpu(text: str) -> str:
+    """``"sm90"`` -> ``"sm90"``; UsageError on an unknown generation."""
+    if text not in GPU_NAMES:
+        raise UsageError(f"--gpu {text!r}: unknown GPU generation. Fix: one of {', '.join(GPU_NAMES)}.")
+    return text
 
 
 def parse_dtypes(text: str) -> list[str]:

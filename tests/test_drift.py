@@ -73,32 +73,38 @@ def test_sweep_json_complete(tmp_path, write_yaml, capsys):
     out = tmp_path / "out"
     code = main(["drift", str(cfg), "--json", "--no-progress", "--out", str(out), "--dtypes", "bf16,fp32",
                  "--training", "reference", "--training", "te-p2p:cp=2", "--rollout", "reference",
-                 "--rollout", "vllm:chunk=16,splits=2"])
+                 "--rollout", "vllm-fa3:chunk=16,splits=2"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads((out / "drift-report.json").read_text())
     assert result["shape"]["sources"]["heads"] == "attention_align.drift" and result["shape"]["seq_len"] == 64
     assert (out / "drift-heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["heatmap"]
-    assert len(result["pairs"]) == 2 * 2 * 2 and len(result["engines"]) == 2 * 3
-    keys = {"out_abs_max", "out_abs_mean", "out_ulp_max", "out_ulp_mean", "lse_abs_max", "lse_abs_mean", "lse_ulp_max",
-            "lse_ulp_mean", "logprob_abs_max", "logprob_abs_mean", "token_mult_prob_error", "bitwise_equal"}
+    # fp32: only the reference runs (TE's flash path and vLLM reject fp32): no rows for the others
+    assert len(result["pairs"]) == 2 * 2 + 1 and len(result["engines"]) == 3 + 1
+    assert {(s["engine"], s["dtype"]) for s in result["skipped"]} == {("te-p2p:cp=2", "fp32"), ("vllm-fa3:chunk=16,splits=2", "fp32")}
+    assert result["gpu"] == "sm90" and "thd" in result["replays"]["te-p2p:cp=2"]
+    keys = {"out_abs_max", "out_abs_mean", "out_ulp_max", "out_ulp_mean", "out_beyond_1ulp", "lse_abs_max", "lse_abs_mean",
+            "lse_ulp_max", "lse_ulp_mean", "logprob_abs_max", "logprob_abs_mean", "token_mult_prob_error", "bitwise_equal"}
     for pair in result["pairs"]:
         assert keys <= set(pair) and all(math.isfinite(pair[k]) for k in keys - {"bitwise_equal"})
     by = {(p["dtype"], p["training"], p["rollout"]): p for p in result["pairs"]}
     same = by[("bf16", "reference", "reference")]
     assert same["bitwise_equal"] and same["logprob_abs_max"] == 0 and same["token_mult_prob_error"] == 1.0
-    drifted = by[("bf16", "te-p2p:cp=2", "vllm:chunk=16,splits=2")]
+    drifted = by[("bf16", "te-p2p:cp=2", "vllm-fa3:chunk=16,splits=2")]
     assert not drifted["bitwise_equal"] and drifted["out_abs_max"] > 0 and drifted["token_mult_prob_error"] > 1.0
     for engine in result["engines"]:
         assert engine["vs_fp64"]["out_abs_max"] > 0 and engine["seconds"] >= 0
+    reference = next(e for e in result["engines"] if e["engine"] == "reference" and e["dtype"] == "bf16")
+    assert reference["vs_fp64"]["out_beyond_1ulp"] == 0 and reference["vs_fp64"]["out_ulp_max"] <= 1.0
 
 
 def test_table_and_progress(tmp_path, capsys):
     code = main(["drift", *SMALL[:-1], "--out", str(tmp_path), "--dtypes", "fp16", "--no-plot",
-                 "--training", "flash", "--rollout", "plain"])
+                 "--training", "flash", "--rollout", "hf-eager"])
     captured = capsys.readouterr()
-    assert code == 0 and "fp16   flash" in captured.out and "mult_prob_err" in captured.out
-    assert "[" in captured.err and "fp16 plain" in captured.err
+    assert code == 0 and "fp16   flash" in captured.out and "mult_prob_err" in captured.out and ">1 ulp" in captured.out
+    assert "replays: hf-eager = transformers" in captured.out
+    assert "[" in captured.err and "fp16 hf-eager" in captured.err
     assert not (tmp_path / "drift-heatmap.png").exists()
 
 
@@ -115,6 +121,9 @@ def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
     (["--rollout", "vllm:chunk=x"], "not key=integer"),
     (["--training", "te-p2p:cp=3", "--seq-len", "64"], "not divisible by 2*cp=6"),
     (["--window", "8", "--training", "te-p2p:cp=2"], "te-allgather"),
+    (["--window", "8", "--training", "te-p2p-bshd:cp=2"], "te-allgather"),
+    (["--rollout", "vllm:chunk=16"], "Fix: pass --gpu sm80 or use vllm-fa3"),
+    (["--gpu", "sm70"], "unknown GPU generation"),
     (["--vocab", "1"], "--vocab 1"),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, argv, message):
@@ -141,7 +150,7 @@ def test_default_out_is_the_configs_report_dir(write_yaml, tmp_path, capsys):
         logger: {{log_dir: {tmp_path / 'logs'}}}
         attention_align: {{drift: {{heads: 2, kv_heads: 1, head_dim: 8}}}}
         """)
-    code = main(["drift", str(cfg), "--no-progress", "--no-plot", "--dtypes", "bf16", "--training", "flash", "--rollout", "plain"])
+    code = main(["drift", str(cfg), "--no-progress", "--no-plot", "--dtypes", "bf16", "--training", "flash", "--rollout", "hf-eager"])
     assert code == 0
     assert (tmp_path / "logs" / "attention_align" / "drift-report.json").is_file()
 
@@ -171,3 +180,44 @@ def test_non_integer_config_values_are_usage_errors(hf):
     with pytest.raises(UsageError) as info:
         shape_of({"policy": {"model_name": "x", "hf_config_overrides": hf}})
     assert "policy.hf_config_overrides" in str(info.value)
+
+
+def test_grpo_example_with_cp2_reports_thd_training_fa3_rollout_and_more_drift_than_bshd(capsys, tmp_path):
+    code = main(["drift", "policy.megatron_cfg.context_parallel_size=2", "--json", "--no-progress", "--no-plot",
+                 "--out", str(tmp_path), "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--seq-len", "256",
+                 "--dtypes", "bf16"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["gpu"] == "sm90" and result["config"].endswith("grpo_math_1B_megatron_flash.yaml")
+    assert result["training"] == ["reference", "te-p2p:cp=2", "te-p2p-bshd:cp=2"]
+    assert result["rollout"] == ["reference", "vllm-fa3:chunk=256"]     # seq 256: no room for a cascaded prompt
+    assert "qkv_format thd" in result["replays"]["te-p2p:cp=2"] and "FA3" in result["replays"]["vllm-fa3:chunk=256"]
+    vs_ref = {e["engine"]: e["vs_reference"] for e in result["engines"]}
+    assert vs_ref["te-p2p:cp=2"]["out_abs_mean"] > vs_ref["te-p2p-bshd:cp=2"]["out_abs_mean"]
+    assert vs_ref["te-p2p:cp=2"]["out_beyond_1ulp"] > vs_ref["te-p2p-bshd:cp=2"]["out_beyond_1ulp"]
+
+
+def test_default_engines_follow_the_config_and_gpu():
+    shape = drift_shape.Shape(4, 2, 32, None, 1024)
+
+    def engines(mc, gpu="sm90"):
+        return drift_shape.default_engines({"policy": {"megatron_cfg": {"enabled": True, **mc}}}, gpu, shape)
+
+    assert engines({"attention_backend": "flash"}) == (["reference", "flash"],
+                                                       ["reference", "vllm-fa3:chunk=256", "vllm-fa3:chunk=256,cascade=512"])
+    assert engines({"attention_backend": "auto"})[0] == ["reference", "te-fused"]        # TE prefers cuDNN on sm90
+    assert engines({"attention_backend": "auto"}, "sm80") == (["reference", "flash"],
+                                                              ["reference", "vllm:chunk=256", "vllm:chunk=256,cascade=512"])
+    assert engines({"transformer_impl": "local"})[0] == ["reference", "megatron-local"]
+    assert engines({"attention_backend": "flash", "context_parallel_size": 4})[0] == ["reference", "te-p2p:cp=4",
+                                                                                       "te-p2p-bshd:cp=4"]
+
+
+def test_not_replayable_engine_is_listed_without_figures(capsys, tmp_path):
+    code = main(["drift", "policy.megatron_cfg.attention_backend=fused", *SMALL, "--out", str(tmp_path), "--no-plot",
+                 "--dtypes", "bf16", "--rollout", "reference"])
+    out = capsys.readouterr().out
+    assert code == 0 and "not replayable: te-fused" in out and "cuDNN" in out
+    report = json.loads((tmp_path / "drift-report.json").read_text())
+    assert report["not_replayable"] == ["te-fused"]
+    assert all(p["training"] != "te-fused" for p in report["pairs"]) and report["pairs"]

@@ -45,12 +45,15 @@ def register(subparsers) -> None:
     shape.add_argument("--seq-len", type=int, help="sequence length (default: policy.max_total_sequence_length, else 1024)")
     p.add_argument("--dtypes", default=",".join(drift_shape.DEFAULT_DTYPES),
                    help=f"comma list of {', '.join(drift_shape.DTYPE_NAMES)} (default: all)")
+    p.add_argument("--gpu", default=drift_shape.DEFAULT_GPU,
+                   help=f"GPU generation the run will use, one of {', '.join(drift_shape.GPU_NAMES)}: selects "
+                   f"the engines' paths (default {drift_shape.DEFAULT_GPU}, what NeMo-RL's recipes target)")
     p.add_argument("--training", action="append", metavar="ENGINE",
-                   help="a training engine, repeatable, e.g. te-p2p:cp=2 "
-                   f"(default: {', '.join(drift_shape.DEFAULT_TRAINING)})")
+                   help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: what the config runs on --gpu: "
+                   "policy.megatron_cfg attention_backend, transformer_impl and context_parallel_size)")
     p.add_argument("--rollout", action="append", metavar="ENGINE",
-                   help="a rollout engine, repeatable, e.g. vllm:chunk=256,splits=4 "
-                   f"(default: {', '.join(drift_shape.DEFAULT_ROLLOUT)})")
+                   help="a rollout engine, repeatable, e.g. vllm-fa3:chunk=256,cascade=512 "
+                   "(default: vLLM's path on --gpu: FA3 on sm90, FA2 on sm80)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
     p.add_argument("--vocab", type=int, default=drift_shape.DEFAULT_VOCAB,
                    help=f"vocabulary of the random LM head (default {drift_shape.DEFAULT_VOCAB})")
@@ -78,17 +81,19 @@ def _prepare(args: argparse.Namespace):
              "window": args.window, "seq_len": args.seq_len}
     shape = drift_shape.resolve_shape(cfg, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
+    gpu = drift_shape.parse_gpu(args.gpu)
+    default_training, default_rollout = drift_shape.default_engines(cfg, gpu, shape)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("drift needs torch, which is not installed. Fix: pip install torch "
                          "(or pip install 'nemo-rl-attn-align[mcore]').")
     from nemo_rl_attn_align import drift
 
-    training = drift.parse_materializers(args.training or list(drift_shape.DEFAULT_TRAINING), "--training")
-    rollout = drift.parse_materializers(args.rollout or list(drift_shape.DEFAULT_ROLLOUT), "--rollout")
-    drift.check_materializers([*training, *rollout], shape)
+    training = drift.parse_materializers(args.training or default_training, "--training")
+    rollout = drift.parse_materializers(args.rollout or default_rollout, "--rollout")
+    drift.check_materializers([*training, *rollout], shape, gpu)
     if args.vocab < 2:
         raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")
-    return config_path, overrides, shape, dtypes, training, rollout
+    return config_path, overrides, shape, dtypes, training, rollout, gpu
 
 
 def _name_max(directory: Path) -> int:
@@ -135,14 +140,14 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.limits import shown_text
 
     try:
-        config_path, overrides, shape, dtypes, training, rollout = _prepare(args)
+        config_path, overrides, shape, dtypes, training, rollout, gpu = _prepare(args)
     except UsageError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
     from nemo_rl_attn_align import drift
     from nemo_rl_attn_align.report import atomic_write_json
 
-    result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab,
+    result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab, gpu=gpu,
                              progress=drift.Progress(0, enabled=not args.no_progress))
     result = {"config": str(config_path), "overrides": overrides, **result}
     try:

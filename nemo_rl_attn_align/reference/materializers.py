@@ -6,28 +6,43 @@ materializer keeps its decomposition (ranks, chunks, splits, pages) but computes
 canonical order, i.e. it runs the reference under the matching plan; the tests show it then equals
 the reference bit for bit, so any drift figure is attributable to the engine's order alone.
 
-Engines (sources read for each; see ``kernels`` for the FlashAttention facts):
+Every engine in ``ENGINES`` names what it replays (engine, versions, source file and function),
+the GPU generations on which that engine runs that path, and the dtypes it accepts (``Engine``);
+``kernels`` holds the FlashAttention facts. In short:
 
-* ``te-p2p`` -- Transformer Engine's CP p2p ring (``AttnFuncWithCPAndKVP2P.forward`` in
-  ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``):
-  load-balanced chunks (rank r holds chunks r and 2cp-1-r); at step i rank r attends to the KV of
-  rank (r - i) % cp -- step 0 causal on both local chunks, steps i <= r all local queries against
-  the first KV chunk, steps i > r the second query chunk against both KV chunks; each step is one
-  flash call returning ``out`` in the input dtype and an FP32 LSE. The LSEs are merged in step
-  order with ``max + log1p(exp(min - max))``; the outputs are then corrected in step order:
-  ``out = (out_0 * exp(lse_0 - lse)).to(dtype)`` and ``out.add_(out_i * exp(lse_i - lse))``
-  in place on that input-dtype tensor (``flash_attn_fwd_out_correction_init`` /
-  ``flash_attn_fwd_out_correction``), i.e. one rounding to the input dtype per step.
-* ``te-allgather`` -- TE's ``AttnFuncWithCPAndKVAllGather``: KV gathered, one flash call per local
+* ``te-p2p`` / ``te-p2p-bshd`` -- Transformer Engine 2.14-2.15 CP p2p ring
+  (``AttnFuncWithCPAndKVP2P.forward`` in ``transformer_engine/pytorch/attention/
+  dot_product_attention/context_parallel.py``) with FlashAttention-2 per step (TE's flash
+  backend): load-balanced chunks (rank r holds chunks r and 2cp-1-r); at step i rank r attends to
+  the KV of rank (r - i) % cp -- step 0 causal on both local chunks, steps i <= r all local
+  queries against the first KV chunk, steps i > r the second query chunk against both KV chunks.
+  Each step returns ``out`` in the input dtype and an FP32 LSE; the LSEs are merged in step order
+  by ``max + log1p(exp(min - max))``. The outputs are then corrected in step order, differently
+  per format. ``thd`` (packed; NeMo-RL's case, since it requires sequence packing with CP > 1):
+  ``out`` starts at zero and ``thd_out_correction_kernel`` (``transformer_engine/common/
+  fused_attn/context_parallel.cu``) adds ``(dtype)(float(o_i) * exp(lse_i - lse))`` to it in the
+  input dtype -- two roundings per step. ``bshd``/``sbhd``: ``flash_attn_fwd_out_correction_init``
+  rounds step 0's product, then ``flash_attn_fwd_out_correction`` adds each FP32 product in place
+  -- one rounding per step.
+* ``te-allgather`` -- TE's ``AttnFuncWithCPAndKVAllGather``: KV gathered, one FA2 call per local
   chunk over KV ``[max(0, c*L - W), (c+1)*L)`` (``get_kv_seq_info_after_all_gather``).
-* ``flash`` -- one FlashAttention-2 forward call over the whole sequence (KV tile 64).
-* ``flash-splitkv`` -- FlashAttention-2's split-KV kernel with ``splits`` splits plus its combine.
-* ``vllm`` -- vLLM chunked prefill: the prompt in chunks of ``chunk`` tokens, each chunk's KV
-  written to a paged cache (``page`` tokens a page) and one ``flash_attn_varlen_func`` call per
-  chunk over the cached KV with ``num_splits=splits`` (``vllm/v1/attention/backends/
-  flash_attn.py`` passes ``block_table`` and ``num_splits=attn_metadata.max_num_splits``).
-* ``plain`` -- unfused attention in the input dtype: ``softmax(q k^T * scale) @ v`` with every
-  intermediate (scores, probabilities, output) rounded to the input dtype.
+* ``flash`` -- one flash-attention 2.8 forward (``flash_api.cpp``): ``splits=1`` is
+  ``mha_varlen_fwd`` (packed thd: never splits a prefill), ``splits=0`` dense ``mha_fwd`` with its
+  own ``num_splits_heuristic`` for the GPU's SM count, ``splits=N`` the split-KV kernel with N splits.
+* ``vllm`` -- vLLM (0.11 and later, ``vllm/v1/attention/backends/flash_attn.py``) with FA2 on sm80:
+  the prompt in chunks of ``chunk`` tokens over a paged KV cache (``page`` tokens a page; the
+  paged call is the split-KV kernel), KV splits only for decode (one-token chunks; ``splits=0``:
+  FA2's heuristic), and with ``cascade=P`` cascade attention for queries past a shared prefix of
+  P tokens: one non-causal call over the prefix, one causal over the rest, merged by
+  ``merge_attn_states``.
+* ``vllm-fa3`` -- the same scheduler with FA3 on sm90 (``vllm_flash_attn`` FA3): FA3 tiles,
+  splits over each row block's visible tile range, on prefill chunks and decode alike
+  (``splits=0``: FA3's heuristic).
+* ``megatron-local`` / ``hf-eager`` -- the unfused attentions of ``unfused`` (proven equal to the
+  real modules on CPU).
+* ``te-fused`` -- TE's FusedAttention (cuDNN), what TE prefers on sm90: cuDNN's reduction order is
+  not public, so it is *not replayable*; the sweep reports it without figures rather than
+  substituting another engine's order.
 * ``reference`` -- the reference itself.
 """
 
@@ -43,6 +58,16 @@ from nemo_rl_attn_align.reference import kernels
 from nemo_rl_attn_align.reference.attention import fp32_matmuls, reference_attention
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
 from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, PagedKVCache, SinglePass, SplitKV, cp_chunks
+from nemo_rl_attn_align.reference.unfused import hf_eager_attention, megatron_local_attention
+
+#: GPU generations the sweep can select plans for (``--gpu``).
+GPUS = ("sm80", "sm90")
+HALF = ("bf16", "fp16")
+ALL_DTYPES = ("bf16", "fp16", "fp32")
+
+
+class NotReplayable(RuntimeError):
+    """The engine's reduction order is not public: no replay exists."""
 
 
 def _arange(start: int, stop: int, device) -> torch.Tensor:
@@ -54,7 +79,8 @@ def _even_chunks(geom: Geometry, cp: int) -> None:
         raise ValueError(f"TE context parallelism needs the sequence length ({geom.seq_kv}) divisible by 2*cp={2 * cp}")
 
 
-def _te_p2p(q, k, v, geom: Geometry, cp: int, tile: int):
+def _te_p2p(q, k, v, geom: Geometry, cp: int, tile: int, packed: bool):
+    """The ring; ``packed`` selects the thd output correction (two roundings a step) over bshd's."""
     if geom.window is not None:
         raise ValueError("te-p2p models TE's full-causal ring only; use te-allgather for sliding-window attention")
     _even_chunks(geom, cp)
@@ -79,15 +105,29 @@ def _te_p2p(q, k, v, geom: Geometry, cp: int, tile: int):
         lse = steps[0][2].clone()
         for rows, _, s in steps[1:]:
             lse[rows] = kernels.te_lse_merge(lse[rows], s)
-        acc = None
-        for rows, o, s in steps:
-            corrected = o * torch.exp(s - lse[rows])[..., None]           # FP32 product of a dtype out
-            if acc is None:
-                acc = corrected.to(q.dtype)
-            else:
-                acc[rows] += corrected                                    # in place: rounds to dtype
+        acc = te_out_correction(steps, lse, q_pos.shape[0], q.dtype, packed)
         out[q_pos], lse_all[q_pos] = acc, lse
     return out, lse_all
+
+
+def te_out_correction(steps: list, lse: torch.Tensor, n_rows: int, dtype, packed: bool) -> torch.Tensor:
+    """TE's forward output correction of one rank: ``steps`` ``[(rows, out_i, lse_i), ...]`` in ring
+    order (``out_i`` in ``dtype``), ``lse`` the merged FP32 LSE; returns ``out`` ``[n_rows, H, D]``.
+
+    ``packed`` (thd, ``thd_out_correction_kernel``): ``out`` starts at zero and each step adds
+    ``(dtype)(float(out_i) * exp(lse_i - lse))`` in ``dtype`` (0 where ``out_i`` is 0). bshd/sbhd:
+    step 0's FP32 product rounded, then each FP32 product added in place to the ``dtype`` tensor.
+    """
+    acc = torch.zeros(n_rows, *steps[0][1].shape[1:], dtype=dtype, device=steps[0][1].device)
+    for i, (rows, o, s) in enumerate(steps):
+        corrected = o * torch.exp(s - lse[rows])[..., None]               # FP32 product of a dtype out
+        if packed:
+            acc[rows] += torch.where(o == 0, 0.0, corrected).to(dtype)
+        elif i == 0:
+            acc = corrected.to(dtype)
+        else:
+            acc[rows] += corrected
+    return acc
 
 
 def _te_allgather(q, k, v, geom: Geometry, cp: int, tile: int):
@@ -106,80 +146,137 @@ def _te_allgather(q, k, v, geom: Geometry, cp: int, tile: int):
     return out, lse
 
 
-def _flash(q, k, v, geom: Geometry, tile: int, splits: int = 1):
+def _fa2_splits(requested: int, geom: Geometry, n_query_rows: int, gpu: str) -> int:
+    """``requested`` splits, or (0) FA2's heuristic for one sequence on ``gpu``."""
+    if requested:
+        return requested
+    mblocks = geom.num_heads * math.ceil(n_query_rows / 64)
+    return kernels.fa2_num_splits(mblocks, 2 * kernels.NUM_SMS[gpu], math.ceil(geom.seq_kv / kernels.split_kv_tile(geom.head_dim)))
+
+
+def _flash(q, k, v, geom: Geometry, tile: int, splits: int, gpu: str):
     pos = _arange(0, geom.seq_kv, q.device)
+    splits = _fa2_splits(splits, geom, geom.seq_q, gpu)
+    if splits > 1 and not tile:
+        tile = kernels.split_kv_tile(geom.head_dim)
     return kernels.flash_forward(q, pos[geom.q_start:], k, v, pos, geom.allowed, scale=geom.softmax_scale,
-                                 block_n=tile, num_splits=splits)
+                                 block_n=tile or kernels.forward_tile(geom.head_dim), num_splits=splits)
 
 
-def _vllm(q, k, v, geom: Geometry, chunk: int, page: int, splits: int, tile: int):
-    cache = PagedKVCache(geom.seq_kv, page, geom.num_kv_heads, geom.head_dim, k.dtype, k.device)
+def _vllm(q, k, v, geom: Geometry, p: dict, fa3: bool):
+    """vLLM's chunked prefill (then decode) over a paged cache; FA2 (sm80) or FA3 (sm90) kernels."""
+    local = geom.window is not None
+    tile = p["tile"] or (kernels.fa3_tile(geom.head_dim, local) if fa3 else kernels.split_kv_tile(geom.head_dim))
+    prefix = p["cascade"]
+    if prefix and local:
+        raise ValueError("vLLM disables cascade attention for sliding-window models (use_cascade_attention)")
+    cache = PagedKVCache(geom.seq_kv, p["page"], geom.num_kv_heads, geom.head_dim, k.dtype, k.device)
     if geom.q_start:
         cache.write(0, k[: geom.q_start], v[: geom.q_start])
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    for start in range(geom.q_start, geom.seq_kv, chunk):
-        stop = min(geom.seq_kv, start + chunk)
+    g = geom.group
+
+    def call(q_rows, q_pos, kv_lo, kv_hi, causal=True):
+        k_c, v_c = cache.read(kv_lo, kv_hi)
+        allowed = geom.allowed if causal else (lambda r, c: torch.ones(len(r), len(c), dtype=torch.bool, device=q.device))
+        n_tiles = math.ceil((kv_hi - kv_lo) / tile)
+        if fa3:
+            rows_per_block = max(1, 128 // g)                               # PackGQA: 128 (token, head) rows
+            splits = p["splits"] or kernels.fa3_num_splits(geom.num_kv_heads * math.ceil(len(q_pos) * g / 128),
+                                                           kernels.NUM_SMS["sm90"], n_tiles)
+            return kernels.flash_forward(q_rows, q_pos, k_c, v_c, _arange(kv_lo, kv_hi, q.device), allowed,
+                                         scale=geom.softmax_scale, block_n=tile, num_splits=splits,
+                                         split_visible=True, row_block=rows_per_block)
+        decode = len(q_pos) == 1 and geom.num_heads > geom.num_kv_heads and not local
+        splits = (p["splits"] or kernels.fa2_num_splits(geom.num_kv_heads, 2 * kernels.NUM_SMS["sm80"], n_tiles)) if decode else 1
+        return kernels.flash_forward(q_rows, q_pos, k_c, v_c, _arange(kv_lo, kv_hi, q.device), allowed,
+                                     scale=geom.softmax_scale, block_n=tile, num_splits=splits)
+
+    for start in range(geom.q_start, geom.seq_kv, p["chunk"]):
+        stop = min(geom.seq_kv, start + p["chunk"])
         cache.write(start, k[start:stop], v[start:stop])
-        k_c, v_c = cache.read(0, stop)
         rows = slice(start - geom.q_start, stop - geom.q_start)
-        out[rows], lse[rows] = kernels.flash_forward(
-            q[rows], _arange(start, stop, q.device), k_c, v_c, _arange(0, stop, q.device), geom.allowed,
-            scale=geom.softmax_scale, block_n=tile, num_splits=splits)
+        q_pos = _arange(start, stop, q.device)
+        if prefix and start >= prefix:                                    # cascade: shared prefix + own suffix
+            shared = call(q[rows], q_pos, 0, prefix, causal=False)
+            own = call(q[rows], q_pos, prefix, stop)
+            out[rows], lse[rows] = kernels.merge_attn_states(shared, own, q.dtype)
+        else:
+            out[rows], lse[rows] = call(q[rows], q_pos, 0, stop)
     return out, lse
 
 
-def _plain(q, k, v, geom: Geometry):
-    """Scores, probabilities and output each rounded to the input dtype (FP32 accumulation inside
-    each matmul, as cuBLAS computes bf16/fp16 GEMMs; this also avoids CPU half-precision GEMMs)."""
-    dtype, g = q.dtype, geom.group
-    visible = geom.allowed(_arange(geom.q_start, geom.seq_kv, q.device), _arange(0, geom.seq_kv, q.device))
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    scale = torch.tensor(geom.softmax_scale, dtype=dtype).float()
-    for h in range(geom.num_kv_heads):                                   # one KV head and its g query heads
-        qh = q[:, h * g:(h + 1) * g].transpose(0, 1).float()              # [g, S, D]
-        s = (qh @ k[:, h].float().T).to(dtype)                            # [g, S, S] scores in dtype
-        s = (s.float() * scale).to(dtype).masked_fill(~visible, -math.inf)
-        p = torch.softmax(s.float(), dim=-1).to(dtype)                    # probabilities in dtype
-        out[:, h * g:(h + 1) * g] = (p.float() @ v[:, h].float()).to(dtype).transpose(0, 1)
-        lse[:, h * g:(h + 1) * g] = torch.logsumexp(s.float(), dim=-1).T
-    return out, lse
+def _not_replayable(q, k, v, geom, p):
+    raise NotReplayable("TE FusedAttention runs cuDNN's fused kernels, whose reduction order is not public")
 
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine's replay: its parameters with defaults, and the plan its canonical twin uses."""
+    """One engine's replay: its parameters with defaults, the plan its canonical twin uses, what it
+    replays (engine, versions, source), the GPU generations it runs that path on, its dtypes."""
 
     run: Callable | None
     params: dict
     plan: Callable
     summary: str
+    replays: str
+    gpus: tuple = GPUS
+    dtypes: tuple = HALF
+    differentiable: bool = False
+
+    @property
+    def replayable(self) -> bool:
+        return self.run is not _not_replayable
 
 
-def _tile(d: dict, head_dim: int, split: bool) -> int:
-    return d["tile"] or (kernels.split_kv_tile(head_dim) if split else kernels.FORWARD_TILE)
+def _cp_plan(comm):
+    return lambda p: ContextParallel(p["cp"], "load_balanced", comm)
 
+
+def _vllm_plan(p):
+    return ChunkedPrefill(p["chunk"], p["page"], num_splits=p["splits"] or None)
+
+
+_VLLM_PARAMS = {"chunk": 256, "page": 16, "splits": 0, "cascade": 0, "tile": 0}
+_FA2 = "flash-attention 2.8 (flash_api.cpp mha_varlen_fwd / mha_fwd)"
 
 ENGINES: dict[str, Engine] = {
-    "reference": Engine(None, {}, lambda p: SinglePass(), "the canonical reference"),
-    "flash": Engine(lambda q, k, v, g, p: _flash(q, k, v, g, _tile(p, g.head_dim, False)),
-                    {"tile": 0}, lambda p: SinglePass(), "one FlashAttention-2 forward call"),
-    "flash-splitkv": Engine(lambda q, k, v, g, p: _flash(q, k, v, g, _tile(p, g.head_dim, True), p["splits"]),
-                            {"splits": 4, "tile": 0}, lambda p: SplitKV(num_splits=p["splits"]),
-                            "FlashAttention-2 split-KV kernel + combine"),
-    "te-p2p": Engine(lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], _tile(p, g.head_dim, False)),
-                     {"cp": 2, "tile": 0}, lambda p: ContextParallel(p["cp"], "load_balanced", "p2p"),
-                     "Transformer Engine CP p2p ring, load-balanced"),
-    "te-allgather": Engine(lambda q, k, v, g, p: _te_allgather(q, k, v, g, p["cp"], _tile(p, g.head_dim, False)),
-                           {"cp": 2, "tile": 0}, lambda p: ContextParallel(p["cp"], "load_balanced", "all_gather"),
-                           "Transformer Engine CP KV all-gather"),
-    "vllm": Engine(lambda q, k, v, g, p: _vllm(q, k, v, g, p["chunk"], p["page"], p["splits"], _tile(p, g.head_dim, True)),
-                   {"chunk": 256, "page": 16, "splits": 1, "tile": 0},
-                   lambda p: ChunkedPrefill(p["chunk"], p["page"], num_splits=p["splits"]),
-                   "vLLM chunked prefill over paged KV (FlashAttention backend)"),
-    "plain": Engine(lambda q, k, v, g, p: _plain(q, k, v, g), {}, lambda p: SinglePass(),
-                    "unfused softmax attention in the input dtype"),
+    "reference": Engine(None, {}, lambda p: SinglePass(), "the canonical reference", "the canonical reference (any device)",
+                        dtypes=ALL_DTYPES),
+    "flash": Engine(lambda q, k, v, g, p: _flash(q, k, v, g, p["tile"], p["splits"], p["gpu"]),
+                    {"splits": 1, "tile": 0, "gpu": 90},
+                    lambda p: SplitKV(num_splits=p["splits"]) if p["splits"] > 1 else SinglePass(),
+                    "one FlashAttention-2 forward call", _FA2),
+    "te-p2p": Engine(lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), True),
+                     {"cp": 2, "tile": 0}, _cp_plan("p2p"), "Transformer Engine CP p2p ring, packed thd",
+                     "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVP2P, qkv_format thd (thd_out_correction_kernel), "
+                     "FlashAttention-2 per step"),
+    "te-p2p-bshd": Engine(lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), False),
+                          {"cp": 2, "tile": 0}, _cp_plan("p2p"), "Transformer Engine CP p2p ring, bshd/sbhd",
+                          "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVP2P, qkv_format bshd/sbhd "
+                          "(flash_attn_fwd_out_correction), FlashAttention-2 per step"),
+    "te-allgather": Engine(lambda q, k, v, g, p: _te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
+                           {"cp": 2, "tile": 0}, _cp_plan("all_gather"), "Transformer Engine CP KV all-gather",
+                           "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVAllGather, FlashAttention-2 per chunk"),
+    "te-fused": Engine(_not_replayable, {}, lambda p: SinglePass(), "Transformer Engine FusedAttention (cuDNN)",
+                       "Transformer Engine 2.14-2.15 FusedAttention (cuDNN fused attention): not replayable"),
+    "vllm": Engine(lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=False), dict(_VLLM_PARAMS), _vllm_plan,
+                   "vLLM chunked prefill over paged KV, FlashAttention-2",
+                   "vLLM >= 0.11 FlashAttentionImpl (v1/attention/backends/flash_attn.py) with FA2: paged split-KV "
+                   "kernel, decode-only splits, cascade via merge_attn_states", gpus=("sm80",)),
+    "vllm-fa3": Engine(lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=True), dict(_VLLM_PARAMS), _vllm_plan,
+                       "vLLM chunked prefill over paged KV, FlashAttention-3",
+                       "vLLM >= 0.11 FlashAttentionImpl with vllm_flash_attn FA3 (hopper/): FA3 tiles, splits over the "
+                       "visible tile range, cascade via merge_attn_states", gpus=("sm90",)),
+    "megatron-local": Engine(lambda q, k, v, g, p: megatron_local_attention(q, k, v, g), {}, lambda p: SinglePass(),
+                             "Megatron's own DotProductAttention (local spec)",
+                             "megatron-core 0.14-0.16 DotProductAttention.forward + FusedScaleMaskSoftmax.forward_torch_softmax",
+                             dtypes=ALL_DTYPES, differentiable=True),
+    "hf-eager": Engine(lambda q, k, v, g, p: hf_eager_attention(q, k, v, g), {}, lambda p: SinglePass(),
+                       "Hugging Face eager attention",
+                       "transformers 5.5-5.8 eager_attention_forward (models/llama/modeling_llama.py)",
+                       dtypes=ALL_DTYPES, differentiable=True),
 }
 
 
@@ -210,8 +307,17 @@ class Materializer:
         engine = ENGINES[self.engine]
         if self.canonical or engine.run is None:
             return reference_attention(q, k, v, window=window, scale=scale, plan=engine.plan(self.options), spec=spec)
+        options = dict(self.options)
+        if "gpu" in options:
+            options["gpu"] = f"sm{options['gpu']}"
+        if engine.differentiable:
+            return engine.run(q, k, v, geom, options)
         with torch.no_grad(), fp32_matmuls(q.device):
-            return engine.run(q, k, v, geom, self.options)
+            return engine.run(q, k, v, geom, options)
+
+
+#: Parameters where 0 means "the engine decides" (tile by head dim, the split heuristic, no cascade).
+_ZERO_MEANS_AUTO = ("tile", "splits", "cascade")
 
 
 def parse_materializer(text: str) -> Materializer:
@@ -232,7 +338,9 @@ def parse_materializer(text: str) -> Materializer:
         if key not in allowed:
             known = ", ".join([*allowed, "canonical"])
             raise ValueError(f"{text!r}: {name} has no parameter {key!r} (it takes {known})")
-        if number < (0 if key == "tile" else 1):
-            raise ValueError(f"{text!r}: {key}={number} must be >= 1")
+        if key == "gpu" and f"sm{number}" not in GPUS:
+            raise ValueError(f"{text!r}: gpu={number} is not one of {', '.join(g[2:] for g in GPUS)}")
+        if number < (0 if key in _ZERO_MEANS_AUTO else 1):
+            raise ValueError(f"{text!r}: {key}={number} must be >= {0 if key in _ZERO_MEANS_AUTO else 1}")
         params.append((key, number))
     return Materializer(name, tuple(params), canonical)

@@ -1,0 +1,227 @@
+"""The device checks (``tests/gpu/run_device_checks.sh OUT``): what can be measured on a bare GPU.
+
+Sized for one 10-minute call on one H200 with Python 3.12, torch with CUDA and Triton only (no
+Transformer Engine, flash-attn or vLLM; a megatron-core wheel may travel). Three sections, each
+written to ``OUT/device-checks.json`` as it finishes (a timeout keeps what is done):
+
+* ``reference_invariance`` -- the reference on CUDA under every plan axis (CP size, layout and
+  comm, KV splits, chunked prefill and page size, packed batches): ``torch.equal`` to one pass.
+* ``fa2_vs_sdpa`` -- the FA2 replays (``flash`` tile by head dim, ``flash:splits=0`` with FA2's
+  heuristic) and the reference, run on CUDA, against torch's own SDPA kernels on the same inputs:
+  ``SDPBackend.FLASH_ATTENTION`` (torch's vendored FlashAttention-2) and
+  ``SDPBackend.CUDNN_ATTENTION`` (cuDNN fused attention, which TE's fused backend also calls);
+  per (replay, kernel, dtype, shape) the fraction of bitwise-equal output elements and the max
+  ulp at the local output magnitude.
+* ``megatron_local`` -- megatron-core's local ``DotProductAttention`` on CUDA against its replay
+  (``torch.equal``, forward and backward), when megatron-core imports.
+
+The pure parts (cases, comparison, the JSON record) run on CPU in ``test_device_checks.py``.
+Usage: ``python -m tests.gpu.device_checks OUT [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+#: (label, seq, heads, kv_heads, head_dim) for the kernel comparison; GQA as in Qwen3/Llama.
+KERNEL_SHAPES = [
+    ("s512-h8-kv8-d64", 512, 8, 8, 64),
+    ("s2048-h32-kv8-d128", 2048, 32, 8, 128),
+    ("s1024-h16-kv8-d128", 1024, 16, 8, 128),
+]
+QUICK_SHAPES = [("s128-h4-kv2-d64", 128, 4, 2, 64)]
+REPLAYS = ("reference", "flash", "flash:splits=0")
+KERNELS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+DTYPE_NAMES = ("bf16", "fp16")
+
+
+def agreement(a, b, dtype) -> dict:
+    """``{"equal_fraction", "max_ulp"}`` of two ``[T, H, D]`` outputs (ulps at the local magnitude)."""
+    import torch
+
+    from nemo_rl_attn_align.drift import local_ulps
+
+    a, b = a.detach().cpu(), b.detach().cpu()
+    return {"equal_fraction": float((a == b).double().mean()), "max_ulp": float(local_ulps(a, b, dtype).max())}
+
+
+class Record:
+    """The JSON record under OUT, rewritten after every section so a timeout keeps what is done."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / "device-checks.json"
+        self.data: dict = {"sections": {}, "errors": {}}
+
+    def section(self, name: str, value) -> None:
+        self.data["sections"][name] = value
+        self._write()
+
+    def error(self, name: str, err: BaseException) -> None:
+        self.data["errors"][name] = "".join(traceback.format_exception_only(type(err), err)).strip()
+        self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def _qkv(seq, heads, kv_heads, dim, dtype, device, seed=0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(seq, h, dim, generator=gen).to(dtype).to(device) for h in (heads, kv_heads, kv_heads))
+
+
+def reference_invariance(device: str, quick: bool) -> list[dict]:
+    """The reference's bits under every plan axis on ``device``: one row per (dtype, window, plan)."""
+    import torch
+
+    from nemo_rl_attn_align.reference.attention import reference_attention
+    from nemo_rl_attn_align.reference.blocks import ReferenceSpec
+    from nemo_rl_attn_align.reference.plans import CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV
+
+    spec = ReferenceSpec(block_q=16, block_kv=32) if quick else ReferenceSpec()
+    seq = 101 if quick else 1000
+    plans = [ContextParallel(size, layout, comm) for size in (2, 4, 8) for layout in LAYOUTS for comm in CP_COMMS]
+    plans += [SplitKV(num_splits=3), SplitKV(split_size=200), ChunkedPrefill(64, 16), ChunkedPrefill(7, 1, num_splits=3)]
+    rows = []
+    for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        q, k, v = _qkv(seq, 8, 2, 64, dtype, device)
+        for window in (None, 127):
+            base = reference_attention(q, k, v, window=window, spec=spec)
+            for plan in plans:
+                got = reference_attention(q, k, v, window=window, plan=plan, spec=spec)
+                rows.append({"dtype": dname, "window": window, "plan": repr(plan),
+                             "equal": bool(torch.equal(got[0], base[0]) and torch.equal(got[1], base[1]))})
+            cu = torch.tensor([0, seq // 3, seq], device=device)
+            packed = reference_attention(q, k, v, window=window, spec=spec, cu_seqlens_q=cu, cu_seqlens_k=cu)
+            alone = reference_attention(q[seq // 3:], k[seq // 3:], v[seq // 3:], window=window, spec=spec)
+            rows.append({"dtype": dname, "window": window, "plan": "packed batch (second sequence)",
+                         "equal": bool(torch.equal(packed[0][seq // 3:], alone[0]))})
+    return rows
+
+
+def sdpa_kernel(q, k, v, backend: str):
+    """Causal SDPA with one backend on ``[S, H, D]`` inputs (KV heads repeated): ``[S, Hq, D]``."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel as use
+
+    g = q.shape[1] // k.shape[1]
+    qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)))
+    with use([getattr(SDPBackend, backend)]):
+        return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)[0].transpose(0, 1)
+
+
+def fa2_vs_sdpa(device: str, quick: bool) -> list[dict]:
+    """Replays vs SDPA kernels: one row per (replay, kernel, dtype, shape)."""
+    import torch
+
+    from nemo_rl_attn_align.reference.materializers import parse_materializer
+
+    rows = []
+    for label, seq, heads, kv_heads, dim in QUICK_SHAPES if quick else KERNEL_SHAPES:
+        for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+            q, k, v = _qkv(seq, heads, kv_heads, dim, dtype, device)
+            kernels = {}
+            for kernel in KERNELS:
+                try:
+                    kernels[kernel] = sdpa_kernel(q, k, v, kernel)
+                except RuntimeError as err:                       # a backend this build or GPU lacks
+                    kernels[kernel] = str(err).splitlines()[0]
+            for replay in REPLAYS:
+                out, _ = parse_materializer(replay)(q, k, v)
+                for kernel, result in kernels.items():
+                    row = {"replay": replay, "kernel": kernel, "dtype": dname, "shape": label}
+                    row.update(agreement(out, result, dtype) if not isinstance(result, str) else {"error": result})
+                    rows.append(row)
+    return rows
+
+
+def megatron_local(device: str) -> list[dict]:
+    """megatron-core's local DotProductAttention on ``device`` vs its replay, fwd and bwd."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from nemo_rl_attn_align.reference.blocks import Geometry
+    from nemo_rl_attn_align.reference.unfused import megatron_local_attention
+
+    if not torch.distributed.is_initialized():
+        import os
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29531")
+        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    from megatron.core import tensor_parallel
+    tensor_parallel.model_parallel_cuda_manual_seed(0)
+    rows = []
+    heads, kv_heads, dim, seq = 8, 2, 64, 256
+    for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        for window in (None, 63):
+            config = TransformerConfig(num_layers=1, hidden_size=heads * dim, num_attention_heads=heads,
+                                       num_query_groups=kv_heads, kv_channels=dim, attention_dropout=0.0,
+                                       bf16=dname == "bf16", fp16=dname == "fp16", params_dtype=dtype,
+                                       masked_softmax_fusion=False, attention_softmax_in_fp32=True,
+                                       window_size=None if window is None else (window, 0))
+            module = DotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+            q, k, v = _qkv(seq, heads, kv_heads, dim, dtype, device)
+            dout = torch.randn(q.shape, device=device).to(dtype)
+            real = [x.clone().requires_grad_() for x in (q, k, v)]
+            ours = [x.clone().requires_grad_() for x in (q, k, v)]
+            causal = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool, device=device), diagonal=1)
+            out_real = module(real[0][:, None], real[1][:, None], real[2][:, None], attention_mask=causal).view(seq, heads, dim)
+            out_ours, _ = megatron_local_attention(*ours, Geometry.of(q, k, window, None, seq, seq))
+            out_real.backward(dout)
+            out_ours.backward(dout)
+            rows.append({"dtype": dname, "window": window, "forward_equal": bool(torch.equal(out_real, out_ours)),
+                         "backward_equal": all(bool(torch.equal(a.grad, b.grad)) for a, b in zip(real, ours))})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="small shapes (a CPU smoke run)")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    args = parser.parse_args(argv)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    record = Record(args.out)
+    record.data["environment"] = {"torch": torch.__version__, "device": device,
+                                  "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+                                  "capability": list(torch.cuda.get_device_capability()) if device == "cuda" else None}
+    sections = [("reference_invariance", lambda: reference_invariance(device, args.quick)),
+                ("fa2_vs_sdpa", lambda: fa2_vs_sdpa(device, args.quick)),
+                ("megatron_local", lambda: megatron_local(device))]
+    failed = False
+    for name, run in sections:
+        start = time.perf_counter()
+        try:
+            rows = run()
+        except ImportError as err:                                # megatron-core did not travel
+            record.error(name, err)
+            continue
+        except Exception as err:  # noqa: BLE001 - one section's failure must not lose the others
+            record.error(name, err)
+            failed = True
+            continue
+        record.section(name, {"seconds": round(time.perf_counter() - start, 2), "rows": rows})
+        failed |= any(row.get("equal") is False or row.get("forward_equal") is False or row.get("backward_equal") is False
+                      for row in rows)
+    print(json.dumps({"out": str(record.path), "errors": record.data["errors"], "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

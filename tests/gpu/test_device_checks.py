@@ -1,0 +1,46 @@
+"""The device script's pure parts on CPU: its comparison, record, sections at small sizes, usage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.gpu import device_checks  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("run_device_checks.sh")
+
+
+def test_agreement_counts_equal_elements_and_local_ulps():
+    a = torch.tensor([[[1.0, 0.5, 0.25, 0.125]]], dtype=torch.bfloat16)
+    b = a.clone()
+    b[0, 0, 1] = 0.50390625                                 # one bf16 ulp at 0.5 = half an ulp at the row max 1.0
+    got = device_checks.agreement(a, b, torch.bfloat16)
+    assert got == {"equal_fraction": 0.75, "max_ulp": 0.5}
+
+
+def test_record_keeps_finished_sections(tmp_path):
+    record = device_checks.Record(tmp_path)
+    record.section("one", {"rows": [1]})
+    record.error("two", ImportError("No module named 'megatron'"))
+    data = json.loads((tmp_path / "device-checks.json").read_text())
+    assert data["sections"] == {"one": {"rows": [1]}} and "megatron" in data["errors"]["two"]
+
+
+def test_sections_run_at_small_sizes_on_cpu():
+    rows = device_checks.reference_invariance("cpu", quick=True)
+    assert len(rows) > 20 and all(r["equal"] for r in rows)
+    kernels = device_checks.fa2_vs_sdpa("cpu", quick=True)
+    assert {(r["replay"], r["kernel"]) for r in kernels} == {(p, k) for p in device_checks.REPLAYS for k in device_checks.KERNELS}
+    flash = [r for r in kernels if r["kernel"] == "FLASH_ATTENTION"]
+    assert flash and all(0.0 <= r["equal_fraction"] <= 1.0 and r["max_ulp"] < 64 for r in flash)
+
+
+def test_script_needs_out_and_parses():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
+    missing = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
+    assert missing.returncode == 2 and "usage" in missing.stderr
