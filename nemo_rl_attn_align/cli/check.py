@@ -97,7 +97,7 @@ def render_text(result: dict[str, Any]) -> str:
     if result["overrides"]:
         lines.append(f"overrides: {' '.join(result['overrides'])}")
     if not plan["megatron_enabled"]:
-        lines.append("megatron: disabled (policy.megatron_cfg.enabled is not true); attention_backend is not used")
+        lines.append("megatron: disabled (policy.megatron_cfg.enabled is not truthy); attention_backend is not used")
     else:
         requested = "unset" if plan["requested"] is None else repr(plan["requested"])
         lines.append(f"attention_backend: {requested} -> {plan['attn_backend'] or 'invalid'} ({plan['source']})")

@@ -131,21 +131,40 @@ class WorkerRecord(HostRecord):
 record = WorkerRecord()
 
 
-def check_policy(policy_cfg: dict) -> None:
-    """The pre-flight rules on this worker's policy config and environment; errors always stop."""
+#: Codes the host itself raises for, as ``ValueError``, in the very function the ``setup-module``
+#: hook wraps (``_apply_performance_config``: "Invalid attention backend: ..."). There the plugin
+#: logs its finding (with its suggestion) and lets NeMo-RL raise its own error, so that NeMo-RL's
+#: behaviour, and its tests, stay exactly as without the plugin.
+HOST_RAISES = {"setup-module": frozenset({"ATTN_BACKEND_INVALID"}), "worker-inline": frozenset()}
+
+
+def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
+    """The pre-flight rules on this worker's policy config and environment; errors stop with a
+    ``RuleViolation`` (a ``ValueError``, NeMo-RL's type for config errors), except those the host
+    raises itself at the same call (``HOST_RAISES``). Nothing is checked where NeMo-RL does not
+    enable Megatron (a falsy ``megatron_cfg.enabled``): the host does not use the keys there."""
+    from nemo_rl_attn_align.errors import RuleViolation
     from nemo_rl_attn_align.plan import build_plan_for_policy
 
     plan = build_plan_for_policy(policy_cfg, os.environ)
     record.plan, record.policy_cfg = plan, policy_cfg
-    for finding in plan.warnings:
+    if not plan.megatron_enabled:
+        return
+    left_to_host = [f for f in plan.errors if f.code in HOST_RAISES[layout]]
+    for finding in [*plan.warnings, *left_to_host]:
         log.warning("nemo-rl-attn-align: %s", finding.line())
-    plan.raise_for_errors()
+    errors = [f for f in plan.errors if f not in left_to_host]
+    if errors:
+        raise RuleViolation(errors)
 
 
 def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
-    """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0."""
+    """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0 (only
+    where NeMo-RL enables Megatron; a no-op where upstream already mapped it)."""
     from nemo_rl_attn_align.backend import NVTE_VARIABLES, to_attn_backend
 
+    if record.plan is None or not record.plan.megatron_enabled:
+        return
     requested = (policy_cfg.get("megatron_cfg") or {}).get("attention_backend")
     if requested is None:
         return
@@ -232,7 +251,7 @@ def _wrap_setup_model_and_optimizer(original: Callable) -> Callable:
 
 def _wrap_setup_megatron_model(original: Callable) -> Callable:
     def setup_megatron_model(policy_cfg, cfg, *args, **kwargs):
-        check_policy(policy_cfg)
+        check_policy(policy_cfg, "worker-inline")
         _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)")
         result = original(policy_cfg, cfg, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(cfg.model))
