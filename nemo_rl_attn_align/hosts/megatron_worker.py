@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, handoff
+from nemo_rl_attn_align.hosts import _patching, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, training_peers, training_worker_id, world_size
 
 SETUP_MODULE = "nemo_rl.models.megatron.setup"
@@ -61,7 +61,6 @@ LAYOUTS = {
     ),
     "worker-inline": (">=0.5.0,<0.6.0", (Seam(WORKER_MODULE, "setup_megatron_model", ("policy_cfg", "cfg")),)),
 }
-SUPPORTED = {"nemo-rl": {name: versions for name, (versions, _) in LAYOUTS.items()}, "megatron-core": ">=0.11"}
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -270,7 +269,11 @@ _WRAPPERS = {
 
 
 def _patch(module) -> None:
-    """Wrap the seams of the module that has just been imported (each one once)."""
+    """Wrap the seams of the module that has just been imported (each one once); the host versions
+    are checked against ``versions.SUPPORTED`` once per process, at the first attach."""
+    strict = handoff.worker_settings().strict
+    versions.check_supported("NeMo-RL", strict)
+    versions.check_supported("megatron-core", strict)
     if module.__name__ == SETUP_MODULE:
         seam = LAYOUTS["setup-module"][1][0]
         if _fits(seam):
