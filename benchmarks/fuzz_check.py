@@ -58,12 +58,12 @@ def one_case(args: tuple[int, int]) -> dict:
         return _one_case(*args)
     except Exception as err:  # noqa: BLE001
         return {"index": args[1], "exit": "harness", "problems": [f"harness: {type(err).__name__}: {str(err)[:200]}"],
-                "wrong_accept": None, "deferred_accept": None, "changes": {}, "overrides": None}
+                "wrong_accept": None, "changes": {}, "overrides": None}
 
 
 def _one_case(seed: int, index: int) -> dict:
     rng = random.Random(seed * 1_000_003 + index)
-    changes = hi.random_mutation(rng, deferred=rng.random() < 0.15)
+    changes = hi.random_mutation(rng)
     as_json = index % 3 == 0
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         if rng.random() < 0.3:
@@ -76,7 +76,7 @@ def _one_case(seed: int, index: int) -> dict:
             hi.write_config(path, cfg)
         outcome = hi.run_check(path, overrides, as_json=as_json)
         result = {"index": index, "exit": outcome.exit_code, "problems": outcome.problems, "wrong_accept": None,
-                  "deferred_accept": None, "changes": {k: repr(v)[:80] for k, v in changes.items()}, "overrides": bool(overrides)}
+                  "changes": {k: repr(v)[:80] for k, v in changes.items()}, "overrides": bool(overrides)}
         if outcome.exit_code == 0:
             try:
                 resolved = load_config(path, overrides)
@@ -84,8 +84,6 @@ def _one_case(seed: int, index: int) -> dict:
                 result["problems"].append(f"exit 0 although the loader refuses: {err}")
                 return result
             result["wrong_accept"] = hi.rejection(resolved)
-            if result["wrong_accept"] is None:
-                result["deferred_accept"] = hi.rejection(resolved, enabled_truthiness=True)
     return result
 
 
@@ -100,7 +98,7 @@ def _init() -> None:
 
 def fuzz(n: int, seed: int, jobs: int) -> dict:
     start = time.perf_counter()
-    exits, problems, wrong, deferred = Counter(), [], [], []
+    exits, problems, wrong = Counter(), [], []
     with multiprocessing.Pool(jobs, initializer=_init) as pool:
         for result in pool.imap_unordered(one_case, ((seed, i) for i in range(n)), chunksize=64):
             exits[result["exit"]] += 1
@@ -108,8 +106,6 @@ def fuzz(n: int, seed: int, jobs: int) -> dict:
                 problems.append(result)
             if result["wrong_accept"]:
                 wrong.append(result)
-            if result["deferred_accept"]:
-                deferred.append(result)
     elapsed = time.perf_counter() - start
     tracebacks = [p for p in problems if any(x.startswith("traceback") for x in p["problems"])]
     harness = [p for p in problems if p["exit"] == "harness"]
@@ -117,11 +113,10 @@ def fuzz(n: int, seed: int, jobs: int) -> dict:
     summary = {"configs": n, "seed": seed, "seconds": round(elapsed, 1), "exit_codes": {str(k): v for k, v in sorted(exits.items(), key=str)},
                "tracebacks": len(tracebacks), "output_problems": len(problems) - len(tracebacks), "wrong_accepts": len(wrong),
                "harness_failures": len(harness),
-               "wrong_accepts_deferred_to_enabled_truthiness": len(deferred),
-               "examples": {"problems": problems[:20], "wrong_accepts": wrong[:20], "deferred": deferred[:5]}}
+               "examples": {"problems": problems[:20], "wrong_accepts": wrong[:20]}}
     print(f"fuzz: {n} configs (seed {seed}) in {elapsed:.0f} s; exit codes {summary['exit_codes']}")
     print(f"  tracebacks: {summary['tracebacks']}; other output problems: {summary['output_problems']}; "
-          f"wrong accepts: {summary['wrong_accepts']}; wrong accepts only under enabled truthiness (issue 9): {len(deferred)}; "
+          f"wrong accepts: {summary['wrong_accepts']}; "
           f"harness failures: {len(harness)}")
     for item in (problems + wrong)[:10]:
         print(f"  e.g. #{item['index']}: {item['problems'] or item['wrong_accept']} <- {item['changes']}")

@@ -194,14 +194,27 @@ def _load_one(path: Path, state: _LoadState):
     return cfg
 
 
-def _merge_with_override(base, child):
-    """OmegaConf.merge, honouring NeMo-RL's ``_override_: true`` section marker."""
+def _merge_with_override(base, child, path: Path):
+    """OmegaConf.merge, honouring NeMo-RL's ``_override_: true`` section marker, step for step as
+    NeMo-RL's ``merge_with_override`` (7ea279a): every top-level value of ``child`` but a mandatory
+    ``???`` is read *before* the merge, so an interpolation there resolves against ``child`` alone
+    (``${a}`` naming a key only a parent defines fails, as in NeMo-RL), and a value that
+    interpolates a section carrying ``_override_`` consumes that marker, as it does in NeMo-RL."""
     from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     for key in list(child.keys()):
-        if OmegaConf.is_missing(child, key) or OmegaConf.is_interpolation(child, key):
+        if OmegaConf.is_missing(child, key):
             continue
-        node = child[key]
+        try:
+            node = child[key]
+        except OmegaConfBaseException as err:
+            first = str(err).splitlines()[0]
+            raise UsageError(
+                f"{path}: {key} cannot be resolved while merging the file with its defaults ({type(err).__name__}: "
+                f"{first}); NeMo-RL's loader fails on it too, because it reads each top-level value of a file before "
+                "the merge. Fix: move the ${...} into a section (e.g. under policy:) or name a key of the same file."
+            ) from None
         if isinstance(node, DictConfig) and node.get("_override_", False):
             node.pop("_override_")
             if key in base:
@@ -244,12 +257,13 @@ def _load_with_inheritance(path: Path, chain: tuple[Path, ...], state: _LoadStat
         return cfg
     from omegaconf import OmegaConf
 
+    register_nemo_rl_resolvers()  # the recipes register them before loading; the merge reads values
     parents = _defaults_list(path, cfg.pop("defaults"))
     base = OmegaConf.create({})
     for parent in parents:
         parent_path = Path(parent) if parent.startswith("/") else path.parent / parent
-        base = _merge_with_override(base, _load_with_inheritance(parent_path, (*chain, resolved), state))
-    return _merge_with_override(base, cfg)
+        base = _merge_with_override(base, _load_with_inheritance(parent_path, (*chain, resolved), state), parent_path)
+    return _merge_with_override(base, cfg, path)
 
 
 _USAGE = "Fix: write key=value, ++key=value to add a key, ~key to delete one"
@@ -366,7 +380,18 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
     without ``++``, an interpolation that cannot resolve, and any input over the limits in
     ``limits`` (file size, expanded node count, nesting, defaults chain, override size).
     """
-    cfg = _load_with_inheritance(Path(path), (), _LoadState())
+    return finish_config(compose_config(path), overrides)
+
+
+def compose_config(path: str | Path):
+    """The file merged with its ``defaults:`` chain, unresolved (an OmegaConf ``DictConfig``), as
+    NeMo-RL's ``load_config`` returns it; ``UsageError`` as ``load_config`` says."""
+    return _load_with_inheritance(Path(path), (), _LoadState())
+
+
+def finish_config(cfg, overrides: Iterable[str] = ()) -> dict:
+    """Apply ``overrides`` to a composed config (in place) and resolve it to a plain dict, as the
+    recipes do after ``load_config``; ``UsageError`` as ``load_config`` says."""
     overrides = list(overrides)
     if overrides:
         _apply_overrides(cfg, overrides)

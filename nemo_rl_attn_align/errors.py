@@ -6,6 +6,10 @@ Two kinds of failure exist, and the CLI maps them to exit codes:
   bad override, ...). Its message is one line naming what is wrong and how to fix it.
 * ``RuleViolation`` (exit 1): the input is readable but describes a configuration that cannot
   work. It carries the ``Finding`` objects that say which rule, which key, which value, which fix.
+
+Both are ``ValueError`` subclasses: raised inside NeMo-RL's processes (the driver's ``setup``, the
+Megatron worker) they have the type NeMo-RL itself raises for a bad config, and their message starts
+with ``PLUGIN_PREFIX`` so a reader of NeMo-RL's traceback knows where the stop came from.
 """
 
 from __future__ import annotations
@@ -45,7 +49,11 @@ def format_finding(finding: Mapping[str, Any]) -> str:
             f"{shown_text(str(finding['message']), 1000)} Fix: {shown_text(str(finding['fix']), 1000)}")
 
 
-class UsageError(Exception):
+#: How every error the plugin raises inside a host process names its origin.
+PLUGIN_PREFIX = "nemo-rl-attn-align: "
+
+
+class UsageError(ValueError):
     """Input that cannot be used at all; ``str(err)`` is one line naming the problem and the fix."""
 
 
@@ -84,9 +92,11 @@ class Finding:
         }
 
 
-class RuleViolation(Exception):
-    """A configuration that cannot work; carries the error-level findings that say why."""
+class RuleViolation(ValueError):
+    """A configuration that cannot work; carries the error-level findings that say why.
+
+    ``str(err)`` is one line: ``PLUGIN_PREFIX`` then the findings' lines joined by ``; ``."""
 
     def __init__(self, findings: list[Finding]):
         self.findings = list(findings)
-        super().__init__("; ".join(f.line() for f in self.findings))
+        super().__init__(PLUGIN_PREFIX + "; ".join(f.line() for f in self.findings))

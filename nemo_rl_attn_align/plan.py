@@ -34,6 +34,15 @@ def _nvte_env(megatron_cfg: Any, environ: Mapping[str, str]) -> dict[str, tuple[
     return found
 
 
+def megatron_enabled(policy_cfg: Any) -> bool:
+    """Whether NeMo-RL uses the Megatron backend for this policy, decided as NeMo-RL decides it
+    (``lm_policy.py``: ``bool(config.get("megatron_cfg", {}).get("enabled", False))``): any truthy
+    ``enabled`` counts (``1``, ``"yes"``, even ``"false"``); a ``megatron_cfg`` that is not a mapping
+    counts as disabled (NeMo-RL fails on it itself)."""
+    megatron_cfg = _get(policy_cfg, "megatron_cfg")
+    return isinstance(megatron_cfg, dict) and bool(megatron_cfg.get("enabled", False))
+
+
 def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None) -> PolicyFacts:
     """Read what the rules need from a resolved ``policy`` section and the worker's environment."""
     if not isinstance(policy_cfg, dict):
@@ -48,7 +57,7 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
     impl = _get(megatron_cfg, "transformer_impl")
     model_name = _get(policy_cfg, "model_name")
     return PolicyFacts(
-        megatron_enabled=_get(megatron_cfg, "enabled") is True,
+        megatron_enabled=megatron_enabled(policy_cfg),
         backend_raw=backend_raw,
         backend=backend_raw if isinstance(backend_raw, str) and backend_raw in BACKEND_NAMES else None,
         precision_raw=_get(policy_cfg, "precision"),

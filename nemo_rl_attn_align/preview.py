@@ -30,7 +30,7 @@ from nemo_rl_attn_align.contract import (
 from nemo_rl_attn_align.config import get_path
 from nemo_rl_attn_align.hf_model import HFModelConfig, identity_fields, load_model_config
 from nemo_rl_attn_align.determinism import PROFILES, collective_for, compare, probe, vllm_batch_invariant
-from nemo_rl_attn_align.plan import read_policy_facts
+from nemo_rl_attn_align.plan import megatron_enabled, read_policy_facts
 from nemo_rl_attn_align.semantics import te_semantics, vllm_semantics
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
@@ -95,11 +95,12 @@ def _identity(b: ContractBuilder, cfg: Mapping[str, Any], model: Optional[HFMode
 
 def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
     """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
-    the Megatron hook records training only with ``policy.megatron_cfg.enabled: true``, the vLLM hook
+    the Megatron hook records training only where NeMo-RL enables Megatron (a truthy
+    ``policy.megatron_cfg.enabled``), the vLLM hook
     rollout only with ``policy.generation.backend: vllm``."""
     absent = {}
-    if _get(cfg, "policy.megatron_cfg.enabled") is not True:
-        absent["training"] = "policy.megatron_cfg.enabled is not true (the contract covers Megatron training)"
+    if not megatron_enabled(cfg.get("policy")):
+        absent["training"] = "policy.megatron_cfg.enabled is not truthy (the contract covers Megatron training)"
     gen = _get(cfg, "policy.generation")
     if not isinstance(gen, Mapping) or gen.get("backend") != "vllm":
         absent["rollout"] = "policy.generation.backend is not vllm (no vLLM rollout to bind)"
@@ -109,7 +110,7 @@ def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
 def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
                      model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
     """The training contract a Megatron policy worker would record, or ``None`` when
-    ``policy.megatron_cfg.enabled`` is not true."""
+    ``policy.megatron_cfg.enabled`` is not truthy."""
     policy = cfg.get("policy")
     facts = read_policy_facts(policy, os.environ if environ is None else environ)
     if "training" in absent_sides(cfg):

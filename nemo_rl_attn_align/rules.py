@@ -90,7 +90,7 @@ _SUMMARIES = {
     Code.MODEL_OVERRIDE_CONFLICT: "model_overrides repeats a first-class attention key; NeMo-RL rejects it at worker start.",
     Code.NVTE_ENV_CONFLICT: "NVTE_* in the environment or megatron_cfg.env_vars disagrees with what Megatron sets; its assert fails at model build.",
     Code.NVTE_ENV_DISCARDED: "NVTE_* set while attention_backend is set: NeMo-RL removes it before the model is built, so it has no effect.",
-    Code.BACKEND_WITHOUT_MEGATRON: "attention_backend set while megatron_cfg.enabled is false: it has no effect.",
+    Code.BACKEND_WITHOUT_MEGATRON: "attention_backend set while megatron_cfg.enabled is not truthy: it has no effect.",
 }
 
 _SEVERITIES = {
@@ -248,11 +248,13 @@ def _precision_values(facts: PolicyFacts) -> list[Finding]:
     if facts.megatron_enabled:
         checks.append((f"{MEGATRON_KEY}.pipeline_dtype", facts.pipeline_dtype_raw))
     for key, raw in checks:
-        if raw is UNSET and key.endswith("pipeline_dtype"):
-            continue  # NeMo-RL's own exemplars always set it; absent means the run fails elsewhere first
+        if raw is UNSET:
+            # A missing key is the host's business: NeMo-RL's own validation and defaults decide,
+            # and no rule here can prove that the run fails without it.
+            continue
         if raw not in PRECISIONS:
-            why = "is required" if raw is UNSET else describe_invalid(raw, PRECISIONS, PRECISION_ALIASES)
-            out.append(finding(Code.PRECISION_INVALID, key, raw, f"{why}.",
+            out.append(finding(Code.PRECISION_INVALID, key, raw,
+                               describe_invalid(raw, PRECISIONS, PRECISION_ALIASES) + ".",
                                f"set {key} to bfloat16 (recommended), float16 or float32."))
     return out
 
@@ -405,7 +407,7 @@ def _without_megatron(facts: PolicyFacts) -> list[Finding]:
     if facts.megatron_enabled or facts.backend_raw is UNSET or facts.backend_raw is None:
         return []
     return [finding(Code.BACKEND_WITHOUT_MEGATRON, BACKEND_KEY, facts.backend_raw,
-                    "policy.megatron_cfg.enabled is false, so the Megatron backend and this key are not used.",
+                    "policy.megatron_cfg.enabled is not truthy, so NeMo-RL does not use Megatron or this key.",
                     "set policy.megatron_cfg.enabled=true, or remove attention_backend.")]
 
 

@@ -77,9 +77,8 @@ POOLS: dict[str, list] = {
     _A: [UNSET, UNSET, None, "warn", 3, []],
 }
 
-#: Keys the fuzz also draws but whose verdicts another change owns (issue 9: NeMo-RL's truthiness
-#: for ``megatron_cfg.enabled``); their wrong accepts are counted apart.
-DEFERRED_POOLS: dict[str, list] = {f"{_M}.enabled": [1, 0, "yes", "false", "", None, [1]]}
+#: ``megatron_cfg.enabled`` as NeMo-RL reads it: any truthy value enables Megatron.
+POOLS[f"{_M}.enabled"] = POOLS.get(f"{_M}.enabled", []) + [1, 0, "yes", "false", "", None, [1]]
 
 #: The oracle's reading of the attention_align schema (README "Settings" table).
 _MANDATE_VALUES = {
@@ -120,11 +119,11 @@ def _is_int_count(value: Any) -> bool:
     return isinstance(value, int) and value >= 1  # True is Python's 1, as Megatron's arithmetic sees it
 
 
-def rejection(cfg: dict, enabled_truthiness: bool = False) -> Optional[str]:
+def rejection(cfg: dict) -> Optional[str]:
     """Why NeMo-RL, Megatron, Transformer Engine or the attention_align schema reject ``cfg``
     (a resolved config), or None when no rule of theirs modelled here does. Megatron counts as
-    enabled when ``megatron_cfg.enabled`` is ``True`` (``enabled_truthiness``: when it is truthy,
-    as NeMo-RL's ``bool(...get("enabled", False))`` reads it)."""
+    enabled when ``megatron_cfg.enabled`` is truthy, as NeMo-RL's ``bool(...get("enabled", False))``
+    reads it."""
     policy = cfg.get("policy")
     if not isinstance(policy, dict):
         return "policy is not a mapping"
@@ -143,7 +142,7 @@ def rejection(cfg: dict, enabled_truthiness: bool = False) -> Optional[str]:
     if not isinstance(mcfg, dict):
         return "NeMo-RL calls policy.megatron_cfg.get('enabled')"
     enabled = mcfg.get("enabled", False)
-    if not (_truthy(enabled) if enabled_truthiness else enabled is True):
+    if not _truthy(enabled):
         return None
     return _megatron_rejection(mcfg, precision)
 
@@ -338,12 +337,10 @@ def hydra_literal(value: Any) -> str:
     return str(value)
 
 
-def random_mutation(rng: random.Random, deferred: bool = False) -> dict[str, Any]:
+def random_mutation(rng: random.Random) -> dict[str, Any]:
     """A random set of (key -> value) changes: usually a few keys, sometimes many; values from
-    ``POOLS`` and the odd-value list (``deferred``: also from ``DEFERRED_POOLS``)."""
+    ``POOLS`` and the odd-value list."""
     pools = dict(POOLS)
-    if deferred:
-        pools = {**pools, **{k: pools.get(k, []) + v for k, v in DEFERRED_POOLS.items()}}
     weighted = [key for key in sorted(pools) for _ in range(1 if key.startswith(_A) else 4)]  # the rules' keys first
     count = rng.choice((1, 1, 2, 2, 3, 4, 6, 10))
     keys: list[str] = []

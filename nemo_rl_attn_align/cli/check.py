@@ -156,7 +156,7 @@ def render_text(result: dict[str, Any]) -> str:
     if result["overrides"]:
         lines.append(f"overrides: {' '.join(shown_text(o) for o in result['overrides'])}")
     if not plan["megatron_enabled"]:
-        lines.append("megatron: disabled (policy.megatron_cfg.enabled is not true); attention_backend is not used")
+        lines.append("megatron: disabled (policy.megatron_cfg.enabled is not truthy); attention_backend is not used")
     else:
         requested = "unset" if plan["requested"] is None else shown(plan["requested"])
         lines.append(f"attention_backend: {requested} -> {plan['attn_backend'] or 'invalid'} ({plan['source']})")

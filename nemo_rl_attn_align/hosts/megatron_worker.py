@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, handoff
+from nemo_rl_attn_align.hosts import _patching, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, training_peers, training_worker_id, world_size
 
 SETUP_MODULE = "nemo_rl.models.megatron.setup"
@@ -61,7 +61,6 @@ LAYOUTS = {
     ),
     "worker-inline": (">=0.5.0,<0.6.0", (Seam(WORKER_MODULE, "setup_megatron_model", ("policy_cfg", "cfg")),)),
 }
-SUPPORTED = {"nemo-rl": {name: versions for name, (versions, _) in LAYOUTS.items()}, "megatron-core": ">=0.11"}
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -131,21 +130,40 @@ class WorkerRecord(HostRecord):
 record = WorkerRecord()
 
 
-def check_policy(policy_cfg: dict) -> None:
-    """The pre-flight rules on this worker's policy config and environment; errors always stop."""
+#: Codes the host itself raises for, as ``ValueError``, in the very function the ``setup-module``
+#: hook wraps (``_apply_performance_config``: "Invalid attention backend: ..."). There the plugin
+#: logs its finding (with its suggestion) and lets NeMo-RL raise its own error, so that NeMo-RL's
+#: behaviour, and its tests, stay exactly as without the plugin.
+HOST_RAISES = {"setup-module": frozenset({"ATTN_BACKEND_INVALID"}), "worker-inline": frozenset()}
+
+
+def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
+    """The pre-flight rules on this worker's policy config and environment; errors stop with a
+    ``RuleViolation`` (a ``ValueError``, NeMo-RL's type for config errors), except those the host
+    raises itself at the same call (``HOST_RAISES``). Nothing is checked where NeMo-RL does not
+    enable Megatron (a falsy ``megatron_cfg.enabled``): the host does not use the keys there."""
+    from nemo_rl_attn_align.errors import RuleViolation
     from nemo_rl_attn_align.plan import build_plan_for_policy
 
     plan = build_plan_for_policy(policy_cfg, os.environ)
     record.plan, record.policy_cfg = plan, policy_cfg
-    for finding in plan.warnings:
+    if not plan.megatron_enabled:
+        return
+    left_to_host = [f for f in plan.errors if f.code in HOST_RAISES[layout]]
+    for finding in [*plan.warnings, *left_to_host]:
         log.warning("nemo-rl-attn-align: %s", finding.line())
-    plan.raise_for_errors()
+    errors = [f for f in plan.errors if f not in left_to_host]
+    if errors:
+        raise RuleViolation(errors)
 
 
 def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
-    """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0."""
+    """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0 (only
+    where NeMo-RL enables Megatron; a no-op where upstream already mapped it)."""
     from nemo_rl_attn_align.backend import NVTE_VARIABLES, to_attn_backend
 
+    if record.plan is None or not record.plan.megatron_enabled:
+        return
     requested = (policy_cfg.get("megatron_cfg") or {}).get("attention_backend")
     if requested is None:
         return
@@ -232,7 +250,7 @@ def _wrap_setup_model_and_optimizer(original: Callable) -> Callable:
 
 def _wrap_setup_megatron_model(original: Callable) -> Callable:
     def setup_megatron_model(policy_cfg, cfg, *args, **kwargs):
-        check_policy(policy_cfg)
+        check_policy(policy_cfg, "worker-inline")
         _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)")
         result = original(policy_cfg, cfg, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(cfg.model))
@@ -251,7 +269,11 @@ _WRAPPERS = {
 
 
 def _patch(module) -> None:
-    """Wrap the seams of the module that has just been imported (each one once)."""
+    """Wrap the seams of the module that has just been imported (each one once); the host versions
+    are checked against ``versions.SUPPORTED`` once per process, at the first attach."""
+    strict = handoff.worker_settings().strict
+    versions.check_supported("NeMo-RL", strict)
+    versions.check_supported("megatron-core", strict)
     if module.__name__ == SETUP_MODULE:
         seam = LAYOUTS["setup-module"][1][0]
         if _fits(seam):

@@ -30,7 +30,7 @@ import os
 import uuid
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, driver_report, handoff
+from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, versions
 
 ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft")
 SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
@@ -47,7 +47,6 @@ TRAIN_FUNCTIONS = {
 LOGGER_MODULE = "nemo_rl.utils.logger"
 LOG_METRICS_PARAMS = ("self", "metrics", "step", "prefix")
 TARGETS = tuple(sorted({*SETUP_MODULES, *TRAIN_FUNCTIONS, LOGGER_MODULE}))
-SUPPORTED = {"nemo-rl": ">=0.5.0 (nemo_rl.algorithms.<algorithm>.setup(master_config, ...), Logger.log_metrics)"}
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -160,6 +159,7 @@ def _patch_logger(module) -> None:
 
 
 def _patch(module) -> None:
+    versions.check_supported("NeMo-RL", handoff.worker_settings().strict)  # once per process
     name = module.__name__
     if name == LOGGER_MODULE:
         _patch_logger(module)

@@ -28,7 +28,6 @@ from nemo_rl_attn_align.hosts import _patching
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
 TARGETS = (UTILS_MODULE,)
-SUPPORTED = {"transformer-engine": ">=2.4 (attention/dot_product_attention/ package layout)"}
 
 LOCAL_ATTENTION_CLASS = ("megatron.core.transformer.dot_product_attention", "DotProductAttention")
 TE_LOGGER = "DotProductAttention"
@@ -86,11 +85,12 @@ log_handler = _SelectionLogHandler()
 
 
 def _patch(utils) -> None:
+    from nemo_rl_attn_align.hosts import handoff, versions
+
+    versions.check_supported("Transformer Engine", handoff.worker_settings().strict)  # once per process
     if not _seams.wrap(utils, "get_attention_backend", _recording) and not _patching.is_wrapped(
         getattr(utils, "get_attention_backend", None)
     ):
-        from nemo_rl_attn_align.hosts import handoff
-
         _patching.unsupported(
             "Transformer Engine",
             _patching.distribution_version("transformer-engine"),

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Lane "nemo_rl": the plugin against the real NeMo-RL sources (tests/real_nemo_rl, marker real_nemo_rl).
+# Python 3.13 (NeMo-RL main builds for it; megatron-core 0.19.x needs it), a venv of its own under
+# $ATTN_ALIGN_CI_VENVS/nemo_rl, pinned packages from PyPI, the plugin installed non-editable.
+# Stand-ins (tests/real_nemo_rl/stand_ins) replace only Transformer Engine and three names
+# megatron-core 0.19.2 lacks. Prints NeMo-RL's own seam tests as "plugin on: N = plugin off: N".
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+lane_start=$SECONDS
+: "${ATTN_ALIGN_CI_VENVS:=$PWD/.ci-venvs}"
+: "${ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS:?set it to the NeMo-RL snapshots folder (.ci/run does when ../shared/hosts/nemo-rl exists)}"
+PYTHON313="${ATTN_ALIGN_PYTHON313:-}"
+if [ -z "$PYTHON313" ]; then
+  for candidate in /root/.pyenv/versions/3.13.0/bin/python python3.13; do
+    if command -v "$candidate" >/dev/null 2>&1; then PYTHON313="$candidate"; break; fi
+  done
+fi
+[ -n "$PYTHON313" ] || { echo "lane nemo_rl: no Python 3.13 (set ATTN_ALIGN_PYTHON313)" >&2; exit 1; }
+
+venv="$ATTN_ALIGN_CI_VENVS/nemo_rl"
+"$PYTHON313" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q)
+# What NeMo-RL's Megatron modules import on CPU (torch is a CUDA wheel; it imports and runs on CPU).
+"${pip[@]}" torch==2.13.0 megatron-core==0.19.2 transformers==5.8.1 "ray[default]==2.60.0" \
+  omegaconf==2.3.1 hydra-core==1.3.8 pydantic==2.14.4 pytest==9.2.0 \
+  einops==0.8.2 datasets==5.2.0 matplotlib==3.11.2 ipython==9.18.1 tensorboard==2.21.0 \
+  megatron-energon==7.4.1 nvidia-modelopt==0.47.0 pyzmq==27.3.0 uvicorn==0.54.0 fastapi==0.165.0 \
+  mlflow==3.17.2 swanlab==0.10.3 wandb==0.31.0 prometheus_client==0.26.0 tensordict==0.15.3
+# megatron-bridge declares Python < 3.13 and pins what it does not need here; decord for NeMo-RL v0.6.0.
+"${pip[@]}" --no-deps --ignore-requires-python megatron-bridge==0.6.2 decord==0.6.0
+"${pip[@]}" --no-deps .
+echo "lane nemo_rl: venv ready in $((SECONDS - lane_start))s"
+
+ATTN_ALIGN_TEST_LANE=nemo_rl "$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_nemo_rl tests/real_nemo_rl
+echo "lane nemo_rl: $((SECONDS - lane_start))s"

@@ -1,0 +1,54 @@
+"""The real NeMo-RL sources, for the tests of lane ``.ci/lanes/nemo_rl.sh`` (marker ``real_nemo_rl``).
+
+``ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS`` names a folder holding unmodified NeMo-RL source trees, one
+folder per ref (``7ea279a``, ``v0.7.0``, ``v0.6.0``, ``v0.5.0``); ``.ci/run`` sets it when
+``../shared/hosts/nemo-rl`` exists. Without it, or outside the lane (``ATTN_ALIGN_TEST_LANE``),
+every test here skips with one line (in a lane,
+``ATTN_ALIGN_TEST_REQUIRE_REAL=1`` turns that skip into a failure). Nothing from the trees is copied.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+SNAPSHOTS_VARIABLE = "ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS"
+#: Set to ``nemo_rl`` by ``.ci/lanes/nemo_rl.sh``, whose venv has what these tests need (Python 3.13,
+#: megatron-core 0.19.2, megatron-bridge, ...); elsewhere (the base lane) they skip.
+LANE_VARIABLE = "ATTN_ALIGN_TEST_LANE"
+#: Every ref the lane covers, newest first; the megatron seam tests exist from v0.6.0 on.
+REFS = ("7ea279a", "v0.7.0", "v0.6.0", "v0.5.0")
+SEAM_TEST_REFS = ("7ea279a", "v0.7.0", "v0.6.0")
+#: Refs whose pydantic ``MasterConfig`` the shipped examples must pass.
+VALIDATION_REFS = ("7ea279a", "v0.7.0")
+
+
+def snapshots_root() -> Path | None:
+    """The folder named by ``ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS``, or None when unset or absent."""
+    value = os.environ.get(SNAPSHOTS_VARIABLE)
+    return Path(value) if value and Path(value).is_dir() else None
+
+
+def snapshot(ref: str) -> Path:
+    """The source tree of ``ref``; skips the calling test (one line) when it is not available."""
+    if os.environ.get(LANE_VARIABLE) != "nemo_rl":
+        pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has the real NeMo-RL's dependencies")
+    root = snapshots_root()
+    if root is None:
+        pytest.skip(f"{SNAPSHOTS_VARIABLE} is not set to the NeMo-RL snapshots folder (.ci/run sets it)")
+    tree = root / ref
+    if not (tree / "nemo_rl").is_dir():
+        pytest.skip(f"{tree} holds no NeMo-RL source tree")
+    return tree
+
+
+def load_source_module(tree: Path, relative: str, name: str):
+    """Import one file of a source tree as module ``name`` (for files that import only libraries,
+    so several refs can be loaded side by side in one process)."""
+    spec = importlib.util.spec_from_file_location(name, tree / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
