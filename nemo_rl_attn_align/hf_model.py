@@ -55,21 +55,26 @@ def find_config(model_name: Any, environ: Optional[Mapping[str, str]] = None) ->
     if not isinstance(model_name, str) or not model_name.strip():
         return None
     environ = os.environ if environ is None else environ
-    local = Path(model_name).expanduser()
-    if (local / CONFIG_NAME).is_file():
-        return local / CONFIG_NAME
-    if model_name.count("/") != 1 or model_name.startswith(("/", ".", "~")):
+    try:  # a name the file system cannot hold (too long, a NUL byte) is simply not on this machine
+        local = Path(model_name).expanduser()
+        if (local / CONFIG_NAME).is_file():
+            return local / CONFIG_NAME
+        if model_name.count("/") != 1 or model_name.startswith(("/", ".", "~")):
+            return None
+        return _cached_snapshot(model_name, hub_cache(environ))
+    except (OSError, ValueError, RuntimeError):
         return None
-    return _cached_snapshot(model_name, hub_cache(environ))
 
 
 def load_model_config(model_name: Any, environ: Optional[Mapping[str, str]] = None) -> Optional[HFModelConfig]:
     """The parsed ``config.json`` of ``model_name`` (its ``text_config`` for multimodal models), or
     None when it is absent, too large or not a JSON object (the engines report a broken model)."""
     path = find_config(model_name, environ)
-    if path is None or path.stat().st_size > MAX_CONFIG_BYTES:
+    if path is None:
         return None
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            return None
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None

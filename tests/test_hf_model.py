@@ -36,6 +36,8 @@ def test_local_directory_and_hub_cache_are_found_never_fetched(tmp_path):
     assert find_config("Qwen/Qwen3-0.6B", {"HF_HUB_CACHE": str(cache)}) is not None
     assert find_config("Qwen/Qwen3-8B", {"HF_HUB_CACHE": str(cache)}) is None
     assert find_config(None, {}) is None
+    assert find_config("x" * 300, {}) is None and find_config("a/" + "x" * 300, {"HF_HUB_CACHE": str(cache)}) is None
+    assert find_config("bad\0name", {}) is None
 
 
 def test_unusable_files_are_skipped(tmp_path):
