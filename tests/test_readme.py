@@ -25,3 +25,9 @@ def test_ci_runs_the_readme_test_command():
     ci = (REPO / ".ci" / "run").read_text()
     assert 'pip install torch==2.13.0 -e ".[test]" && python -m pytest' in README
     assert 'pip install -q torch==2.13.0 -e ".[test]"' in ci and "python -m pytest" in ci
+
+
+def test_supported_versions_table_is_generated_from_the_data():
+    from nemo_rl_attn_align.hosts.versions import supported_table
+
+    assert supported_table() in README
