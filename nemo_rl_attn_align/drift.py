@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 

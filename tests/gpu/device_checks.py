@@ -42,7 +42,6 @@ DTYPE_NAMES = ("bf16", "fp16")
 
 def agreement(a, b, dtype) -> dict:
     """``{"equal_fraction", "max_ulp"}`` of two ``[T, H, D]`` outputs (ulps at the local magnitude)."""
-    import torch
 
     from nemo_rl_attn_align.drift import local_ulps
 

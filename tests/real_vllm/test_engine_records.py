@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from tests.real_vllm.conftest import BASE_ARGS, ENGINES
+from tests.real_vllm.conftest import ENGINES
 
 pytestmark = pytest.mark.real_vllm
 
