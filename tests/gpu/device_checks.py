@@ -87,24 +87,31 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
     from nemo_rl_attn_align.reference.plans import CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV
 
     spec = ReferenceSpec(block_q=16, block_kv=32) if quick else ReferenceSpec()
-    seq = 101 if quick else 1000
+    seq, heads, kv_heads, dim = (101, 4, 2, 16) if quick else (1000, 8, 2, 64)
     plans = [ContextParallel(size, layout, comm) for size in (2, 4, 8) for layout in LAYOUTS for comm in CP_COMMS]
     plans += [SplitKV(num_splits=3), SplitKV(split_size=200), ChunkedPrefill(64, 16), ChunkedPrefill(7, 1, num_splits=3)]
     rows = []
     for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-        q, k, v = _qkv(seq, 8, 2, 64, dtype, device)
+        q, k, v = _qkv(seq, heads, kv_heads, dim, dtype, device)
         for window in (None, 127):
             base = reference_attention(q, k, v, window=window, spec=spec)
             for plan in plans:
                 got = reference_attention(q, k, v, window=window, plan=plan, spec=spec)
                 rows.append({"dtype": dname, "window": window, "plan": repr(plan),
-                             "equal": bool(torch.equal(got[0], base[0]) and torch.equal(got[1], base[1]))})
+                             "equal": bool(torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])),
+                             "max_abs_diff": _max_abs_diff(got, base)})
             cu = torch.tensor([0, seq // 3, seq], device=device)
             packed = reference_attention(q, k, v, window=window, spec=spec, cu_seqlens_q=cu, cu_seqlens_k=cu)
             alone = reference_attention(q[seq // 3:], k[seq // 3:], v[seq // 3:], window=window, spec=spec)
             rows.append({"dtype": dname, "window": window, "plan": "packed batch (second sequence)",
-                         "equal": bool(torch.equal(packed[0][seq // 3:], alone[0]))})
+                         "equal": bool(torch.equal(packed[0][seq // 3:], alone[0])),
+                         "max_abs_diff": _max_abs_diff((packed[0][seq // 3:],), (alone[0],))})
     return rows
+
+
+def _max_abs_diff(got, base) -> float:
+    """Largest |got - base| over the paired outputs (0.0 when bitwise equal), for the record."""
+    return max(float((g.double() - b.double()).abs().max()) for g, b in zip(got, base))
 
 
 def sdpa_kernel(q, k, v, backend: str):

@@ -33,7 +33,8 @@ def test_record_keeps_finished_sections(tmp_path):
 
 def test_sections_run_at_small_sizes_on_cpu():
     rows = device_checks.reference_invariance("cpu", quick=True)
-    assert len(rows) > 20 and all(r["equal"] for r in rows)
+    unequal = [r for r in rows if not r["equal"]]
+    assert len(rows) > 20 and not unequal, f"{len(unequal)} of {len(rows)} plans differ: {unequal[:4]}"
     kernels = device_checks.fa2_vs_sdpa("cpu", quick=True)
     assert {(r["replay"], r["kernel"]) for r in kernels} == {(p, k) for p in device_checks.REPLAYS for k in device_checks.KERNELS}
     flash = [r for r in kernels if r["kernel"] == "FLASH_ATTENTION"]
