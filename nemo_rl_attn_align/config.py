@@ -38,9 +38,18 @@ MISSING = object()
 DEFAULT_EXAMPLE = "grpo_math_1B_megatron_flash.yaml"
 
 
+#: Where the packaged example recipes live (complete NeMo-RL recipes, shipped in the wheel).
+EXAMPLES_DIR = Path(__file__).parent / "examples" / "configs"
+
+
 def default_example_path() -> Path:
     """Path of the packaged GRPO + Megatron + flash example config."""
-    return Path(__file__).parent / "examples" / "configs" / DEFAULT_EXAMPLE
+    return EXAMPLES_DIR / DEFAULT_EXAMPLE
+
+
+def example_paths() -> list[Path]:
+    """Every packaged example recipe, by name."""
+    return sorted(EXAMPLES_DIR.glob("*.yaml"))
 
 
 def register_nemo_rl_resolvers() -> None:

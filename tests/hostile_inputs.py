@@ -62,6 +62,7 @@ POOLS: dict[str, list] = {
     f"{_A}.on_mismatch": [UNSET, "error", "warn", "record", "Warn", "", None, 1, True],
     f"{_A}.allow_dtype_difference": [UNSET, True, False, "true", 1, 0, None],
     f"{_A}.strict": [UNSET, True, False, "yes", 1, None],
+    f"{_A}.preset": [UNSET, "aligned", None, "align", "Aligned", "", 1, True, ["aligned"]],
     f"{_A}.report_dir": [UNSET, "out/dir", "a/../b", "", "   ", 5, None, ["x"]],
     f"{_A}.mandate.merge_rule": [UNSET, "online_softmax_lse", "full_softmax", None, "bogus", 1, True],
     f"{_A}.mandate.reduction_order": [UNSET, "kv_index", "split_kv", "unspecified", None, "bogus", [], 2.0],
@@ -212,9 +213,11 @@ def _attention_align_rejection(cfg: dict) -> Optional[str]:
         return None
     if not isinstance(block, dict):
         return "attention_align is not a mapping"
-    known = {"on_mismatch", "allow_dtype_difference", "strict", "report_dir", "mandate", "drift"}
+    known = {"on_mismatch", "preset", "allow_dtype_difference", "strict", "report_dir", "mandate", "drift"}
     if set(block) - known:
         return "unknown attention_align key"
+    if block.get("preset") not in (None, "aligned"):
+        return "preset"
     if "on_mismatch" in block and block["on_mismatch"] not in ("error", "warn", "record"):
         return "on_mismatch"
     for flag in ("allow_dtype_difference", "strict"):

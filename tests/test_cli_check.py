@@ -11,6 +11,8 @@ import pytest
 from .conftest import EXAMPLES, REPO
 
 GRPO = str(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")
+#: The same recipe without the preset: its preview fails on reduction_order.
+MISMATCH = str(EXAMPLES / "grpo_math_1B_megatron_flash_mismatch.yaml")
 
 
 def check(*args, env=None):
@@ -99,20 +101,20 @@ def test_bad_flag_is_a_usage_error():
 
 
 def test_binding_preview_is_shown_and_only_warns_by_default():
-    proc = check(GRPO)
+    proc = check(MISMATCH)
     assert proc.returncode == 0
     assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
     assert "on_mismatch=warn: the run warns and goes on" in proc.stdout
 
 
 def test_failing_preview_with_on_mismatch_error_exits_1():
-    proc = check(GRPO, "++attention_align.on_mismatch=error")
+    proc = check(MISMATCH, "++attention_align.on_mismatch=error")
     assert proc.returncode == 1
     assert "on_mismatch=error: the run stops at start" in proc.stdout
 
 
 def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():
-    proc = check(GRPO, "++attention_align.on_mismatch=error",
+    proc = check(MISMATCH, "++attention_align.on_mismatch=error",
                  "++policy.generation.vllm_cfg.env_vars={VLLM_BATCH_INVARIANT:'1'}",
                  "++policy.megatron_cfg.env_vars={CUBLAS_WORKSPACE_CONFIG:':4096:8'}")
     assert proc.returncode == 0, proc.stdout
@@ -138,7 +140,7 @@ def test_sft_has_no_binding_to_preview():
 
 
 def test_json_carries_the_preview_and_settings():
-    doc = json.loads(check("--json", GRPO).stdout)
+    doc = json.loads(check("--json", MISMATCH).stdout)
     align = doc["attention_align"]
     assert align["settings"]["on_mismatch"] == "warn"
     assert align["verdict"] == "fail" and align["training"]["side"] == "training"

@@ -10,15 +10,25 @@ from nemo_rl_attn_align.errors import UsageError
 from .conftest import EXAMPLES
 
 
-@pytest.mark.parametrize("name", ["grpo_math_1B_megatron_flash.yaml", "sft_megatron_flash.yaml"])
-def test_examples_load_with_their_base(name):
+@pytest.mark.parametrize("name", ["grpo_math_1B_megatron_flash.yaml", "grpo_math_1B_megatron_flash_mismatch.yaml",
+                                  "sft_megatron_flash.yaml"])
+def test_examples_load_and_interpolate(name):
     cfg = load_config(EXAMPLES / name)
     assert cfg["policy"]["megatron_cfg"]["attention_backend"] == "flash"
     assert cfg["policy"]["precision"] == "bfloat16"
-    # inherited from the base file, interpolated after the child's values
+    # interpolated from policy.precision / policy.model_name
     assert cfg["policy"]["megatron_cfg"]["pipeline_dtype"] == "bfloat16"
-    assert cfg["policy"]["tokenizer"]["name"] == cfg["policy"]["model_name"]
+    assert isinstance(cfg["policy"]["tokenizer"]["name"], str)  # GRPO: ${policy.model_name}; SFT: the Instruct one
     assert "defaults" not in cfg
+
+
+def test_mismatch_example_is_the_aligned_one_without_its_preset():
+    aligned = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")
+    mismatch = load_config(EXAMPLES / "grpo_math_1B_megatron_flash_mismatch.yaml")
+    assert aligned["attention_align"]["preset"] == "aligned" and mismatch["attention_align"]["preset"] is None
+    for cfg in (aligned, mismatch):
+        cfg.pop("attention_align"), cfg["logger"].pop("log_dir")
+    assert aligned == mismatch
 
 
 def test_grpo_example_has_rollout_and_log_dir():

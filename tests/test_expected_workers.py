@@ -42,7 +42,7 @@ def test_ids_are_the_ones_the_workers_write():
 
 def test_sft_expects_no_rollout_workers():
     got, expected = counts(EXAMPLES / "sft_megatron_flash.yaml", [], "sft")
-    assert got == {"training": 1} and "rollout" not in expected
+    assert got == {"training": 16} and "rollout" not in expected  # the recipe's 2 nodes x 8 GPUs
 
 
 def test_a_config_without_a_usable_cluster_gives_no_count():

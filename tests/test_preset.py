@@ -16,7 +16,9 @@ from nemo_rl_attn_align.settings import load_settings
 
 from .conftest import EXAMPLES, REPO
 
-GRPO = str(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")
+#: The stock recipe (no preset): the shipped mismatch example.
+GRPO = str(EXAMPLES / "grpo_math_1B_megatron_flash_mismatch.yaml")
+ALIGNED = str(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")
 BI = "policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT"
 CUBLAS = "policy.megatron_cfg.env_vars.CUBLAS_WORKSPACE_CONFIG"
 
@@ -40,7 +42,7 @@ def test_stock_grpo_is_aligned_by_two_environment_variables():
     cfg, result, _ = aligned()
     assert [(c.key, c.value) for c in result.changes] == [(BI, "1"), (CUBLAS, ":4096:8")]
     assert result.aligned and not blocking_causes(result.preview)
-    assert cfg["policy"]["generation"]["vllm_cfg"]["env_vars"] is None  # the input is left as it was
+    assert cfg["policy"]["generation"]["vllm_cfg"].get("env_vars") is None  # the input is left as it was
 
 
 def test_a_chosen_rollout_precision_is_refused_by_the_preset_and_fixed_by_fix():
@@ -95,6 +97,13 @@ def test_check_with_the_preset_passes_under_on_mismatch_error():
     proc = check(GRPO, "++attention_align.preset=aligned", "++attention_align.on_mismatch=error")
     assert proc.returncode == 0, proc.stdout
     assert f"{BI}='1'" in proc.stdout
+
+
+def test_the_shipped_grpo_example_is_aligned_as_it_stands():
+    proc = check(ALIGNED, "++attention_align.on_mismatch=error", "--fix")
+    assert proc.returncode == 0, proc.stdout
+    assert "preset aligned: 2 change(s)" in proc.stdout and "fix: none needed" in proc.stdout
+    assert "binding preview: fail" not in proc.stdout and "1 mismatch" not in proc.stdout
 
 
 def test_failed_binding_under_warn_is_labelled_a_warning():

@@ -25,7 +25,8 @@ pip=("$venv/bin/python" -m pip install -q)
   omegaconf==2.3.1 hydra-core==1.3.8 pydantic==2.14.4 pytest==9.2.0 \
   einops==0.8.2 datasets==5.2.0 matplotlib==3.11.2 ipython==9.18.1 tensorboard==2.21.0 \
   megatron-energon==7.4.1 nvidia-modelopt==0.47.0 pyzmq==27.3.0 uvicorn==0.54.0 fastapi==0.165.0 \
-  mlflow==3.17.2 swanlab==0.10.3 wandb==0.31.0 prometheus_client==0.26.0 tensordict==0.15.3
+  mlflow==3.17.2 swanlab==0.10.3 wandb==0.31.0 prometheus_client==0.26.0 tensordict==0.15.3 \
+  torchdata==0.11.0 soundfile==0.14.0
 # megatron-bridge declares Python < 3.13 and pins what it does not need here; decord for NeMo-RL v0.6.0.
 "${pip[@]}" --no-deps --ignore-requires-python megatron-bridge==0.6.2 decord==0.6.0
 "${pip[@]}" --no-deps .

@@ -14,7 +14,7 @@ import sys
 from nemo_rl_attn_align import __version__
 
 #: Sub-command modules, in the order ``--help`` lists them.
-COMMANDS = ("check", "report", "drift", "run")
+COMMANDS = ("check", "report", "drift", "run", "examples")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,7 +29,7 @@ class HostRange:
 
 
 SUPPORTED: dict[str, HostRange] = {
-    "NeMo-RL": HostRange("nemo_rl", ("nemo-rl", "nemo_rl"), ">=0.5.0", "0.5.x and >= 0.6 worker layouts"),
+    "NeMo-RL": HostRange("nemo_rl", ("nemo-rl", "nemo_rl"), ">=0.5.0rc0", "0.5.x and >= 0.6 worker layouts; the v0.5.0 tag declares 0.5.0rc0"),
     "megatron-core": HostRange("megatron.core", ("megatron-core", "megatron_core"), ">=0.11"),
     "Transformer Engine": HostRange(
         "transformer_engine", ("transformer-engine", "transformer_engine", "transformer-engine-torch"), ">=2.4"

@@ -23,6 +23,7 @@ def fresh_checks(monkeypatch):
         ("vLLM", "0.34.0", False),
         ("vLLM", "0.10.2", False),
         ("NeMo-RL", "0.7.0", True),
+        ("NeMo-RL", "0.5.0rc0", True),  # what the v0.5.0 tag declares
         ("NeMo-RL", "0.4.0", False),
         ("Transformer Engine", "2.3.0", False),
         ("vLLM", "not-a-version", None),
