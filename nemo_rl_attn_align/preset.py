@@ -98,6 +98,20 @@ def get_key(cfg: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+def blocked_parent(cfg: Mapping[str, Any], key: str) -> tuple[str, Any] | None:
+    """``(dotted parent, its value)`` when a parent of ``key`` is set but is not a mapping (so
+    ``set_key`` cannot create ``key`` under it), else None."""
+    node: Any = cfg
+    parents = key.split(".")[:-1]
+    for depth, part in enumerate(parents, 1):
+        node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            return None
+        if not isinstance(node, Mapping):
+            return ".".join(parents[:depth]), node
+    return None
+
+
 def set_key(cfg: Any, key: str, value: Any) -> None:
     """Set dotted ``key`` in a nested dict (a pydantic model's attributes too), creating mappings
     where the path is missing or null (NeMo-RL's recipes write ``env_vars: null``)."""
@@ -214,7 +228,14 @@ def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any]
             if isinstance(remedy, Finding):
                 refusals.setdefault(remedy.key, remedy)
                 continue
-            fresh += [c for c in remedy if get_key(work, c.key) != c.value and c not in fresh]
+            for change in remedy:
+                blocked = blocked_parent(work, change.key)
+                if blocked is not None:
+                    refusals.setdefault(blocked[0], _refuse(
+                        blocked[0], blocked[1], f"{blocked[0]} is not a mapping: the preset cannot set "
+                        f"{change.key.rsplit('.', 1)[1]} under it", f"make {blocked[0]} a mapping (or null)"))
+                elif get_key(work, change.key) != change.value and change not in fresh:
+                    fresh.append(change)
         if not fresh:
             break
         for change in fresh:

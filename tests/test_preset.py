@@ -130,3 +130,12 @@ def test_set_key_creates_null_sections_and_reaches_pydantic_attributes():
     assert master.policy["megatron_cfg"]["env_vars"] == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     with pytest.raises(ValueError, match="policy.megatron_cfg"):
         set_key({"policy": {"megatron_cfg": "oops"}}, CUBLAS, "x")
+
+
+@pytest.mark.parametrize("value", ["5", "'NVTE_FLASH_ATTN=1'", "[a]"])
+def test_a_parent_that_is_not_a_mapping_is_refused_not_a_traceback(value):
+    _, result, _ = aligned(f"policy.megatron_cfg.env_vars={value}")
+    assert not result.aligned and result.refusal.key == "policy.megatron_cfg.env_vars"
+    assert "is not a mapping" in result.refusal.message
+    proc = check(GRPO, "++attention_align.preset=aligned", f"policy.megatron_cfg.env_vars={value}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
