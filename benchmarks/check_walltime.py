@@ -14,9 +14,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "configs" / "grpo_math_1B_megatron_flash.yaml"
+from nemo_rl_attn_align.config import default_example_path
+
+EXAMPLE = default_example_path()
 
 
 def wall(cmd: list[str]) -> float:
@@ -34,7 +35,10 @@ def main() -> int:
     check_cmd += ["check", str(EXAMPLE)]
     commands = {"python -c pass": [sys.executable, "-c", "pass"], "check (example)": check_cmd}
     times = {name: [] for name in commands}
-    wall(check_cmd)  # warm the file cache once
+    warm = subprocess.run(check_cmd, capture_output=True, text=True)  # warms the file cache once
+    if warm.returncode != 0:
+        print(f"check exited {warm.returncode} on {EXAMPLE}, nothing to time: {warm.stderr.strip()[-300:]}")
+        return 1
     for _ in range(args.runs):
         for name, cmd in commands.items():
             times[name].append(wall(cmd))
