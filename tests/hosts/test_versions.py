@@ -20,6 +20,10 @@ def fresh_checks(monkeypatch):
         ("vLLM", "0.25.1", True),
         ("vLLM", "0.25.1+cpu", True),
         ("vLLM", "0.33.0rc1", True),
+        ("vLLM", "0.34.0rc1", False),
+        ("vLLM", "0.34.0.dev20260101", False),
+        ("NeMo-RL", "0.5.0rc0", True),  # what NeMo-RL's v0.5.0 tag reports (nemo_rl/package_info.py)
+        ("NeMo-RL", "0.6.0+a1b2c3d", True),
         ("vLLM", "0.34.0", False),
         ("vLLM", "0.10.2", False),
         ("NeMo-RL", "0.7.0", True),
