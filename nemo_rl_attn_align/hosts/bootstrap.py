@@ -40,6 +40,7 @@ WATCHED = {
     "nemo_rl.algorithms.ppo": "nemo_rl_driver",
     "nemo_rl.algorithms.rm": "nemo_rl_driver",
     "nemo_rl.algorithms.sft": "nemo_rl_driver",
+    "nemo_rl.algorithms.xtoken_off_policy_distillation": "nemo_rl_driver",
     "nemo_rl.models.megatron.setup": "megatron_worker",
     "nemo_rl.models.policy.workers.megatron_policy_worker": "megatron_worker",
     "nemo_rl.utils.logger": "nemo_rl_driver",

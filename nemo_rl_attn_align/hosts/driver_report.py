@@ -43,8 +43,9 @@ log = logging.getLogger("nemo_rl_attn_align")
 
 #: NeMo-RL's drift metrics as its train loops log them (``nemo_rl/algorithms/loss/loss_functions.py``).
 NEMO_RL_DRIFT = ("token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error")
-#: Algorithms that train on a fixed dataset: they start no generation workers.
-NO_ROLLOUT = ("dpo", "rm", "sft")
+#: Algorithms that train on a fixed dataset: they start no generation workers (off-policy
+#: distillation scores a fixed dataset with the student and its teachers).
+NO_ROLLOUT = ("dpo", "rm", "sft", "xtoken_off_policy_distillation")
 
 _EXPERIMENT_DIR = re.compile(r"exp_\d+")
 

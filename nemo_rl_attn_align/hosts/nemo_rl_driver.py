@@ -3,15 +3,16 @@
 Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
 
 * ``nemo_rl.algorithms.<algorithm>.setup(master_config, ...)`` (grpo, sft, dpo, distillation, rm;
-  ppo since 0.7.0), called by ``examples/run_<algo>.py`` after the config is resolved and
-  ``logger.log_dir`` moved to ``exp_NNN``, before any Ray worker group exists. Before it: the
-  pre-flight rules on the whole config (errors stop here), and the ``attention_align`` settings
-  exported for the workers (NeMo-RL copies ``os.environ`` into each worker group it creates inside
-  ``setup()``). After it: the first collection of the report (``driver_report``).
+  ppo and xtoken_off_policy_distillation since 0.7.0), called by ``examples/run_<algo>.py`` after
+  the config is resolved and ``logger.log_dir`` moved to ``exp_NNN``, before any Ray worker group
+  exists. Before it: the pre-flight rules on the whole config (errors stop here), and the
+  ``attention_align`` settings exported for the workers (NeMo-RL copies ``os.environ`` into each
+  worker group it creates inside ``setup()``). After it: the first collection of the report (``driver_report``).
 * the train functions (``grpo_train``, ``async_grpo_train``, ``grpo_sync.grpo_train_sync``,
   ``sft_train``, ``dpo_train``, ``distillation_train``, ``rm_train``, ``ppo_train``,
-  ``async_ppo_train``; those a version lacks are skipped): the last collection when one returns
-  or raises. An interpreter-exit hook covers recipes that train otherwise.
+  ``async_ppo_train``, ``xtoken_off_policy_distillation_train``; those a version lacks are
+  skipped): the last collection when one returns or raises. An interpreter-exit hook covers
+  recipes that train otherwise.
 * ``nemo_rl.utils.logger.Logger.log_metrics(self, metrics, step, prefix, ...)``: every train loop
   logs its step metrics through it with ``prefix="train"``; the first with a ``loss`` re-collects
   (the first forward has run), each with drift metrics adds them to the report.
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, versions
 
-ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft")
+ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft", "xtoken_off_policy_distillation")
 SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
 #: Train functions by module; a NeMo-RL version may lack some of them.
 TRAIN_FUNCTIONS = {
@@ -43,6 +44,7 @@ TRAIN_FUNCTIONS = {
     "nemo_rl.algorithms.ppo": ("ppo_train", "async_ppo_train"),
     "nemo_rl.algorithms.rm": ("rm_train",),
     "nemo_rl.algorithms.sft": ("sft_train",),
+    "nemo_rl.algorithms.xtoken_off_policy_distillation": ("xtoken_off_policy_distillation_train",),
 }
 LOGGER_MODULE = "nemo_rl.utils.logger"
 LOG_METRICS_PARAMS = ("self", "metrics", "step", "prefix")

@@ -29,7 +29,7 @@ class HostRange:
 
 
 SUPPORTED: dict[str, HostRange] = {
-    "NeMo-RL": HostRange("nemo_rl", ("nemo-rl", "nemo_rl"), ">=0.5.0rc0", "0.5.x and >= 0.6 worker layouts; the v0.5.0 tag declares 0.5.0rc0"),
+    "NeMo-RL": HostRange("nemo_rl", ("nemo-rl", "nemo_rl"), ">=0.5.0", "0.5.x and >= 0.6 worker layouts"),
     "megatron-core": HostRange("megatron.core", ("megatron-core", "megatron_core"), ">=0.11"),
     "Transformer Engine": HostRange(
         "transformer_engine", ("transformer-engine", "transformer_engine", "transformer-engine-torch"), ">=2.4"
@@ -63,8 +63,9 @@ def is_supported(host: str, version: str) -> bool | None:
         parsed = Version(version)
     except InvalidVersion:
         return None
-    # Local builds (0.25.1+cpu) and pre-releases (0.33.0rc1, nightly dev builds) count as their release.
-    return SpecifierSet(SUPPORTED[host].specifier).contains(parsed, prereleases=True)
+    # Local builds (0.25.1+cpu), pre-releases (0.33.0rc1; NeMo-RL's v0.5.0 tag says 0.5.0rc0) and
+    # nightly dev builds count as their release: compared by the release number alone.
+    return SpecifierSet(SUPPORTED[host].specifier).contains(Version(parsed.base_version))
 
 
 _checked: set[str] = set()

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import pytest
 
 from tests.fake_nemo_rl.configs import policy_config as standin_policy_config
+from tests.gpu.nemo_rl_host import locate
 
 REPO = Path(__file__).resolve().parents[2]
 #: Where ``run_gpu_checks.sh`` collects every case's spec and result (unset: nowhere).
@@ -84,9 +85,20 @@ def megatron_model_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
 def policy_config(backend: str, precision: str = "bfloat16", impl: str = "transformer_engine",
                   model: Mapping[str, Any] | None = None, tokenizer: str = "standin/tiny") -> dict[str, Any]:
     """The stand-in's resolved ``policy`` section (``tests/fake_nemo_rl/configs.py``) for the tiny GPU
-    model; ``standin_model`` takes the place of the checkpoint's model config there."""
+    model; ``standin_model`` takes the place of the checkpoint's model config there (on the real
+    worker path, ``real_worker`` writes it into a checkpoint and maps the rest to overrides)."""
     return standin_policy_config(backend, precision, impl, model_name=tokenizer, tokenizer={"name": tokenizer},
                                  standin_model={**TINY_GPT, "transformer_impl": impl, **(model or {})})
+
+
+def model_runner_policies() -> list[dict[str, Any]]:
+    """Every policy the GPU tests send to ``model_runner`` (the vLLM binding case's model as
+    ``megatron_model_from_hf`` reads it from ``TINY_LLAMA``'s ``config.json``)."""
+    return [policy_config(backend, impl=impl) for backend, impl in BACKEND_CASES] + [
+        policy_config("flash", precision="float32"),
+        policy_config("flash", model={"deterministic_mode": True}),
+        policy_config("flash", model=megatron_model_from_hf({**TINY_LLAMA, "rope_theta": 10000.0})),
+    ]
 
 
 #: What the training side of the batch-invariant binding case sets to match vLLM's batch-invariant
@@ -119,6 +131,7 @@ def run_case(runner: str, spec: Mapping[str, Any], workdir: Path, env: Mapping[s
     last lines the runner wrote."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = workdir / f"{name}.spec.json", workdir / f"{name}.result.json"
+    spec = {"workdir": str(workdir / name), **spec}  # where a runner may write files of its own
     spec_path.write_text(json.dumps(spec, indent=1, sort_keys=True))
     try:
         proc = subprocess.run(
@@ -131,7 +144,10 @@ def run_case(runner: str, spec: Mapping[str, Any], workdir: Path, env: Mapping[s
     _keep(workdir, name)
     if proc.returncode != 0 or not result_path.exists():
         pytest.fail(f"{runner} ({name}) exited {proc.returncode}; its output ended with:\n{_tail(proc.stdout + proc.stderr)}")
-    return json.loads(result_path.read_text())
+    result = json.loads(result_path.read_text())
+    if "nemo_rl" in result:  # the runner drove the NeMo-RL the suite's summary names
+        assert result["nemo_rl"] == locate().to_dict(), result["nemo_rl"]
+    return result
 
 
 def _tail(text: Any, lines: int = 40) -> str:

@@ -6,7 +6,9 @@ test needs is missing, the test is skipped at collection with one line saying wh
 (no module here imports torch, TE, megatron or vLLM at import time, so collection never errors),
 and the run's summary says why the suite did not run. The heavy work runs in fresh subprocesses
 (``tests/gpu/*_runner.py``), one per case: TE caches its backend choice per process and Megatron
-asserts that NVTE_* variables already set agree with the backend it is asked for.
+asserts that NVTE_* variables already set agree with the backend it is asked for. The NeMo-RL
+they drive is the real one wherever ``nemo_rl`` is importable, the stand-in layout only where it is
+absent (``nemo_rl_host.locate``); the summary says which.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def describe(problems) -> str:
 
 #: node id -> what that skipped item lacked, for the items this conftest skipped in this session
 _skipped: dict[str, list[str]] = {}
+#: node ids of the ``mcore`` items collected in this session
+_mcore: set[str] = set()
 
 
 def _applies(item) -> tuple[str, ...]:
@@ -72,6 +76,8 @@ def pytest_collection_modifyitems(config, items):
         markers = _applies(item)
         if not markers:
             continue
+        if "mcore" in markers:
+            _mcore.add(item.nodeid)
         if markers not in lacking:
             lacking[markers] = missing(markers)
         if lacking[markers]:
@@ -80,6 +86,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    from tests.gpu.nemo_rl_host import locate
+
+    if _mcore:
+        terminalreporter.write_line(locate().line())
     reports = [r for r in terminalreporter.stats.get("skipped", []) if getattr(r, "nodeid", None) in _skipped]
     if not reports:
         return

@@ -1,8 +1,9 @@
 """Every ``attention_backend`` on one GPU through the plugin's own hooked path (tiny GPT, BF16, forward + backward).
 
-Each case is a fresh process (``model_runner``): the stand-in NeMo-RL >= 0.6 worker with the
-plugin's hooks on its seams builds a real megatron-core GPTModel on CUDA with the real Transformer
-Engine layer spec (``local``: Megatron's local spec), Megatron sets the NVTE variables, and after
+Each case is a fresh process (``model_runner``): the NeMo-RL worker path (the real NeMo-RL's where it
+is installed, else the stand-in >= 0.6 layout; the summary says which) with the plugin's hooks on its
+seams builds a real megatron-core GPTModel on CUDA with the real Transformer Engine layer spec
+(``local``: Megatron's local spec), Megatron sets the NVTE variables, and after
 the first forward the plugin reads back what TE really selected. Strict mode is on, so a read-back
 that differs from the request, or any failure of the plugin's own recording, fails the case.
 """

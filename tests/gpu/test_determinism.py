@@ -1,7 +1,8 @@
 """Deterministic mode on one GPU: two fresh processes, same seed, bitwise-equal logits and gradients.
 
 The mode is what a NeMo-RL user sets: ``deterministic_mode: true`` on the TransformerConfig
-(``megatron_cfg.model_overrides``; the stand-in's ``standin_model`` here), ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``
+(``megatron_cfg.model_overrides``; here the case's ``standin_model``: the stand-in's model config,
+or the checkpoint's on the real worker path), ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``
 (TE then asks flash-attn for its deterministic backward and keeps FusedAttention only where cuDNN's
 is deterministic), ``torch.use_deterministic_algorithms(True)`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``.
 Everything else (weights, tokens) comes from the seed. The runs go through the plugin's hooked

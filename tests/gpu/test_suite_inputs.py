@@ -14,7 +14,7 @@ import pytest
 
 from nemo_rl_attn_align.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.plan import build_plan_for_policy
-from tests.gpu.cases import BACKEND_CASES, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config
+from tests.gpu.cases import BACKEND_CASES, TINY_LLAMA, master_config, megatron_model_from_hf, model_runner_policies, policy_config
 
 
 HF_V4 = {**TINY_LLAMA, "rope_theta": 10000.0, "architectures": ["LlamaForCausalLM"]}
@@ -55,11 +55,7 @@ def test_the_stand_in_model_config_takes_every_key_a_case_sends():
     pytest.importorskip("megatron.core")
     from tests.fake_nemo_rl.cpu_megatron import TINY_MODEL, StandInGPTProvider
 
-    sent = [policy_config(b, impl=i) for b, i in BACKEND_CASES] + [
-        policy_config("flash", model={"deterministic_mode": True}),
-        policy_config("flash", model=megatron_model_from_hf(HF_V4)),
-    ]
-    for policy in sent:
+    for policy in model_runner_policies():
         cfg = StandInGPTProvider(**{**TINY_MODEL, **policy["standin_model"]}, use_cpu_initialization=True)
         assert all(getattr(cfg, key) == value for key, value in policy["standin_model"].items())
         assert cfg.kv_channels * cfg.num_attention_heads == cfg.hidden_size

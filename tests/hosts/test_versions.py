@@ -20,10 +20,13 @@ def fresh_checks(monkeypatch):
         ("vLLM", "0.25.1", True),
         ("vLLM", "0.25.1+cpu", True),
         ("vLLM", "0.33.0rc1", True),
+        ("vLLM", "0.34.0rc1", False),
+        ("vLLM", "0.34.0.dev20260101", False),
+        ("NeMo-RL", "0.5.0rc0", True),  # what NeMo-RL's v0.5.0 tag reports (nemo_rl/package_info.py)
+        ("NeMo-RL", "0.6.0+a1b2c3d", True),
         ("vLLM", "0.34.0", False),
         ("vLLM", "0.10.2", False),
         ("NeMo-RL", "0.7.0", True),
-        ("NeMo-RL", "0.5.0rc0", True),  # what the v0.5.0 tag declares
         ("NeMo-RL", "0.4.0", False),
         ("Transformer Engine", "2.3.0", False),
         ("vLLM", "not-a-version", None),
