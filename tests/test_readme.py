@@ -31,3 +31,9 @@ def test_supported_versions_table_is_generated_from_the_data():
     from nemo_rl_attn_align.hosts.versions import supported_table
 
     assert supported_table() in README
+
+
+def test_readme_states_the_contract_field_count():
+    from nemo_rl_attn_align.contract import FIELD_NAMES
+
+    assert f"*attention contract* ({len(FIELD_NAMES)} fields," in README.replace("\n", " ")
