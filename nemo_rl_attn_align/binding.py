@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, fields as dataclass_fields
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from nemo_rl_attn_align.contract import (
     AttentionContract,
@@ -31,9 +31,6 @@ from nemo_rl_attn_align.contract import (
     fields_of,
 )
 from nemo_rl_attn_align.errors import Finding, Severity
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from nemo_rl_attn_align.determinism import DeterminismDiff
 
 
 class Code(str, enum.Enum):
@@ -56,6 +53,32 @@ class Code(str, enum.Enum):
     SIDE_MISSING = "REPORT_SIDE_MISSING"
     SIDE_ABSENT = "REPORT_SIDE_ABSENT"
     WORKER_FINDING = "REPORT_WORKER_FINDING"
+
+
+class DeterminismEntryView(Protocol):
+    """What the binding reads of one determinism entry (``determinism.DeterminismEntry``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def blocking(self) -> bool: ...
+
+
+class DeterminismView(Protocol):
+    """What the binding reads of a determinism comparison (``determinism.compare`` returns a
+    ``DeterminismDiff``), declared here so that the binding imports nothing from ``determinism``,
+    which imports this module's ``Code``."""
+
+    @property
+    def entries(self) -> Sequence[DeterminismEntryView]: ...
+
+    @property
+    def blocking(self) -> bool: ...
+
+    def findings(self) -> list[Finding]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class Status(str, enum.Enum):
@@ -235,7 +258,7 @@ class BindingReport:
     results: tuple[FieldResult, ...]
     mandate: Optional[Mandate]
     allow_dtype_difference: bool
-    determinism: Optional["DeterminismDiff"] = None
+    determinism: Optional[DeterminismView] = None
 
     def result(self, name: str) -> FieldResult:
         """The result for field ``name``."""
@@ -313,7 +336,7 @@ def bind(
     mandate: Optional[Mandate] = None,
     *,
     allow_dtype_difference: bool = False,
-    determinism: Optional["DeterminismDiff"] = None,
+    determinism: Optional[DeterminismView] = None,
 ) -> BindingReport:
     """Bind ``training`` to ``rollout`` under ``mandate`` (``None``: no semantic demand, the sides
     must still agree). ``determinism`` (from ``determinism.compare``) joins the verdict: a blocking

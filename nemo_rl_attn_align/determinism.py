@@ -451,7 +451,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "megatron-deterministic",
             "Megatron-LM 3ab71ee (2026-07-08) and later",
-            "design.md section 3 (deterministic_mode rules changed in 3ab71ee)",
+            "Megatron-LM megatron/training/determinism.py apply_determinism_env (added in 3ab71ee)",
             defaults={
                 "NCCL_ALGO": (("Ring", "CollnetDirect", "CollnetChain", "^NVLS", "Tree"), "Ring"),
                 "CUBLAS_WORKSPACE_CONFIG": (_DETERMINISTIC_CUBLAS, ":4096:8"),
@@ -467,7 +467,8 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "vllm-batch-invariant-0.33",
             "vLLM 0.33 and later, NCCL >= 2.31, sm90+ (VLLM_BATCH_INVARIANT=1)",
-            "vLLM PR #58179 (NCCL_ALGO); design.md section 4 (:16:8 on sm90+)",
+            "vLLM PR #58179 (NCCL_ALGO); vllm/model_executor/layers/batch_invariant.py "
+            "enable_batch_invariant_mode (:16:8 on sm90/sm100; read at 0188c01)",
             overrides={**_VLLM_BI_BASE, "NCCL_ALGO": "ring,tree;allreduce:tree", "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
         ),
     )

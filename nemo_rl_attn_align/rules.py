@@ -348,8 +348,9 @@ def _softmax_type(facts: PolicyFacts) -> list[Finding]:
 
 
 def _batch_invariant(facts: PolicyFacts) -> list[Finding]:
-    # TransformerConfig.__post_init__ asserts flash (megatron-core 0.16.1); bf16 and CP == 1 are required by
-    # Megatron-LM's batch-invariant kernels (design.md section 3).
+    # megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ asserts flash
+    # (megatron-core 0.16.1), context_parallel_size == 1 (core_v0.19.0, from Megatron-LM 51e915a) and
+    # bf16 parameters (Megatron-LM main since 57deb43).
     if not facts.megatron_enabled or not _truthy(facts.model_overrides.get("batch_invariant_mode")):
         return []
     key = f"{MEGATRON_KEY}.model_overrides.batch_invariant_mode"

@@ -140,7 +140,7 @@ def test_the_collective_that_reduces_the_compared_tensor_decides():
         _diff({}, {}, "all_to_all")
 
 
-# --- the frameworks, by version (design.md sections 3 and 4) ------------------------------------
+# --- the frameworks, by version (Megatron-LM determinism.py at 3ab71ee; vLLM batch_invariant.py) --
 
 def test_megatron_legacy_deterministic_mode_asserts_an_exact_nccl_algo_string():
     legacy = PROFILES["megatron-deterministic-legacy"]

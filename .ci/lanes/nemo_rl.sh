@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 lane_start=$SECONDS
 : "${ATTN_ALIGN_CI_VENVS:=$PWD/.ci-venvs}"
-: "${ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS:?set it to the NeMo-RL snapshots folder (.ci/run does when ../shared/hosts/nemo-rl exists)}"
+: "${ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS:?set it to the NeMo-RL snapshots folder (.ci/run does when CI laid the snapshots beside the clone)}"
 PYTHON313="${ATTN_ALIGN_PYTHON313:-}"
 if [ -z "$PYTHON313" ]; then
   for candidate in /root/.pyenv/versions/3.13.0/bin/python python3.13; do

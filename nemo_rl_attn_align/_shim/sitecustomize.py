@@ -2,8 +2,8 @@
 
 NeMo-RL runs each worker in its own uv venv, without the packages of the driver's environment,
 but with the driver's whole environment (``PYTHONPATH`` included) in Ray's runtime_env. The
-bootstrap puts this directory first on ``PYTHONPATH``; a worker interpreter then imports this
-file as ``sitecustomize``. It makes ``nemo_rl_attn_align`` (and only it) importable from where it is
+NeMo-RL driver hook (when it attaches, before ``init_ray()``) and ``nemo-rl-attn-align run --`` put
+this directory first on ``PYTHONPATH``; a worker interpreter then imports this file as ``sitecustomize``. It makes ``nemo_rl_attn_align`` (and only it) importable from where it is
 installed, activates the lazy bootstrap, and then runs the ``sitecustomize`` that this file
 shadows, as ``opentelemetry-instrument`` and ``ddtrace-run`` do. Stdlib only, never raises for
 its own part.

@@ -13,13 +13,21 @@ Three doors lead here, all calling ``activate()``:
   ``opentelemetry-instrument`` and ``ddtrace-run`` do;
 * ``nemo-rl-attn-align run -- CMD`` (``cli/run.py``), where nothing automatic is allowed.
 
+Only two places put the shim on ``PYTHONPATH`` (``export_shim``): the NeMo-RL driver hook when it
+attaches (``nemo_rl_driver.attach``, at the recipe's import of the algorithm module, before
+``init_ray()`` copies ``os.environ`` into the job's ``runtime_env``) and ``run --``. Activation
+itself changes no environment variable, so pip, pytest or a notebook in the plugin's environment
+pass nothing new to the processes they start.
+
 ``activate()`` imports no host library. It installs one ``sys.meta_path`` finder that wraps the
 loader of the few modules in ``WATCHED``; when such a module has finished executing, the host
 module that patches it is imported and attached. ``NEMO_RL_ATTN_ALIGN=0`` turns all of it off.
+The callback table is guarded by one lock (as wrapt's post-import hooks are); callbacks run outside it.
 """
 
 # No ``from __future__ import annotations`` here: importing ``__future__`` alone costs ~0.2 ms at
 # every interpreter start, and the annotations below evaluate fine on Python 3.10+.
+import _thread
 import os
 import sys
 
@@ -50,6 +58,9 @@ WATCHED = {
 
 #: module name -> callbacks run with the module once it has executed (or at once if it already has).
 _callbacks: dict[str, list] = {}
+#: Guards ``_callbacks``, the finder's place on ``sys.meta_path`` and ``_LazyHost`` instances. The C
+#: lock of ``_thread`` (always loaded): importing ``threading`` would cost every interpreter start.
+_lock = _thread.RLock()
 #: How this process was activated ("pth", "shim", "run", "entry_point", ...); None while inactive.
 origin: str | None = None
 
@@ -75,7 +86,6 @@ def activate(how: str = "pth") -> bool:
     try:
         for target, host in WATCHED.items():
             watch(target, _LazyHost.get(host))
-        export_shim(os.environ)
     except Exception as exc:  # noqa: BLE001 - start-up must never break an interpreter
         warn(f"activation failed ({type(exc).__name__}: {exc}); running without the plugin")
         return False
@@ -87,17 +97,29 @@ def activate(how: str = "pth") -> bool:
 def deactivate() -> None:
     """Remove every pending hook and the import finder (already patched modules stay patched)."""
     global origin
-    _callbacks.clear()
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
+    with _lock:
+        _callbacks.clear()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
     origin = None
 
 
-def export_shim(environ) -> None:
-    """Put ``SHIM_DIR`` first on ``environ["PYTHONPATH"]`` (once) so child interpreters activate too."""
-    current = environ.get("PYTHONPATH", "")
-    entries = [p for p in current.split(os.pathsep) if p]
-    if SHIM_DIR not in entries:
-        environ["PYTHONPATH"] = os.pathsep.join([SHIM_DIR, *entries])
+def export_shim(environ) -> bool:
+    """Put ``SHIM_DIR`` first on ``environ["PYTHONPATH"]`` so child interpreters activate too;
+    False when it is there already."""
+    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if SHIM_DIR in entries:
+        return False
+    environ["PYTHONPATH"] = os.pathsep.join([SHIM_DIR, *entries])
+    return True
+
+
+def withdraw_shim(environ) -> None:
+    """Take ``SHIM_DIR`` off ``environ["PYTHONPATH"]`` again (unset when nothing else is on it)."""
+    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SHIM_DIR]
+    if entries:
+        environ["PYTHONPATH"] = os.pathsep.join(entries)
+    else:
+        environ.pop("PYTHONPATH", None)
 
 
 def watch(module_name: str, callback) -> None:
@@ -107,12 +129,13 @@ def watch(module_name: str, callback) -> None:
     when it has finished (if it was watched when its import began). A callback's exception is reported and
     swallowed unless it carries ``stops_run = True`` (strict mode), which propagates to the import.
     """
-    registered = _callbacks.setdefault(module_name, [])
-    if callback in registered:
-        return
-    registered.append(callback)
-    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportFinder())
+    with _lock:
+        registered = _callbacks.setdefault(module_name, [])
+        if callback in registered:
+            return
+        registered.append(callback)
+        if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PostImportFinder())
     module = sys.modules.get(module_name)
     # A module still executing (it is importing something that triggered us) is not ready; its
     # notifying loader calls back when it has finished.
@@ -122,9 +145,10 @@ def watch(module_name: str, callback) -> None:
 
 def unwatch(module_name: str, callback) -> None:
     """Forget ``callback`` for ``module_name``."""
-    registered = _callbacks.get(module_name, [])
-    if callback in registered:
-        registered.remove(callback)
+    with _lock:
+        registered = _callbacks.get(module_name, [])
+        if callback in registered:
+            registered.remove(callback)
 
 
 def _run(callback, module) -> None:
@@ -140,7 +164,8 @@ def _notify(module) -> None:
     """Run every callback for ``module``, including those its callbacks register meanwhile."""
     done: list = []
     while True:
-        pending = [cb for cb in _callbacks.get(module.__name__, ()) if cb not in done]
+        with _lock:
+            pending = [cb for cb in _callbacks.get(module.__name__, ()) if cb not in done]
         if not pending:
             return
         for callback in pending:
@@ -159,9 +184,11 @@ class _LazyHost:
     @classmethod
     def get(cls, name: str) -> "_LazyHost":
         """One instance per host, so ``watch`` sees the same callback every time."""
-        if name not in cls._instances:
-            cls._instances[name] = cls(name)
-        return cls._instances[name]
+        instance = cls._instances.get(name)
+        if instance is None:
+            with _lock:
+                instance = cls._instances.setdefault(name, cls(name))
+        return instance
 
     def __call__(self, module) -> None:
         import importlib
@@ -193,6 +220,7 @@ class _PostImportFinder:
     """``sys.meta_path`` entry that only answers for watched names, and then only to wrap the loader."""
 
     def find_spec(self, fullname, path=None, target=None):
+        # One dict lookup needs no lock (it is atomic); this runs for every import in the process.
         if fullname not in _callbacks:
             return None
         for finder in sys.meta_path:

@@ -18,7 +18,12 @@ Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
   (the first forward has run), each with drift metrics adds them to the report.
 
 The recipes import these names from the modules *after* the modules executed, so wrapping the
-module attributes reaches them. ``master_config`` is a dict (<= 0.6) or a pydantic ``MasterConfig``
+module attributes reaches them. Attaching also puts the plugin's shim on ``PYTHONPATH``
+(``bootstrap.export_shim``), the one automatic export: the recipes import the algorithm module at
+their top, before ``main()`` calls ``init_ray()`` (``examples/run_grpo.py`` and the other
+``run_<algo>.py`` at 7ea279a, v0.7.0, v0.6.0, v0.5.0), which copies ``os.environ`` into the job's
+``runtime_env``, and each ``RayWorkerGroup`` copies it again into its actors, so workers in NeMo-RL's
+own venvs activate through the shim. ``master_config`` is a dict (<= 0.6) or a pydantic ``MasterConfig``
 with ``extra="allow"`` (0.7), so the top-level ``attention_align:`` block is there either way.
 """
 
@@ -31,7 +36,7 @@ import os
 import uuid
 from typing import Any, Callable
 
-from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, versions
+from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, versions
 
 ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft", "xtoken_off_policy_distillation")
 SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
@@ -177,15 +182,25 @@ def _patch(module) -> None:
 
 
 _seams = _patching.Seams(TARGETS, _patch)
+#: Whether attaching put the shim on PYTHONPATH (None: not attached since the last detach).
+_exported_shim: bool | None = None
 
 
 def attach() -> None:
-    """Wrap each algorithm's ``setup`` and train functions and ``Logger.log_metrics`` now or when
-    their modules are imported (idempotent)."""
+    """Export the shim for the workers (once), then wrap each algorithm's ``setup`` and train
+    functions and ``Logger.log_metrics`` now or when their modules are imported (idempotent)."""
+    global _exported_shim
+    if _exported_shim is None and bootstrap.enabled():
+        _exported_shim = bootstrap.export_shim(os.environ)
     _seams.attach()
 
 
 def detach() -> None:
-    """Restore everything wrapped and forget the current run report."""
+    """Restore everything wrapped (and ``PYTHONPATH``, if attaching exported the shim) and forget
+    the current run report."""
+    global _exported_shim
     _seams.detach()
+    if _exported_shim:
+        bootstrap.withdraw_shim(os.environ)
+    _exported_shim = None
     driver_report.stop()

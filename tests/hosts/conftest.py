@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,22 @@ def make_bare_venv(path: Path) -> Path:
 def site_packages(python: Path) -> Path:
     out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip())
+
+
+def venv_without_plugin(root: Path) -> Path:
+    """A venv seeing the driver's site-packages except this plugin and all ``.pth`` files: like
+    NeMo-RL's per-worker venvs, it has ray, torch, megatron-core ... but not the plugin."""
+    python = make_bare_venv(root / "venv")
+    links = root / "site-without-plugin"
+    links.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name
+        if name.startswith(("nemo_rl_attn_align", "__editable__", "nemo-rl-attn-align")) or name.endswith(".pth"):
+            continue
+        (links / name).symlink_to(entry)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "driver_site_without_plugin.pth").write_text(f"{links}\n")
+    return python
 
 
 @pytest.fixture(scope="session")

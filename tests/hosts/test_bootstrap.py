@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
 from nemo_rl_attn_align.hosts import bootstrap
-from tests.hosts.conftest import FAKE_VLLM, make_bare_venv, site_packages
+from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, make_bare_venv, site_packages
 
 PROBE = textwrap.dedent(
     """
@@ -60,11 +63,41 @@ def shim_dir(python) -> str:
 def test_pth_activates_every_interpreter_lazily(plugin_venv):
     seen = probe(plugin_venv)
     assert seen["origin"] == "pth"
-    assert seen["pythonpath"].split(os.pathsep)[0] == shim_dir(plugin_venv)
+    assert seen["pythonpath"] == ""  # activation exports nothing: children of pip or pytest stay as they were
     assert seen["finders"].count("_PostImportFinder") == 1
     # only the bootstrap ran: no host module, no host library
     assert seen["modules"] == ["nemo_rl_attn_align", "nemo_rl_attn_align.hosts", "nemo_rl_attn_align.hosts.bootstrap"]
     assert seen["heavy"] == []
+
+
+def test_the_environment_of_the_plugin_env_gains_nothing(plugin_venv, tmp_path):
+    show = "import os; print(os.environ.get('PYTHONPATH'))"
+    assert run_python(plugin_venv, show).stdout == "None\n"
+    assert run_python(plugin_venv, show, PYTHONPATH=str(tmp_path)).stdout == f"{tmp_path}\n"
+
+
+DRIVER = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    sys.path.insert(0, {tree!r})
+    print(os.environ.get("PYTHONPATH"))
+    from nemo_rl.utils.logger import get_next_experiment_dir  # as examples/run_grpo.py does at its top
+    print(os.environ.get("PYTHONPATH"))  # what init_ray() then copies into the job's runtime_env
+    from nemo_rl_attn_align.hosts import nemo_rl_driver
+    nemo_rl_driver.detach()
+    print(os.environ.get("PYTHONPATH"))
+    """
+)
+
+
+def test_the_driver_hook_exports_the_shim_when_it_attaches(plugin_venv):
+    """A NeMo-RL driver in the plugin's environment: the shim is on PYTHONPATH once the recipe has
+    imported a NeMo-RL driver module (before ``init_ray()``), and off again after ``detach()``."""
+    out = run_python(plugin_venv, DRIVER.format(tree=str(FAKE_NEMO_RL / "v0_6")))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["None", shim_dir(plugin_venv), "None"]
+    off = run_python(plugin_venv, DRIVER.format(tree=str(FAKE_NEMO_RL / "v0_6")), NEMO_RL_ATTN_ALIGN="0")
+    assert off.returncode == 0 and off.stdout.splitlines() == ["None", "None", "None"]
 
 
 def test_switch_off_turns_everything_off(plugin_venv):
@@ -72,7 +105,7 @@ def test_switch_off_turns_everything_off(plugin_venv):
     assert seen["origin"] is None
     assert seen["pythonpath"] == ""
     assert "_PostImportFinder" not in seen["finders"]
-    code = "import sys; sys.path.insert(0, %r); import vllm.v1.worker.gpu_worker as w; print(hasattr(w.Worker.compile_or_warm_up_model, '__nemo_rl_attn_align_original__'))" % str(FAKE_VLLM)
+    code = "import sys; sys.path.insert(0, %r); import vllm.v1.worker.gpu_worker as w; from nemo_rl_attn_align.hosts._patching import is_wrapped; print(is_wrapped(w.Worker.compile_or_warm_up_model))" % str(FAKE_VLLM)
     out = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN="off")
     assert out.stdout.strip() == "False" and "nemo-rl-attn-align" not in out.stderr
 
@@ -88,8 +121,8 @@ def test_hook_fires_on_import_and_attaching_twice_is_harmless(plugin_venv):
         from nemo_rl_attn_align.hosts import vllm_worker
         first = w.Worker.compile_or_warm_up_model
         bootstrap.activate("again"); vllm_worker.attach(); vllm_worker.register(); vllm_worker.register()
-        original = first.__nemo_rl_attn_align_original__
-        print("wrapped once:", w.Worker.compile_or_warm_up_model is first and not hasattr(original, "__nemo_rl_attn_align_original__"))
+        from nemo_rl_attn_align.hosts._patching import is_wrapped
+        print("wrapped once:", w.Worker.compile_or_warm_up_model is first and is_wrapped(first) and not is_wrapped(first.__wrapped__))
         print("finders:", sum(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path))
         print("origin:", bootstrap.origin)
         """
@@ -203,3 +236,51 @@ def test_pth_never_prints_a_traceback_whatever_is_importable(plugin_venv, tmp_pa
     assert on.stderr.startswith("nemo-rl-attn-align: not active in this interpreter")
     off = run_python(plugin_venv, "print('ran')", PYTHONPATH=str(tmp_path), NEMO_RL_ATTN_ALIGN="0")
     assert (off.returncode, off.stdout, off.stderr) == (0, "ran\n", "")
+
+
+
+class SlowToCompare:
+    """A callback whose ``==`` lets other threads run: ``watch`` / ``unwatch`` compare callbacks
+    between looking at the table and changing it, so without the lock two threads both act."""
+
+    def __eq__(self, other):
+        time.sleep(0.001)
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __call__(self, module):
+        pass
+
+
+def test_the_callback_table_holds_under_concurrent_watch_and_unwatch(bootstrap_state):
+    """Threads registering and forgetting the same callbacks at once: each callback ends up
+    registered once, one finder on ``sys.meta_path``, no error on the way."""
+    bootstrap_state.deactivate()
+    name = "attn_align_test.never_imported"
+    resident, callbacks = SlowToCompare(), [SlowToCompare() for _ in range(3)]
+    bootstrap.watch(name, resident)  # every later membership test compares against it
+    start, errors = threading.Barrier(4), []
+
+    def churn():
+        start.wait()
+        try:
+            for _ in range(5):
+                for callback in callbacks:
+                    bootstrap.watch(name, callback)
+                for callback in callbacks:
+                    bootstrap.unwatch(name, callback)
+            for callback in callbacks:
+                bootstrap.watch(name, callback)
+        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    table = bootstrap._callbacks[name]  # in whatever order the threads left it
+    assert sorted(map(id, table)) == sorted(map(id, (resident, *callbacks)))
+    assert sum(isinstance(f, bootstrap._PostImportFinder) for f in sys.meta_path) == 1

@@ -2,10 +2,13 @@
 
 Each test runs a stand-in recipe (``tests/fake_nemo_rl/v0_6/examples/run_<algo>.py``: load the YAML,
 move ``logger.log_dir`` to ``exp_NNN``, ``init_ray()``, ``setup()``, the train function) as its own
-driver process with the plugin on ``PYTHONPATH`` only (the shim, as the driver's ``.pth`` would put
-it), joined to one real local Ray cluster. Its worker groups are Ray actors in their own
-processes: Megatron policy workers building a tiny real megatron-core GPTModel on CPU, vLLM
-generation workers warming up the stand-in ``vllm`` engine. Nothing in the recipe knows the plugin.
+driver process, joined to one real local Ray cluster. The driver gets the plugin as a user's does:
+from the ``.pth`` of the environment it is installed in (this interpreter's), with no shim on
+``PYTHONPATH``; the driver hook exports the shim when the recipe imports the algorithm module. Its
+worker groups are Ray actors in their own processes: Megatron policy workers building a tiny real
+megatron-core GPTModel on CPU, vLLM generation workers warming up the stand-in ``vllm`` engine (in
+the GRPO run, in a venv without the plugin, as NeMo-RL's own venvs are). Nothing in the recipe
+knows the plugin.
 """
 
 from __future__ import annotations
@@ -22,13 +25,21 @@ pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
 from nemo_rl_attn_align.binding import Code  # noqa: E402
-from nemo_rl_attn_align.hosts import bootstrap  # noqa: E402
 from nemo_rl_attn_align.report import REPORT_FILENAME, load_report  # noqa: E402
 from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
-from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO  # noqa: E402
+from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO, venv_without_plugin  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SUMMARY = "nemo-rl-attn-align report: verdict"
+VLLM_WORKER = "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorker"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_installed_here():
+    """The drivers below get the plugin from this interpreter's ``.pth``: it must be installed."""
+    show = "from nemo_rl_attn_align.hosts import bootstrap; print(bootstrap.origin)"
+    out = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=driver_env(), timeout=60)
+    assert out.stdout.strip() == "pth", f"the plugin's .pth is not active in {sys.executable}. Fix: pip install -e . ({out.stderr[-500:]})"
 
 
 def recipe_config(tmp_path, *, policy_workers=1, vllm_workers=2, batch_invariant=True, algorithm="grpo", **align):
@@ -54,14 +65,19 @@ def recipe_config(tmp_path, *, policy_workers=1, vllm_workers=2, batch_invariant
     return path
 
 
-def run_recipe(ray_cluster, tmp_path, config, algorithm="grpo", **env):
-    """The recipe as its own driver process, the plugin on PYTHONPATH only (no launcher)."""
+def driver_env(**env) -> dict[str, str]:
+    """The shell's environment without the plugin's variables; this checkout and the stand-ins on
+    ``PYTHONPATH`` (no shim, no launcher)."""
     full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("NEMO_RL_ATTN_ALIGN")}
-    full_env.update(env, RAY_ADDRESS=ray_cluster, PYTHONPATH=os.pathsep.join([str(REPO), str(FAKE_NEMO_RL / "v0_6"), str(FAKE_VLLM)]))
-    bootstrap.export_shim(full_env)
+    full_env.update(env, PYTHONPATH=os.pathsep.join([str(REPO), str(FAKE_NEMO_RL / "v0_6"), str(FAKE_VLLM)]))
+    return full_env
+
+
+def run_recipe(ray_cluster, tmp_path, config, algorithm="grpo", **env):
+    """The recipe as its own driver process, started as a user starts it."""
     script = FAKE_NEMO_RL / "v0_6" / "examples" / f"run_{algorithm}.py"
     return subprocess.run([sys.executable, str(script), "--config", str(config)], capture_output=True, text=True,
-                          env=full_env, cwd=tmp_path, timeout=300)
+                          env=driver_env(**env, RAY_ADDRESS=ray_cluster), cwd=tmp_path, timeout=300)
 
 
 def the_report(tmp_path):
@@ -71,8 +87,12 @@ def the_report(tmp_path):
 
 
 def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster, tmp_path):
-    out = run_recipe(ray_cluster, tmp_path, recipe_config(tmp_path))
+    """The vLLM workers run in a venv without the plugin: their records arrive only if the driver
+    hook exported the shim before the worker groups copied the driver's environment."""
+    other_python = venv_without_plugin(tmp_path / "vllm-venv")
+    out = run_recipe(ray_cluster, tmp_path, recipe_config(tmp_path), STANDIN_PY_EXECUTABLES=json.dumps({VLLM_WORKER: str(other_python)}))
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "rollout: 2 of 2 workers recorded" in out.stdout  # only the exported shim brings the plugin there
     assert "stand-in run_grpo: finished" in out.stdout
     assert out.stdout.count(SUMMARY) == 1  # the summary, once, by the driver
     assert f"{SUMMARY} INCOMPARABLE (on_mismatch: warn; collected at setup)" in out.stdout

@@ -9,9 +9,10 @@ pip-installed into the driver's environment) and its own RANK. Here:
 * ``rank 1`` and ``rank 2`` run a venv made without system site-packages whose only extra path is a
   directory of links to the driver's site-packages entries *minus* this plugin and every ``.pth``
   file: like NeMo-RL's venvs it has ray and the stand-in vLLM, not the plugin. It reaches the plugin
-  only through the ``PYTHONPATH`` shim the driver exported (``bootstrap.export_shim``, which the
-  driver's ``.pth`` does at start). A stdlib venv plus links starts in milliseconds, where a real
-  ``uv venv`` with ray would take minutes and the network.
+  only through the ``PYTHONPATH`` shim the driver hook exported when it attached (the recipe's
+  import of ``nemo_rl.algorithms.grpo``, before ``init_ray()``); the driver's ``.pth`` exports
+  nothing. A stdlib venv plus links starts in milliseconds, where a real ``uv venv`` with ray would
+  take minutes and the network.
 
 Each actor imports the stand-in ``vllm.v1.worker.gpu_worker`` (``tests/fake_vllm``) and warms up an
 engine; the hook writes one record per worker into the shared report dir. ``rank 2`` is killed first.
@@ -22,33 +23,37 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from nemo_rl_attn_align.hosts import bootstrap  # noqa: E402
+from nemo_rl_attn_align.hosts import bootstrap, nemo_rl_driver  # noqa: E402
 from nemo_rl_attn_align.report import read_worker_records  # noqa: E402
-from tests.hosts.conftest import FAKE_VLLM, make_bare_venv  # noqa: E402
+from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, standin, venv_without_plugin  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def venv_without_plugin(root: Path) -> Path:
-    """A venv seeing the driver's site-packages except this plugin and all ``.pth`` files."""
-    python = make_bare_venv(root / "venv")
-    links = root / "site-without-plugin"
-    links.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        name = entry.name
-        if name.startswith(("nemo_rl_attn_align", "__editable__", "nemo-rl-attn-align")) or name.endswith(".pth"):
-            continue
-        (links / name).symlink_to(entry)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "driver_site_without_plugin.pth").write_text(f"{links}\n")
-    return python
+def driver_environment(bootstrap_state) -> dict[str, str]:
+    """``os.environ`` of a NeMo-RL driver once the recipe has imported its algorithm module, which
+    is what ``init_ray()`` and ``RayWorkerGroup`` copy into every actor (``dict(os.environ)``)."""
+    bootstrap_state.deactivate()
+    bootstrap_state.activate("pth")  # what the .pth of the driver's environment does at start
+    before = os.environ.get("PYTHONPATH")
+    assert bootstrap.SHIM_DIR not in (before or "").split(os.pathsep)  # activating exported nothing
+    with standin(FAKE_NEMO_RL / "v0_6", "nemo_rl"):
+        from nemo_rl.algorithms.grpo import setup  # noqa: F401 - examples/run_grpo.py, at its top
+        env = dict(os.environ)
+    nemo_rl_driver.detach()
+    assert os.environ.get("PYTHONPATH") == before  # detach takes the export back
+    # A PYTHONPATH pointing at a checkout of the plugin would put it in the worker venv too.
+    entries = env.get("PYTHONPATH", "").split(os.pathsep)
+    assert entries[0] == bootstrap.SHIM_DIR
+    kept = [entries[0], *(p for p in entries[1:] if not os.path.isdir(os.path.join(p, "nemo_rl_attn_align")))]
+    env["PYTHONPATH"] = os.pathsep.join(kept)
+    return env
 
 
 def make_probe_actor():
@@ -69,7 +74,7 @@ def make_probe_actor():
 
             import vllm.v1.worker.gpu_worker as gpu_worker  # the stand-in; the plugin hooks it on import
 
-            from nemo_rl_attn_align.hosts import bootstrap
+            from nemo_rl_attn_align.hosts import _patching, bootstrap
 
             worker = gpu_worker.Worker(rank=0)
             worker.compile_or_warm_up_model()
@@ -77,21 +82,20 @@ def make_probe_actor():
                 "origin": bootstrap.origin,
                 "prefix": sys.prefix,
                 "plugin_from": sys.modules["nemo_rl_attn_align"].__file__,
-                "wrapped": hasattr(gpu_worker.Worker.compile_or_warm_up_model, "__nemo_rl_attn_align_original__"),
+                "wrapped": _patching.is_wrapped(gpu_worker.Worker.compile_or_warm_up_model),
                 "rank": os.environ["RANK"],
             }
 
     return ray.remote(num_cpus=0)(EngineProbe)
 
 
-def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path):
+def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path, bootstrap_state):
     other_python = venv_without_plugin(tmp_path)
     control = subprocess.run([str(other_python), "-c", "import ray, nemo_rl_attn_align"], capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert "No module named 'nemo_rl_attn_align'" in control.stderr  # ray imports there; the plugin does not
 
     report_dir = tmp_path / "report"
-    driver_env = dict(os.environ)  # NeMo-RL: env_vars = dict(os.environ)
-    bootstrap.export_shim(driver_env)
+    driver_env = driver_environment(bootstrap_state)
     driver_env["PYTHONPATH"] = os.pathsep.join([driver_env["PYTHONPATH"], str(FAKE_VLLM)])
     driver_env["NEMO_RL_ATTN_ALIGN_REPORT_DIR"] = str(report_dir)
     driver_env["STANDIN_LAYER_BACKENDS"] = "FLASH_ATTN,FLASHINFER"

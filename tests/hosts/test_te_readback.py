@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.hosts import te_readback
+from nemo_rl_attn_align.hosts import _patching, te_readback
 from tests.hosts.conftest import standin
 
 UTILS = """
@@ -79,7 +79,7 @@ def test_selection_names_follow_te_forward_order():
 
 def test_wrapped_selection_and_module_global_are_read_back(fake_te):
     utils = sys.modules[te_readback.UTILS_MODULE]
-    assert hasattr(utils.get_attention_backend, "__nemo_rl_attn_align_original__")
+    assert _patching.is_wrapped(utils.get_attention_backend)
     layer = te_module(fake_te)
     assert te_readback.observe([layer])["status"] == "unobservable"  # before the first forward: never "applied"
     layer.forward((False, True, True))

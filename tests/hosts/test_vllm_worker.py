@@ -94,7 +94,7 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.2, dtype="bfloat16")
     [(contract, _)] = read_worker_records(tmp_path / "report")["records"]
     assert contract["backend"].provenance.value == "observed" and contract.value("num_layers") == 2
-    assert sys.modules["vllm.v1.worker.gpu_worker"].Worker.compile_or_warm_up_model.__nemo_rl_attn_align_original__
+    assert _patching.is_wrapped(sys.modules["vllm.v1.worker.gpu_worker"].Worker.compile_or_warm_up_model)
 
 
 @pytest.mark.parametrize("hf, expected", [

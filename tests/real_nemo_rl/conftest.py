@@ -1,8 +1,8 @@
 """The real NeMo-RL sources, for the tests of lane ``.ci/lanes/nemo_rl.sh`` (marker ``real_nemo_rl``).
 
 ``ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS`` names a folder holding unmodified NeMo-RL source trees, one
-folder per ref (``7ea279a``, ``v0.7.0``, ``v0.6.0``, ``v0.5.0``); ``.ci/run`` sets it when
-``../shared/hosts/nemo-rl`` exists. Without it, or outside the lane (``ATTN_ALIGN_TEST_LANE``),
+folder per ref (``7ea279a``, ``v0.7.0``, ``v0.6.0``, ``v0.5.0``); ``.ci/run`` sets it when CI
+laid the snapshots beside the clone. Without it, or outside the lane (``ATTN_ALIGN_TEST_LANE``),
 every test here skips with one line (in a lane,
 ``ATTN_ALIGN_TEST_REQUIRE_REAL=1`` turns that skip into a failure). Nothing from the trees is copied.
 """

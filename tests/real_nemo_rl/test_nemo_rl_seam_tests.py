@@ -30,9 +30,10 @@ SEAM_TESTS = "tests/unit/models/megatron/test_megatron_setup.py"
 
 def _environment(tree: Path, plugin: str) -> dict[str, str]:
     env = dict(os.environ)
+    outer = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # a checkout under test
     env.update({
         "NEMO_RL_ATTN_ALIGN": plugin,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(STAND_INS)]),
+        "PYTHONPATH": os.pathsep.join([str(tree), str(STAND_INS), *outer]),
         # A fresh local Ray cluster for NeMo-RL's session fixture, never one another process started.
         "RAY_ADDRESS": "local",
     })
