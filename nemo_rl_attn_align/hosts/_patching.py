@@ -91,6 +91,12 @@ def is_wrapped(func: Any) -> bool:
     return any(layer.active for layer in _layers_in(func))
 
 
+def original_of(func: Any) -> Any:
+    """What our outermost layer at or under ``func`` wrapped (the host's own function), else ``func``."""
+    layers = _layers_in(func)
+    return layers[0].original if layers else func
+
+
 def _forget(key: int, layer: _Layer, _ref: Any = None, layers: dict[int, _Layer] = _layers) -> None:
     # Also the weak reference's callback (``_ref``), which may run at interpreter exit after this
     # module's globals are gone: ``layers`` is bound at definition.

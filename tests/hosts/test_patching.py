@@ -171,3 +171,21 @@ def test_seams_detach_puts_back_inherited_and_stacked_sites():
     module.f = theirs = third_party(calls, module.f)
     seams.detach()
     assert "m" not in vars(Sub) and module.f is theirs and module.f() == "f" and calls == ["theirs"]
+
+
+def test_original_of_names_the_host_function_under_our_layer_and_a_foreign_one():
+    import functools
+    import types
+
+    from nemo_rl_attn_align.hosts import _patching
+
+    def host():
+        return "host"
+
+    owner = types.SimpleNamespace(f=host)
+    assert _patching.original_of(owner.f) is host  # nothing of ours: the function itself
+    _patching.wrap(owner, "f", lambda original: lambda: "ours")
+    ours = owner.f
+    foreign = functools.wraps(ours)(lambda: ours())
+    assert _patching.original_of(ours) is host and _patching.original_of(foreign) is host
+    _patching.unwrap(owner, "f")

@@ -98,13 +98,13 @@ def _records(report_dir: Path) -> dict[str, Any]:
 
 def _worker_call(worker, setup, tree: Path, checkpoint: Path, overrides: list[str], report_dir: Path) -> dict[str, Any]:
     from nemo_rl_attn_align.hosts import megatron_worker
-    from nemo_rl_attn_align.hosts._patching import ORIGINAL_ATTR
+    from nemo_rl_attn_align.hosts._patching import original_of
     from tests.gpu import real_worker
 
     policy = real_worker.policy_config(tree, checkpoint, overrides)
     os.environ["NEMO_RL_ATTN_ALIGN_REPORT_DIR"] = str(report_dir)
     watched = {"setup_model_config": setup.setup_model_config.__code__,
-               "_apply_performance_config": getattr(setup._apply_performance_config, ORIGINAL_ATTR).__code__}
+               "_apply_performance_config": original_of(setup._apply_performance_config).__code__}
     runtime, error, entered = _profiled(lambda: real_worker.configure(worker, policy, checkpoint), watched)
     backend = getattr(getattr(runtime, "model_cfg", None), "attention_backend", None)
     return {"policy": policy, "error": error, "entered": entered, "attention_backend": getattr(backend, "name", None),
@@ -184,14 +184,14 @@ def _defined(path: Path) -> dict[str, list[str]]:
 
 
 def _module_hook(name: str, defined: dict[str, list[str]]) -> dict[str, Any]:
-    from nemo_rl_attn_align.hosts._patching import ORIGINAL_ATTR, is_wrapped
+    from nemo_rl_attn_align.hosts._patching import is_wrapped, original_of
 
     module = importlib.import_module(name)
     trains = sorted(f for f in defined if f.endswith("_train") or "_train_" in f)
     wrapped = sorted(f for f in ("setup", *trains) if is_wrapped(getattr(module, f, None)))
     out: dict[str, Any] = {"train_functions": trains, "wrapped": wrapped}
     if "setup" in defined:
-        original = getattr(module.setup, ORIGINAL_ATTR, module.setup)
+        original = original_of(module.setup)
         out["setup_params"] = defined["setup"]
         out["signature_kept"] = str(inspect.signature(module.setup)) == str(inspect.signature(original))
     return out
@@ -202,7 +202,7 @@ def _flash_fp32_setup(tree: Path, algorithm: str) -> dict[str, Any]:
 
     from nemo_rl.utils.config import load_config, parse_hydra_overrides
     from nemo_rl_attn_align.hosts import handoff
-    from nemo_rl_attn_align.hosts._patching import ORIGINAL_ATTR, is_wrapped
+    from nemo_rl_attn_align.hosts._patching import is_wrapped, original_of
 
     recipe, import_line = RECIPES[algorithm]
     names: dict[str, Any] = {}
@@ -212,7 +212,7 @@ def _flash_fp32_setup(tree: Path, algorithm: str) -> dict[str, Any]:
     composed = load_config(str(tree / "examples" / "configs" / recipe))
     cfg = OmegaConf.to_container(parse_hydra_overrides(composed, FLASH_FP32), resolve=True)
     os.environ.pop(handoff.SETTINGS_ENV, None)
-    original = getattr(names["setup"], ORIGINAL_ATTR)
+    original = original_of(names["setup"])
     master = names["MasterConfig"](**cfg)  # as run_<algo>.py builds it: a pydantic model (>= 0.7) or a dict
     _, error, entered = _profiled(lambda: names["setup"](master, None, None, None), {"setup": original.__code__})
     return {"imported_wrapped": imported, "master_config_type": type(master).__name__, "error": error,
