@@ -195,7 +195,7 @@ def test_flash_fp32_recipe_stops_in_the_driver_preflight(ref, algorithm, tmp_pat
 def test_gpu_suite_drives_the_real_worker_path_where_nemo_rl_imports(ref, tmp_path_factory):
     gpu = probe(ref, tmp_path_factory)["gpu_suite"]
     tree = snapshot(ref)
-    assert gpu["host"]["kind"] == "real" and Path(gpu["host"]["location"]) == (tree / "nemo_rl").resolve(), gpu["host"]
+    assert gpu["host"]["kind"] == "real" and Path(gpu["host"]["location"]).resolve() == (tree / "nemo_rl").resolve(), gpu["host"]
     assert gpu["line"].startswith("mcore suite: real NeMo-RL worker path (nemo_rl "), gpu["line"]
     if ref not in SEAM_TEST_REFS:  # 0.5.x: the worker module does not import here (test above), so no case runs
         assert gpu["cases"] == []
