@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (stdlib-only modules below)
 
-from nemo_rl_attn_align.backend import NVTE_BY_BACKEND  # noqa: E402
-from nemo_rl_attn_align.backend import TE_CLASS_BY_BACKEND  # noqa: E402
+from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND  # noqa: E402
+from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND  # noqa: E402
 
 TE_BACKENDS = ("flash", "fused", "unfused")
 BACKENDS = (*TE_BACKENDS, "reference")
@@ -246,7 +246,7 @@ def build_rows(results: Sequence[dict[str, Any]], args: argparse.Namespace, peak
 
 def render(doc: dict[str, Any]) -> str:
     """The results as a text table, with the device, the peak and the FLOP convention."""
-    from nemo_rl_attn_align.report import format_table
+    from nemo_rl_attn_align.report.document import format_table
 
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)
@@ -278,8 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"attention_backends: cannot run here: {problem}", file=sys.stderr)
         return 2
-    from nemo_rl_attn_align.hosts.megatron_record import library_versions
-    from nemo_rl_attn_align.report import atomic_write_json
+    from nemo_rl_attn_align.contract.training import library_versions
+    from nemo_rl_attn_align.report.document import atomic_write_json
 
     results = [spawn(backend, argv) for backend in args.backends]
     device = next((r["device"] for r in results if "device" in r), "unknown GPU")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from nemo_rl_attn_align.config import default_example_path
+from nemo_rl_attn_align.config.examples import default_example_path
 
 EXAMPLE = default_example_path()
 

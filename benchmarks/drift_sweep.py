@@ -14,7 +14,9 @@ import time
 
 import torch
 
-from nemo_rl_attn_align import drift, drift_shape
+from nemo_rl_attn_align.drift import sweep as drift
+
+from nemo_rl_attn_align.drift import shape as drift_shape
 
 TARGET_S = 60.0
 

@@ -37,7 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nemo_rl_attn_align.config import default_example_path, load_config  # noqa: E402
+from nemo_rl_attn_align.config.examples import default_example_path  # noqa: E402
+
+from nemo_rl_attn_align.config.loader import load_config  # noqa: E402
 from nemo_rl_attn_align.errors import UsageError  # noqa: E402
 from tests import hostile_inputs as hi  # noqa: E402
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.contract import (
+from nemo_rl_attn_align.contract.schema import (
     DOWNCASTS,
     DTYPES,
     FIELDS,

@@ -16,9 +16,10 @@ import pytest
 
 from nemo_rl_attn_align import limits
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.config import default_example_path, load_config
+from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.report import (
+from nemo_rl_attn_align.report.document import (
     ReportError,
     load_report,
     read_worker_records,

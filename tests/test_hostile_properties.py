@@ -18,7 +18,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.config import default_example_path, load_config
+from nemo_rl_attn_align.config.examples import default_example_path
+
+from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
 
 from . import hostile_inputs as hi

@@ -8,11 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from nemo_rl_attn_align.backend import BACKEND_NAMES
-from nemo_rl_attn_align.config import load_config
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
+from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import Severity, UsageError
-from nemo_rl_attn_align.plan import build_plan
-from nemo_rl_attn_align.rules import PRECISIONS
+from nemo_rl_attn_align.preflight.plan import build_plan
+from nemo_rl_attn_align.preflight.rules import PRECISIONS
 
 from .conftest import EXAMPLES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from nemo_rl_attn_align.rules import Code
+from nemo_rl_attn_align.preflight.rules import Code
 
 from .conftest import REPO
 
@@ -34,6 +34,6 @@ def test_supported_versions_table_is_generated_from_the_data():
 
 
 def test_readme_states_the_contract_field_count():
-    from nemo_rl_attn_align.contract import FIELD_NAMES
+    from nemo_rl_attn_align.contract.schema import FIELD_NAMES
 
     assert f"*attention contract* ({len(FIELD_NAMES)} fields," in README.replace("\n", " ")

@@ -43,7 +43,7 @@ def _looks_like_override(token: str) -> bool:
 
 def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
     """The CONFIG path (the packaged example when the first token is already an override) and the overrides."""
-    from nemo_rl_attn_align.config import default_example_path
+    from nemo_rl_attn_align.config.examples import default_example_path
 
     if not tokens or (_looks_like_override(tokens[0]) and not os.path.lexists(tokens[0])):
         return default_example_path(), list(tokens)
@@ -53,11 +53,11 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
 def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool = False, fix: bool = False) -> dict[str, Any]:
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass. The JSON-ready dict ``--json`` prints."""
-    from nemo_rl_attn_align.config import load_config
-    from nemo_rl_attn_align.plan import build_plan
-    from nemo_rl_attn_align.preset import align
-    from nemo_rl_attn_align.preview import preview_binding
-    from nemo_rl_attn_align.settings import load_settings
+    from nemo_rl_attn_align.config.loader import load_config
+    from nemo_rl_attn_align.preflight.plan import build_plan
+    from nemo_rl_attn_align.preflight.preset import align
+    from nemo_rl_attn_align.contract.preview import preview_binding
+    from nemo_rl_attn_align.config.settings import load_settings
 
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
@@ -86,7 +86,7 @@ def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool =
 
 def _fix(cfg: dict, preview_of) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
-    from nemo_rl_attn_align.preset import align, minimal
+    from nemo_rl_attn_align.preflight.preset import align, minimal
 
     alignment = align(cfg, preview_of, alter_ok=True)
     if alignment.preview.binding is None:

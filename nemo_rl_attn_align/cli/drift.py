@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nemo_rl_attn_align import drift_shape
+from nemo_rl_attn_align.drift import shape as drift_shape
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 REPORT_NAME, HEATMAP_NAME = "drift-report.json", "drift-heatmap.png"
@@ -69,9 +69,9 @@ def register(subparsers) -> None:
 def _prepare(args: argparse.Namespace):
     """Everything checked before any numeric work: (config path, overrides, shape, dtypes, engines)."""
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
-    from nemo_rl_attn_align.config import load_config
+    from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.errors import UsageError
-    from nemo_rl_attn_align.settings import load_settings
+    from nemo_rl_attn_align.config.settings import load_settings
 
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
@@ -86,7 +86,7 @@ def _prepare(args: argparse.Namespace):
     if importlib.util.find_spec("torch") is None:
         raise UsageError("drift needs torch, which is not installed. Fix: pip install torch "
                          "(or pip install 'nemo-rl-attn-align[mcore]').")
-    from nemo_rl_attn_align import drift
+    from nemo_rl_attn_align.drift import sweep as drift
 
     training = drift.parse_materializers(args.training or default_training, "--training")
     rollout = drift.parse_materializers(args.rollout or default_rollout, "--rollout")
@@ -144,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
-    from nemo_rl_attn_align import drift
-    from nemo_rl_attn_align.report import atomic_write_json
+    from nemo_rl_attn_align.drift import sweep as drift
+    from nemo_rl_attn_align.report.document import atomic_write_json
 
     result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab, gpu=gpu,
                              progress=drift.Progress(0, enabled=not args.no_progress))

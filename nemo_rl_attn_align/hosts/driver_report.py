@@ -63,7 +63,7 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
     of ``exp_NNN`` but in no ``exp_*`` directory -- what ``${logger.log_dir}/...`` resolved to before
     the move -- moves with it; any other explicit path is kept.
     """
-    from nemo_rl_attn_align.config import get_path
+    from nemo_rl_attn_align.config.loader import get_path
 
     block = cfg.get("attention_align")
     log_dir = get_path(cfg, "logger.log_dir", None)
@@ -84,7 +84,7 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
 
 def absent_sides(cfg: Mapping[str, Any], algorithm: str) -> dict[str, str]:
     """The sides this run has no workers for, with the reason the report states."""
-    from nemo_rl_attn_align.preview import absent_sides as absent_in_config
+    from nemo_rl_attn_align.contract.preview import absent_sides as absent_in_config
 
     sides = absent_in_config(cfg)
     if algorithm in NO_ROLLOUT:
@@ -126,7 +126,7 @@ class RunReport:
         self._lock = threading.RLock()
 
     def _collect(self, point: str, *, enforce: bool, final: bool = False) -> None:
-        from nemo_rl_attn_align.report import AttentionMismatch, finalize, raise_for_mismatch
+        from nemo_rl_attn_align.report.document import AttentionMismatch, finalize, raise_for_mismatch
 
         self.doc = finalize(self.settings, printer=self.printer, absent_sides=self.absent, run_id=self.run_id,
                             previous=self.doc, point=point, final=final, enforce=False, preset=self.preset,
@@ -141,7 +141,7 @@ class RunReport:
 
     def _stop_if_unrecorded(self) -> None:
         """Strict mode: a side with 0 of N workers recorded stops the run (after the report is written)."""
-        from nemo_rl_attn_align.binding import Code
+        from nemo_rl_attn_align.compare.binding import Code
 
         unrecorded = [f["message"] for f in self.doc["findings"]
                       if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"]
@@ -179,7 +179,7 @@ class RunReport:
                               self.settings.strict)
 
     def _record_drift(self, step: int, figures: Mapping[str, float]) -> None:
-        from nemo_rl_attn_align.report import add_drift, write_report
+        from nemo_rl_attn_align.report.document import add_drift, write_report
 
         add_drift(self.doc, step, figures)
         write_report(self.settings.report_dir, self.doc)
@@ -187,7 +187,7 @@ class RunReport:
     def at_end(self, point: str) -> None:
         """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the
         temp files of writers killed mid-write (listed in the report as incomplete writes) are removed."""
-        from nemo_rl_attn_align.report import remove_stale_temp_files
+        from nemo_rl_attn_align.report.document import remove_stale_temp_files
 
         with self._lock:
             if self.finished:

@@ -111,7 +111,7 @@ class WorkerRecord(HostRecord):
         return training_peers(world_size())
 
     def contract(self):
-        from nemo_rl_attn_align.hosts.megatron_record import library_versions, training_contract
+        from nemo_rl_attn_align.contract.training import library_versions, training_contract
 
         return training_contract(self.facts or {}, self.worker_id, self.observed, library_versions())
 
@@ -143,7 +143,7 @@ def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
     raises itself at the same call (``HOST_RAISES``). Nothing is checked where NeMo-RL does not
     enable Megatron (a falsy ``megatron_cfg.enabled``): the host does not use the keys there."""
     from nemo_rl_attn_align.errors import RuleViolation
-    from nemo_rl_attn_align.plan import build_plan_for_policy
+    from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
 
     plan = build_plan_for_policy(policy_cfg, os.environ)
     record.plan, record.policy_cfg = plan, policy_cfg
@@ -160,7 +160,7 @@ def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
 def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
     """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0 (only
     where NeMo-RL enables Megatron; a no-op where upstream already mapped it)."""
-    from nemo_rl_attn_align.backend import NVTE_VARIABLES, to_attn_backend
+    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES, to_attn_backend
 
     if record.plan is None or not record.plan.megatron_enabled:
         return
@@ -185,8 +185,8 @@ def _after_model_built(model: Any) -> None:
 
 
 def _record_built_model() -> None:
-    from nemo_rl_attn_align.backend import NVTE_VARIABLES
-    from nemo_rl_attn_align.determinism import probe
+    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
+    from nemo_rl_attn_align.compare.determinism import probe
 
     record.nvte = {name: os.environ.get(name) for name in NVTE_VARIABLES}
     expected = dict(record.plan.nvte) if record.plan is not None else {}
@@ -213,7 +213,7 @@ def _watch_first_forward(model: Any) -> None:
 
 
 def _record_model_config(model_cfg: Any) -> None:
-    from nemo_rl_attn_align.hosts.megatron_record import model_config_facts
+    from nemo_rl_attn_align.contract.training import model_config_facts
 
     record.facts = model_config_facts(model_cfg, record.policy_cfg)
     record.write("model_config")

@@ -68,8 +68,8 @@ def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunRep
     """Run the pre-flight rules on the whole config (a bad ``attention_align`` block or a config
     that cannot work stops here), export the worker settings and start this run's report (nothing
     collected yet; None when starting it failed, which is a warning unless strict)."""
-    from nemo_rl_attn_align.plan import build_plan
-    from nemo_rl_attn_align.settings import load_settings
+    from nemo_rl_attn_align.preflight.plan import build_plan
+    from nemo_rl_attn_align.config.settings import load_settings
 
     cfg = as_dict(master_config)
     settings = load_settings(cfg)
@@ -87,8 +87,8 @@ def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
     config before any worker group exists (NeMo-RL builds every worker's environment from it), log
     each change and, where a cause needs a layout change, the one finding that says so. Returns the
     alignment (``preset.Alignment.to_dict()``) for the report."""
-    from nemo_rl_attn_align.preset import align, apply_changes
-    from nemo_rl_attn_align.preview import preview_binding
+    from nemo_rl_attn_align.preflight.preset import align, apply_changes
+    from nemo_rl_attn_align.contract.preview import preview_binding
 
     alignment = align(cfg, lambda config: preview_binding(config, settings, os.environ))
     apply_changes(master_config, alignment.changes)
@@ -106,7 +106,7 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
     handoff.export_settings(handoff.WorkerSettings(strict=settings.strict, report_dir=report_dir, run_id=run_id))
     effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
     settings = settings.model_copy(update={"strict": effective.strict, "report_dir": effective.report_dir})
-    from nemo_rl_attn_align.expected_workers import expected_workers
+    from nemo_rl_attn_align.preflight.expected_workers import expected_workers
 
     absent = driver_report.absent_sides(cfg, algorithm)
     run = driver_report.RunReport(settings, run_id=run_id, absent=absent, preset=preset, expected=expected_workers(cfg, absent))

@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
-from nemo_rl_attn_align.backend import TE_CLASS_BY_BACKEND
+from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.hosts import _patching
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"

@@ -48,7 +48,7 @@ class RolloutRecord(HostRecord):
         self.facts = facts
 
     def contract(self):
-        from nemo_rl_attn_align.hosts.vllm_record import rollout_contract, rollout_versions
+        from nemo_rl_attn_align.contract.rollout import rollout_contract, rollout_versions
 
         return rollout_contract(self.facts, self.worker_id, rollout_versions())
 
@@ -67,8 +67,8 @@ record: RolloutRecord | None = None
 def record_engine(worker: Any) -> RolloutRecord:
     """Read one warmed-up vLLM worker and write its record."""
     global record
-    from nemo_rl_attn_align.determinism import probe
-    from nemo_rl_attn_align.hosts.vllm_record import rollout_facts
+    from nemo_rl_attn_align.compare.determinism import probe
+    from nemo_rl_attn_align.contract.rollout import rollout_facts
 
     vllm_config = worker.vllm_config
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}

@@ -43,7 +43,7 @@ DTYPE_NAMES = ("bf16", "fp16")
 def agreement(a, b, dtype) -> dict:
     """``{"equal_fraction", "max_ulp"}`` of two ``[T, H, D]`` outputs (ulps at the local magnitude)."""
 
-    from nemo_rl_attn_align.drift import local_ulps
+    from nemo_rl_attn_align.drift.sweep import local_ulps
 
     a, b = a.detach().cpu(), b.detach().cpu()
     return {"equal_fraction": float((a == b).double().mean()), "max_ulp": float(local_ulps(a, b, dtype).max())}

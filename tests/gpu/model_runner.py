@@ -180,9 +180,9 @@ def _train_step(result: dict[str, Any], spec: dict[str, Any], model: Any, seed: 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from nemo_rl_attn_align.backend import NVTE_VARIABLES
+    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
     from nemo_rl_attn_align.hosts import _patching, bootstrap, megatron_worker
-    from nemo_rl_attn_align.hosts.megatron_record import library_versions
+    from nemo_rl_attn_align.contract.training import library_versions
 
     seed = spec.get("seed", 1234)
     result: dict[str, Any] = {"plugin_active": bootstrap.activate("gpu-suite"), "bootstrap_origin": bootstrap.origin}

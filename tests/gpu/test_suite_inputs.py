@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from nemo_rl_attn_align.backend import NVTE_BY_BACKEND
-from nemo_rl_attn_align.plan import build_plan_for_policy
+from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
+from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
 from tests.gpu.cases import BACKEND_CASES, TINY_LLAMA, master_config, megatron_model_from_hf, model_runner_policies, policy_config
 
 
@@ -34,8 +34,8 @@ def test_the_fp32_case_is_one_the_plugin_stops():
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_the_vllm_case_config_previews_the_semantic_verdict_the_test_expects(batch_invariant):
-    from nemo_rl_attn_align.preview import preview_binding
-    from nemo_rl_attn_align.settings import load_settings
+    from nemo_rl_attn_align.contract.preview import preview_binding
+    from nemo_rl_attn_align.config.settings import load_settings
 
     cfg = master_config(policy_config("flash", model=megatron_model_from_hf(HF_V4), tokenizer="/models/tiny"), batch_invariant)
     preview = preview_binding(cfg, load_settings(cfg), environ={})

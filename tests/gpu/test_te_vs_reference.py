@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.backend import NVTE_BY_BACKEND
+from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from tests.gpu.cases import run_case
 
 pytestmark = pytest.mark.mcore

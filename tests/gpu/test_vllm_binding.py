@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.contract import Tier
-from nemo_rl_attn_align.preview import preview_binding
-from nemo_rl_attn_align.report import collect
-from nemo_rl_attn_align.settings import load_settings
+from nemo_rl_attn_align.contract.schema import Tier
+from nemo_rl_attn_align.contract.preview import preview_binding
+from nemo_rl_attn_align.report.document import collect
+from nemo_rl_attn_align.config.settings import load_settings
 from tests.gpu.cases import CUBLAS, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config, run_case
 
 #: Identity fields one side legitimately cannot observe (the binding then says not comparable).

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nemo_rl_attn_align.binding import Code
-from nemo_rl_attn_align.contract import FieldValue
-from nemo_rl_attn_align.determinism import probe
+from nemo_rl_attn_align.compare.binding import Code
+from nemo_rl_attn_align.contract.schema import FieldValue
+from nemo_rl_attn_align.compare.determinism import probe
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
-from nemo_rl_attn_align.report import REPORT_FILENAME, AttentionMismatch, load_report, write_worker_detail, write_worker_record
+from nemo_rl_attn_align.report.document import REPORT_FILENAME, AttentionMismatch, load_report, write_worker_detail, write_worker_record
 from tests.contract_samples import full_contract
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 

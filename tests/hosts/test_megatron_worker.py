@@ -18,12 +18,12 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from nemo_rl_attn_align.backend import NVTE_VARIABLES  # noqa: E402
+from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES  # noqa: E402
 from nemo_rl_attn_align.errors import RuleViolation  # noqa: E402
 from nemo_rl_attn_align.hosts import _patching, megatron_worker  # noqa: E402
-from nemo_rl_attn_align.plan import build_plan_for_policy  # noqa: E402
-from nemo_rl_attn_align.preview import predict_training  # noqa: E402
-from nemo_rl_attn_align.report import read_worker_records  # noqa: E402
+from nemo_rl_attn_align.preflight.plan import build_plan_for_policy  # noqa: E402
+from nemo_rl_attn_align.contract.preview import predict_training  # noqa: E402
+from nemo_rl_attn_align.report.document import read_worker_records  # noqa: E402
 from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
 from tests.hosts.conftest import FAKE_NEMO_RL, standin  # noqa: E402
 
@@ -110,7 +110,7 @@ def test_v06_records_the_finished_config_and_nvte_match_the_plan(hooked, tmp_pat
 
 def test_a_failed_model_config_record_still_reads_back_the_backend(hooked, tmp_path, monkeypatch, caplog):
     """One failed step (a warning) does not skip the later ones: the built model and TE's choice are recorded."""
-    from nemo_rl_attn_align.hosts import megatron_record
+    from nemo_rl_attn_align.contract import training as megatron_record
 
     def unreadable(model_cfg, policy_cfg=None):
         raise AttributeError("this Megatron-Bridge provider hides its fields")

@@ -1,4 +1,4 @@
-"""The workers' contract builders (``megatron_record``, ``vllm_record``) on their own: whole contracts
+"""The workers' contract builders (``contract.training``, ``contract.rollout``) on their own: whole contracts
 from any facts, the flash-attn version TE reports, one semantics rule shared with ``check``'s
 preview, the values the schema lists, version look-ups, and what importing them pulls in."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.backend import BACKEND_NAMES
-from nemo_rl_attn_align.contract import FIELD_NAMES, Tier, fields_of
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
+from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
 from nemo_rl_attn_align.hosts import _patching
-from nemo_rl_attn_align.hosts.megatron_record import training_contract
-from nemo_rl_attn_align.hosts.vllm_record import rollout_contract
-from nemo_rl_attn_align.preview import predict_training
-from nemo_rl_attn_align.semantics import CP_COMM_TYPES, VLLM_ONLINE_SOFTMAX_BACKENDS
+from nemo_rl_attn_align.contract.training import training_contract
+from nemo_rl_attn_align.contract.rollout import rollout_contract
+from nemo_rl_attn_align.contract.preview import predict_training
+from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES, VLLM_ONLINE_SOFTMAX_BACKENDS
 from tests.fake_nemo_rl.configs import policy_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "report-schema.md"
@@ -111,12 +111,15 @@ def test_the_record_modules_import_no_config_path_module():
     never the ``check`` path (preview, plan, rules, config, settings, binding, determinism)."""
     code = (
         "import sys\n"
-        "from nemo_rl_attn_align.hosts import megatron_record, te_readback, vllm_record\n"
+        "from nemo_rl_attn_align.contract import rollout, training\n"
+        "from nemo_rl_attn_align.hosts import te_readback\n"
         "te_readback.mismatch('flash', {'status': 'observed', 'backend': 'FusedAttention'})\n"
-        "megatron_record.training_contract({'attention_backend': 'flash', 'params_dtype': 'bf16'}, 'w')\n"
+        "training.training_contract({'attention_backend': 'flash', 'params_dtype': 'bf16'}, 'w')\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('nemo_rl_attn_align'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    loaded = {name.rsplit(".", 1)[-1] for name in out.stdout.split()}
-    assert "semantics" in loaded
-    assert loaded.isdisjoint({"preview", "plan", "rules", "config", "settings", "binding", "determinism"}), loaded
+    loaded = set(out.stdout.split())
+    assert "nemo_rl_attn_align.contract.semantics" in loaded
+    check_path = {"contract.preview", "preflight.plan", "preflight.rules", "config.loader", "config.settings",
+                  "compare.binding", "compare.determinism"}
+    assert loaded.isdisjoint(f"nemo_rl_attn_align.{name}" for name in check_path), loaded

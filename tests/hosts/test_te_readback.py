@@ -128,7 +128,7 @@ def test_a_failing_read_back_never_breaks_the_forward(monkeypatch, caplog):
 
 
 def test_the_flash_attn_version_te_ran_is_recorded(fake_te):
-    from nemo_rl_attn_align.hosts.megatron_record import training_contract
+    from nemo_rl_attn_align.contract.training import training_contract
 
     layer = te_module(fake_te)
     layer.forward((True, False, True))

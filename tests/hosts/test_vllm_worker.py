@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, vllm_record, vllm_worker
-from nemo_rl_attn_align.report import read_worker_records
+from nemo_rl_attn_align.hosts import _patching, vllm_worker
+
+from nemo_rl_attn_align.contract import rollout as vllm_record
+from nemo_rl_attn_align.report.document import read_worker_records
 from tests.hosts.conftest import FAKE_VLLM, standin
 
 
@@ -120,7 +122,7 @@ def _record(fake_vllm, tmp_path, config):
     ([4096, None], 4095),  # the windowed layers' window (Gemma-style interleaving), as Megatron's window_size[0]
 ])
 def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_path, layer_windows, expected):
-    from nemo_rl_attn_align.hosts.megatron_record import training_contract
+    from nemo_rl_attn_align.contract.training import training_contract
 
     contract = _record(fake_vllm, tmp_path, fake_vllm.standin_vllm_config(sliding_window=4096, layer_windows=layer_windows))
     assert contract.value("sliding_window") == expected and contract["sliding_window"].provenance.value == "observed"
@@ -170,7 +172,7 @@ def test_softcapping_kv_cache_dtype_and_context_parallel_sizes():
 
 
 def test_the_tokenizer_is_compared_by_content(tmp_path):
-    from nemo_rl_attn_align.tokenizer_identity import tokenizer_identity
+    from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 
     a, b, c = tmp_path / "a", tmp_path / "copy", tmp_path / "other"
     for folder, text in ((a, "{}"), (b, "{}"), (c, '{"x": 1}')):
@@ -198,9 +200,9 @@ def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_
 @pytest.mark.parametrize("backend", ["FLASH_ATTN", "FLASHINFER"])
 def test_the_preview_predicts_what_the_worker_records(fake_vllm, tmp_path, monkeypatch, invariant, backend):
     """One rule (``semantics.vllm_semantics``) for ``check``'s preview and the worker's record."""
-    from nemo_rl_attn_align.config import load_config
-    from nemo_rl_attn_align.preview import predict_rollout
-    from nemo_rl_attn_align.semantics import VLLM_DERIVED
+    from nemo_rl_attn_align.config.loader import load_config
+    from nemo_rl_attn_align.contract.preview import predict_rollout
+    from nemo_rl_attn_align.contract.semantics import VLLM_DERIVED
     from tests.conftest import EXAMPLES
 
     if invariant:

@@ -2,7 +2,7 @@
 
 NeMo-RL's path (each ref's own ``nemo_rl/utils/config.py``): ``load_config`` then
 ``parse_hydra_overrides`` then ``OmegaConf.to_container(resolve=True)``, as ``examples/run_*.py``
-do. Ours: ``nemo_rl_attn_align.config.load_config(path, overrides)``, which is ``finish_config(
+do. Ours: ``nemo_rl_attn_align.config.loader.load_config(path, overrides)``, which is ``finish_config(
 compose_config(path), overrides)``. For each YAML the overrides are built from the file's own keys:
 none; one list that applies a set, a ``++`` add of a new key, a ``++`` on an existing key, a ``~``
 delete and a ``${...}`` in a value; and three that must fail in both (a missing key without
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.config import compose_config, finish_config, register_nemo_rl_resolvers
+from nemo_rl_attn_align.config.loader import compose_config, finish_config, register_nemo_rl_resolvers
 
 from .conftest import REFS, load_source_module, snapshot
 

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nemo_rl_attn_align.drift import ulp_of  # noqa: E402
+from nemo_rl_attn_align.drift.sweep import ulp_of  # noqa: E402
 from nemo_rl_attn_align.reference.attention import exact_attention, logit_magnitude, reference_attention  # noqa: E402
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, make_qkv  # noqa: E402

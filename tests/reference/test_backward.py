@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nemo_rl_attn_align.drift import ulp_of  # noqa: E402
+from nemo_rl_attn_align.drift.sweep import ulp_of  # noqa: E402
 from nemo_rl_attn_align.reference.attention import reference_attention  # noqa: E402
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec  # noqa: E402
 from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, SinglePass, SplitKV  # noqa: E402

@@ -1,0 +1,351 @@
+"""Binding a training contract to a rollout contract under a mandate.
+
+``bind(training, rollout, mandate)`` compares the two contracts tier by tier:
+
+* identity: both sides equal, bit for bit (numbers by exact value, no tolerance);
+* semantic: both sides equal each other and the mandate; ``dtype`` may differ when
+  ``allow_dtype_difference`` is set (a deliberate sweep, e.g. BF16 rollout against an FP32 reference);
+* recorded: every difference is listed, none rejected.
+
+A field whose value was not observed or configured on some side (``unobservable``, ``pending``) is
+never reported as matching: it is ``not_comparable``. ``passed`` (no field and no blocking
+determinism variable disagrees) is kept apart from ``comparable`` (every identity and semantic field
+was compared on known values); the verdict is ``pass``, ``incomparable`` or ``fail``.
+Every non-match carries a stable ``Code``. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields as dataclass_fields
+from typing import Any, Mapping, Optional, Protocol, Sequence
+
+from nemo_rl_attn_align.contract.schema import (
+    AttentionContract,
+    ContractError,
+    FieldValue,
+    Provenance,
+    Tier,
+    field_spec,
+    fields_of,
+)
+from nemo_rl_attn_align.errors import Finding, Severity
+
+
+class Code(str, enum.Enum):
+    """Stable codes of every binding and report finding. Values never change once released."""
+
+    IDENTITY_MISMATCH = "ATTN_IDENTITY_MISMATCH"
+    SEMANTIC_SIDES_DIFFER = "ATTN_SEMANTIC_SIDES_DIFFER"
+    SEMANTIC_MANDATE = "ATTN_SEMANTIC_MANDATE"
+    DTYPE_DIFFERENCE_ALLOWED = "ATTN_DTYPE_DIFFERENCE_ALLOWED"
+    RECORDED_DIFFERENCE = "ATTN_RECORDED_DIFFERENCE"
+    UNOBSERVABLE = "ATTN_UNOBSERVABLE"
+    PENDING = "ATTN_PENDING"
+    DETERMINISM_BLOCKING = "DET_BLOCKING_MISMATCH"
+    DETERMINISM_RECORDED = "DET_RECORDED_DIFFERENCE"
+    DETERMINISM_EQUIVALENT = "DET_EQUIVALENT"
+    DETERMINISM_NOT_PROBED = "DET_NOT_PROBED"
+    WORKER_DIVERGES = "REPORT_WORKER_DIVERGES"
+    WORKER_MISSING = "REPORT_WORKER_MISSING"
+    RECORD_UNREADABLE = "REPORT_RECORD_UNREADABLE"
+    SIDE_MISSING = "REPORT_SIDE_MISSING"
+    SIDE_ABSENT = "REPORT_SIDE_ABSENT"
+    WORKER_FINDING = "REPORT_WORKER_FINDING"
+
+
+class DeterminismEntryView(Protocol):
+    """What the binding reads of one determinism entry (``determinism.DeterminismEntry``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def blocking(self) -> bool: ...
+
+
+class DeterminismView(Protocol):
+    """What the binding reads of a determinism comparison (``determinism.compare`` returns a
+    ``DeterminismDiff``), declared here so that the binding imports nothing from ``determinism``,
+    which imports this module's ``Code``."""
+
+    @property
+    def entries(self) -> Sequence[DeterminismEntryView]: ...
+
+    @property
+    def blocking(self) -> bool: ...
+
+    def findings(self) -> list[Finding]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class Status(str, enum.Enum):
+    """Outcome for one field."""
+
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    ALLOWED = "allowed"  # dtype differs and allow_dtype_difference is set
+    DIFFERENT = "different"  # recorded tier: listed, never rejected
+    NOT_COMPARABLE = "not_comparable"
+
+
+class Verdict(str, enum.Enum):
+    """``fail``: something disagrees; ``incomparable``: nothing disagrees but some identity or
+    semantic field could not be compared; ``pass``: everything compared and agreed."""
+
+    PASS = "pass"
+    INCOMPARABLE = "incomparable"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Mandate:
+    """What the user demands of the semantic tier; ``None`` for a field means no demand.
+
+    Defaults: the canonical reduction of RL-Align's reference (online-softmax LSE merge, partials
+    folded by global KV block index, FP32 accumulators, one downcast at the final write). ``dtype``
+    has no default here; ``settings.load_settings`` fills it from ``policy.precision``.
+    """
+
+    merge_rule: Optional[str] = "online_softmax_lse"
+    reduction_order: Optional[str] = "kv_index"
+    acc_dtype: Optional[str] = "fp32"
+    downcast: Optional[str] = "final_write"
+    dtype: Optional[str] = None
+
+    def __post_init__(self):
+        for item in dataclass_fields(self):
+            raw = getattr(self, item.name)
+            if raw is not None:
+                try:
+                    object.__setattr__(self, item.name, field_spec(item.name).validate(raw))
+                except ContractError as err:
+                    raise ContractError(f"mandate {err}") from None
+
+    def demand(self, name: str) -> Optional[str]:
+        """The demanded value of semantic field ``name`` (``None``: no demand)."""
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Optional[str]]:
+        return {item.name: getattr(self, item.name) for item in dataclass_fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Mandate":
+        return cls(**dict(data))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Exact equality of two JSON values: bools only equal bools, numbers by exact value and sign,
+    lists element by element, objects key by key. No tolerance anywhere."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@dataclass(frozen=True)
+class FieldResult:
+    """The verdict on one field: its status, the code (when not a plain match), both sides' values
+    and the mandate's demand (``None`` when the tier has none)."""
+
+    name: str
+    tier: Tier
+    status: Status
+    code: Optional[Code]
+    training: FieldValue
+    rollout: FieldValue
+    demand: Any
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "field": self.name,
+            "tier": self.tier.value,
+            "status": self.status.value,
+            "code": self.code.value if self.code else None,
+            "training": self.training.to_dict(),
+            "rollout": self.rollout.to_dict(),
+            "mandate": self.demand,
+            "message": self.message,
+        }
+
+
+def _not_comparable(name, tier, t, r, demand) -> FieldResult:
+    unknown = [(side, fv) for side, fv in (("training", t), ("rollout", r)) if not fv.known]
+    pending = all(fv.provenance is Provenance.PENDING for _, fv in unknown)
+    why = "; ".join(f"{side} is {fv.provenance.value}" + (f" ({fv.source})" if fv.source else "") for side, fv in unknown)
+    code = Code.PENDING if pending else Code.UNOBSERVABLE
+    return FieldResult(name, tier, Status.NOT_COMPARABLE, code, t, r, demand, f"{name}: not comparable: {why}")
+
+
+def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Optional[Mandate], allow_dtype: bool) -> FieldResult:
+    tier = field_spec(name).tier
+    demand = mandate.demand(name) if (mandate is not None and tier is Tier.SEMANTIC) else None
+    both_known = t.known and r.known
+    if tier is not Tier.SEMANTIC:
+        if not both_known:
+            return _not_comparable(name, tier, t, r, None)
+        if same_value(t.value, r.value):
+            return FieldResult(name, tier, Status.MATCH, None, t, r, None, f"{name}: {t.value!r} on both sides")
+        if tier is Tier.RECORDED:
+            return FieldResult(name, tier, Status.DIFFERENT, Code.RECORDED_DIFFERENCE, t, r, None,
+                               f"{name}: training {t.value!r}, rollout {r.value!r} (recorded)")
+        return FieldResult(name, tier, Status.MISMATCH, Code.IDENTITY_MISMATCH, t, r, None,
+                           f"{name}: training {t.value!r} != rollout {r.value!r}")
+    # semantic: a known side that breaks the mandate fails even when the other side is unknown
+    against_mandate = [
+        (side, fv) for side, fv in (("training", t), ("rollout", r))
+        if demand is not None and fv.known and not same_value(fv.value, demand)
+    ]
+    sides_differ = both_known and not same_value(t.value, r.value)
+    if name == "dtype" and allow_dtype:
+        if not both_known:
+            return _not_comparable(name, tier, t, r, demand)
+        if sides_differ or against_mandate:
+            return FieldResult(name, tier, Status.ALLOWED, Code.DTYPE_DIFFERENCE_ALLOWED, t, r, demand,
+                               f"dtype: training {t.value!r}, rollout {r.value!r}, mandate {demand!r}: "
+                               "difference allowed (allow_dtype_difference)")
+        return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"dtype: {t.value!r} on both sides")
+    if against_mandate:
+        broken = ", ".join(f"{side} {fv.value!r}" for side, fv in against_mandate)
+        return FieldResult(name, tier, Status.MISMATCH, Code.SEMANTIC_MANDATE, t, r, demand,
+                           f"{name}: {broken}, but the mandate demands {demand!r}")
+    if sides_differ:
+        return FieldResult(name, tier, Status.MISMATCH, Code.SEMANTIC_SIDES_DIFFER, t, r, demand,
+                           f"{name}: training {t.value!r} != rollout {r.value!r}")
+    if not both_known:
+        return _not_comparable(name, tier, t, r, demand)
+    return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"{name}: {t.value!r} on both sides")
+
+
+_SEVERITY = {
+    Status.MISMATCH: Severity.ERROR,
+    Status.NOT_COMPARABLE: Severity.WARNING,
+    Status.ALLOWED: Severity.INFO,
+    Status.DIFFERENT: Severity.INFO,
+}
+
+
+def _fix(result: FieldResult) -> str:
+    if result.status is Status.MISMATCH:
+        return field_spec(result.name).fix
+    if result.code is Code.PENDING:
+        return "known once the engines start; the run report records it"
+    if result.code is Code.UNOBSERVABLE:
+        return "record this field from a runtime readback (observed) to make it comparable"
+    return "none needed: recorded so the measured drift can be attributed"
+
+
+def _values(result: FieldResult) -> str:
+    text = f"training={result.training.value!r}, rollout={result.rollout.value!r}"
+    return text + (f", mandate={result.demand!r}" if result.demand is not None else "")
+
+
+@dataclass(frozen=True)
+class BindingReport:
+    """The binding of one training and one rollout contract: one ``FieldResult`` per field, the
+    optional determinism diff, and the derived verdict."""
+
+    training_worker: str
+    rollout_worker: str
+    results: tuple[FieldResult, ...]
+    mandate: Optional[Mandate]
+    allow_dtype_difference: bool
+    determinism: Optional[DeterminismView] = None
+
+    def result(self, name: str) -> FieldResult:
+        """The result for field ``name``."""
+        field_spec(name)
+        return next(r for r in self.results if r.name == name)
+
+    def with_status(self, *statuses: Status) -> tuple[FieldResult, ...]:
+        return tuple(r for r in self.results if r.status in statuses)
+
+    @property
+    def passed(self) -> bool:
+        """No identity or semantic field disagrees and no blocking determinism variable differs."""
+        blocking = self.determinism is not None and self.determinism.blocking
+        return not self.with_status(Status.MISMATCH) and not blocking
+
+    @property
+    def comparable(self) -> bool:
+        """Every identity and semantic field was compared on observed or configured values."""
+        return not any(r.tier is not Tier.RECORDED for r in self.with_status(Status.NOT_COMPARABLE))
+
+    @property
+    def verdict(self) -> Verdict:
+        if not self.passed:
+            return Verdict.FAIL
+        return Verdict.PASS if self.comparable else Verdict.INCOMPARABLE
+
+    def findings(self) -> list[Finding]:
+        """One ``Finding`` per field that did not plainly match, then the determinism findings."""
+        out = [
+            Finding(r.code.value, _SEVERITY[r.status], f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
+            for r in self.results
+            if r.status is not Status.MATCH
+        ]
+        if self.determinism is not None:
+            out.extend(self.determinism.findings())
+        return out
+
+    def summary_line(self) -> str:
+        """One line: the verdict and what drove it."""
+        parts = []
+        for label, statuses, tiers in (
+            ("mismatch", (Status.MISMATCH,), (Tier.IDENTITY, Tier.SEMANTIC)),
+            ("not comparable", (Status.NOT_COMPARABLE,), (Tier.IDENTITY, Tier.SEMANTIC)),
+            ("allowed", (Status.ALLOWED,), (Tier.SEMANTIC,)),
+            ("recorded difference", (Status.DIFFERENT,), (Tier.RECORDED,)),
+        ):
+            names = [r.name for r in self.with_status(*statuses) if r.tier in tiers]
+            if names:
+                parts.append(f"{len(names)} {label} ({', '.join(names)})")
+        if self.determinism is not None:
+            blocking = [e.name for e in self.determinism.entries if e.blocking]
+            if blocking:
+                parts.append(f"{len(blocking)} blocking determinism difference ({', '.join(blocking)})")
+        return f"{self.verdict.value}: " + ("; ".join(parts) if parts else "every field compared and agreed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "training_worker": self.training_worker,
+            "rollout_worker": self.rollout_worker,
+            "verdict": self.verdict.value,
+            "passed": self.passed,
+            "comparable": self.comparable,
+            "summary": self.summary_line(),
+            "mandate": self.mandate.to_dict() if self.mandate is not None else None,
+            "allow_dtype_difference": self.allow_dtype_difference,
+            "fields": [r.to_dict() for r in self.results],
+            "determinism": self.determinism.to_dict() if self.determinism is not None else None,
+            "findings": [f.to_dict() for f in self.findings()],
+        }
+
+
+def bind(
+    training: AttentionContract,
+    rollout: AttentionContract,
+    mandate: Optional[Mandate] = None,
+    *,
+    allow_dtype_difference: bool = False,
+    determinism: Optional[DeterminismView] = None,
+) -> BindingReport:
+    """Bind ``training`` to ``rollout`` under ``mandate`` (``None``: no semantic demand, the sides
+    must still agree). ``determinism`` (from ``determinism.compare``) joins the verdict: a blocking
+    difference fails the binding."""
+    for label, contract in (("training", training), ("rollout", rollout)):
+        if not isinstance(contract, AttentionContract):
+            raise TypeError(f"{label} must be an AttentionContract, got {type(contract).__name__}")
+    order = fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC) + fields_of(Tier.RECORDED)
+    results = tuple(
+        _bind_field(name, training[name], rollout[name], mandate, allow_dtype_difference) for name in order
+    )
+    return BindingReport(training.worker_id, rollout.worker_id, results, mandate, allow_dtype_difference, determinism)

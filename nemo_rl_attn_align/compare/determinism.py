@@ -1,0 +1,483 @@
+"""The determinism probe: what each side's process really runs with, compared by meaning.
+
+``probe()`` runs inside a worker after its engine is up (vLLM's batch-invariant mode rewrites the
+environment inside its worker) and records the determinism environment variables (unset is kept
+apart from any value) and, when torch is there, its TF32 / reduced-precision / deterministic flags.
+``compare(training, rollout, collective)`` puts two probes side by side:
+
+* ``NCCL_ALGO``, ``NCCL_PROTO`` and ``CUBLAS_WORKSPACE_CONFIG`` block when their *meanings* differ:
+  the algorithms (protocols) NCCL may use for the collective that reduces the compared tensor, and
+  whether cuBLAS runs with a deterministic workspace (``:4096:8`` and ``:16:8`` both do);
+* everything else is recorded.
+
+NCCL list grammar, as NCCL's ``parseList`` reads it (NCCL >= 2.24, ``src/graph/tuning.cc``):
+``[^]elem,elem;coll:[^]elem,...`` -- ``;`` separates sections, only the first may lack a
+``coll:`` prefix (it then applies to every collective), a later section replaces the list of its
+collective, ``^`` enables everything except the listed elements, names are case-insensitive, an
+unknown element or collective is an error (NCCL refuses to initialise).
+
+``PROFILES`` holds what Megatron's deterministic mode and vLLM's batch-invariant mode do to the
+environment, per version, with the source each was read from. Stdlib only; torch is imported
+inside ``probe`` when asked for.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from nemo_rl_attn_align.compare.binding import Code
+from nemo_rl_attn_align.errors import Finding, Severity
+
+#: Variables whose difference in meaning blocks the binding.
+BLOCKING_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG")
+
+#: Other variables always recorded (every other ``NCCL_*`` present is recorded too).
+RECORDED_VARIABLES = (
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+    "VLLM_BATCH_INVARIANT",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM",
+    "NCCL_LAUNCH_MODE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_P2P_NET_DISABLE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_NTHREADS",
+    "NCCL_SOCKET_NTHREADS",
+    "NCCL_CUMEM_ENABLE",
+    "NVTE_FLASH_ATTN",
+    "NVTE_FUSED_ATTN",
+    "NVTE_UNFUSED_ATTN",
+)
+
+NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+NCCL_COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv", "send", "recv")
+
+# Algorithms NCCL can run each collective with (src/graph/tuning.cc, ncclTopoTuneModel).
+_CAPABLE = {
+    "broadcast": {"ring"},
+    "reduce": {"ring"},
+    "allgather": {"ring", "pat", "nvls", "collnetdirect"},
+    "reducescatter": {"ring", "pat", "nvls", "collnetdirect"},
+    "allreduce": {"tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree"},
+    "sendrecv": set(),
+    "send": set(),
+    "recv": set(),
+}
+
+_DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the two PyTorch's deterministic check accepts
+_CUBLAS_RE = re.compile(r"^(:[0-9]+:[0-9]+)+$")
+
+
+class NcclSyntaxError(ValueError):
+    """A value NCCL's list parser rejects."""
+
+
+def parse_nccl_list(raw: str, elements: tuple[str, ...]) -> dict[str, frozenset]:
+    """The enabled ``elements`` per collective for an ``NCCL_ALGO``/``NCCL_PROTO`` value."""
+    enabled = {coll: frozenset(elements) for coll in NCCL_COLLECTIVES}
+    for index, section in enumerate(s for s in raw.split(";") if s):
+        prefix, sep, items = section.partition(":")
+        if not sep:
+            if index:
+                raise NcclSyntaxError(f"{raw!r}: only the first section may lack a collective prefix")
+            prefix, items = "", section
+        prefix = prefix.strip().lower()
+        if prefix and prefix not in NCCL_COLLECTIVES:
+            raise NcclSyntaxError(f"{raw!r}: unknown collective {prefix!r}")
+        exclude = items.startswith("^")
+        names = {name.strip().lower() for name in items.lstrip("^").split(",") if name.strip()}
+        unknown = sorted(names - set(elements))
+        if unknown:
+            raise NcclSyntaxError(f"{raw!r}: unknown element {unknown[0]!r}")
+        chosen = frozenset(set(elements) - names) if exclude else frozenset(names)
+        for coll in [prefix] if prefix else NCCL_COLLECTIVES:
+            enabled[coll] = chosen
+    return enabled
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What a variable's value means for the comparison: a kind and a JSON value."""
+
+    kind: str
+    value: Any
+    note: str = ""
+
+    def same(self, other: "Meaning") -> bool:
+        return (self.kind, self.value) == (other.kind, other.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "value": self.value, "note": self.note}
+
+
+def _nccl_set(env: Mapping[str, Optional[str]], name: str, elements, collective: str) -> Meaning:
+    raw = env.get(name)
+    try:
+        enabled = set(parse_nccl_list(raw or "", elements)[collective])
+    except NcclSyntaxError as err:
+        return Meaning("invalid", str(err), "NCCL refuses to initialise with this value")
+    note = "unset: NCCL picks by its tuning model" if raw is None else ""
+    if name == "NCCL_ALGO":
+        enabled &= _CAPABLE[collective]
+        if env.get("NCCL_COLLNET_ENABLE") != "1":
+            enabled -= {"collnetdirect", "collnetchain"}
+        if env.get("NCCL_NVLS_ENABLE") == "0":
+            enabled -= {"nvls", "nvlstree"}
+    return Meaning(f"{name.lower()}[{collective}]", sorted(enabled), note)
+
+
+def nccl_algorithms(env: Mapping[str, Optional[str]], collective: str = "allreduce") -> Meaning:
+    """Algorithms NCCL may use for ``collective`` under ``env`` (NCCL_ALGO, NCCL_COLLNET_ENABLE,
+    NCCL_NVLS_ENABLE together)."""
+    return _nccl_set(env, "NCCL_ALGO", NCCL_ALGORITHMS, _collective(collective))
+
+
+def nccl_protocols(env: Mapping[str, Optional[str]], collective: str = "allreduce") -> Meaning:
+    """Protocols NCCL may use for ``collective`` under ``env`` (LL128 only where the platform allows)."""
+    return _nccl_set(env, "NCCL_PROTO", NCCL_PROTOCOLS, _collective(collective))
+
+
+def cublas_workspace(raw: Optional[str]) -> Meaning:
+    """``deterministic`` for ``:4096:8`` / ``:16:8``; ``fixed_custom`` for another well-formed
+    config (torch's deterministic check rejects it); ``invalid``; ``not_guaranteed`` when unset."""
+    if raw is None:
+        return Meaning("cublas", "not_guaranteed", "unset: cuBLAS may pick its workspace per stream")
+    if raw in _DETERMINISTIC_CUBLAS:
+        return Meaning("cublas", "deterministic")
+    if _CUBLAS_RE.match(raw):
+        return Meaning("cublas", "fixed_custom", "torch.use_deterministic_algorithms accepts only :4096:8 or :16:8")
+    return Meaning("cublas", "invalid", "not of the form :SIZE:COUNT")
+
+
+def collective_for(*tp_sizes: Any) -> Optional[str]:
+    """The collective that reduces the compared tensor: ``allreduce`` when a side splits its
+    layers over more than one tensor-parallel rank, else ``None`` (no collective reduces it)."""
+    return "allreduce" if any(isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 for tp in tp_sizes) else None
+
+
+def _collective(name: str) -> str:
+    key = name.lower().replace("_", "")
+    if key not in NCCL_COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}; use one of {', '.join(NCCL_COLLECTIVES)}")
+    return key
+
+
+# --- the probe ---------------------------------------------------------------------------------
+
+
+def _torch_flags(torch: Any) -> dict[str, Any]:
+    """The determinism-relevant torch flags; a flag this torch lacks is recorded as an error text."""
+    readers: dict[str, Callable[[], Any]] = {
+        "torch_version": lambda: str(torch.__version__),
+        "matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "matmul_fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,
+        "float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "cudnn_conv_fp32_precision": lambda: torch.backends.cudnn.conv.fp32_precision,
+        "matmul_allow_fp16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "matmul_allow_bf16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "deterministic_algorithms": lambda: torch.are_deterministic_algorithms_enabled(),
+        "deterministic_algorithms_warn_only": lambda: torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": lambda: torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": lambda: torch.backends.cudnn.benchmark,
+    }
+    flags = {}
+    for name, read in readers.items():
+        try:
+            value = read()
+        except Exception as err:  # noqa: BLE001 - a missing flag is a fact to record, not a failure
+            value = f"unreadable: {type(err).__name__}: {err}"
+        flags[name] = list(value) if isinstance(value, tuple) else value
+    return flags
+
+
+@dataclass(frozen=True)
+class DeterminismProbe:
+    """One process's determinism facts: ``env`` maps every watched variable to its value or
+    ``None`` (unset); ``torch`` holds the flags, ``None`` when torch was not probed, and
+    ``torch_status`` says why (``probed``, ``not_probed``, ``unavailable: ...``)."""
+
+    env: Mapping[str, Optional[str]]
+    torch: Optional[Mapping[str, Any]]
+    torch_status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"env": dict(self.env), "torch": dict(self.torch) if self.torch is not None else None,
+                "torch_status": self.torch_status}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DeterminismProbe":
+        if not isinstance(data, Mapping) or set(data) != {"env", "torch", "torch_status"}:
+            raise ValueError(f"a determinism probe needs env, torch and torch_status, got {data!r}")
+        env = data["env"]
+        if not isinstance(env, Mapping) or not all(v is None or isinstance(v, str) for v in env.values()):
+            raise ValueError("determinism probe env must map names to strings or null")
+        return cls(dict(env), None if data["torch"] is None else dict(data["torch"]), str(data["torch_status"]))
+
+
+def probe(env: Optional[Mapping[str, str]] = None, torch_module: Any = None) -> DeterminismProbe:
+    """Probe ``env`` (default ``os.environ``) and torch's flags.
+
+    ``torch_module``: a torch module to read; ``None`` uses the imported torch or imports it
+    (recording ``unavailable`` when it cannot be imported); ``False`` skips torch.
+    """
+    env = os.environ if env is None else env
+    watched = set(BLOCKING_VARIABLES) | set(RECORDED_VARIABLES) | {k for k in env if k.startswith("NCCL_")}
+    values = {name: env.get(name) for name in sorted(watched)}
+    if torch_module is False:
+        return DeterminismProbe(values, None, "not_probed")
+    if torch_module is None:
+        torch_module = sys.modules.get("torch")
+        if torch_module is None:
+            try:
+                import torch as torch_module  # noqa: PLC0415 - imported only where a probe asks for it
+            except Exception as err:  # noqa: BLE001 - ImportError or a broken install: both are facts
+                return DeterminismProbe(values, None, f"unavailable: {type(err).__name__}: {err}")
+    return DeterminismProbe(values, _torch_flags(torch_module), "probed")
+
+
+# --- comparison --------------------------------------------------------------------------------
+
+
+class DetStatus(str, enum.Enum):
+    MATCH = "match"  # same raw value (or both unset)
+    EQUIVALENT = "equivalent"  # different raw values, same meaning
+    MISMATCH = "mismatch"  # a blocking variable whose meaning differs
+    DIFFERENT = "different"  # a recorded value that differs
+    NOT_PROBED = "not_probed"  # a torch flag one side could not read
+
+
+@dataclass(frozen=True)
+class DeterminismEntry:
+    """One variable or flag on both sides, with the meaning each side's value has."""
+
+    name: str
+    blocking_tier: bool
+    training: Any
+    rollout: Any
+    status: DetStatus
+    training_meaning: Optional[Meaning] = None
+    rollout_meaning: Optional[Meaning] = None
+    note: str = ""
+    kind: str = "env"  # env: an environment variable (None = unset); torch: a torch flag
+
+    @property
+    def blocking(self) -> bool:
+        return self.status is DetStatus.MISMATCH
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "tier": "blocking" if self.blocking_tier else "recorded",
+            "status": self.status.value,
+            "training": self.training,
+            "rollout": self.rollout,
+            "training_meaning": self.training_meaning.to_dict() if self.training_meaning else None,
+            "rollout_meaning": self.rollout_meaning.to_dict() if self.rollout_meaning else None,
+            "note": self.note,
+        }
+
+
+def _fact(raw: Optional[str]) -> str:
+    return "unset" if raw is None else f"set to {raw!r}"
+
+
+def _env_entry(name, t_env, r_env, collective) -> DeterminismEntry:
+    t_raw, r_raw = t_env.get(name), r_env.get(name)
+    meaning_of = {
+        "NCCL_ALGO": lambda env: nccl_algorithms(env, collective),
+        "NCCL_PROTO": lambda env: nccl_protocols(env, collective),
+        "CUBLAS_WORKSPACE_CONFIG": lambda env: cublas_workspace(env.get(name)),
+    }.get(name)
+    if name.startswith("NCCL_") and name in BLOCKING_VARIABLES and collective is None:
+        meaning_of = None  # no collective reduces the compared tensor: recorded only
+    if meaning_of is None:
+        if t_raw == r_raw:
+            return DeterminismEntry(name, False, t_raw, r_raw, DetStatus.MATCH)
+        note = "recorded; no collective reduces the compared tensor" if name in BLOCKING_VARIABLES else ""
+        return DeterminismEntry(name, False, t_raw, r_raw, DetStatus.DIFFERENT, note=note)
+    t_mean, r_mean = meaning_of(t_env), meaning_of(r_env)
+    if t_raw == r_raw:
+        status, note = DetStatus.MATCH, ""
+    elif t_mean.same(r_mean) and t_mean.kind != "invalid":
+        status = DetStatus.EQUIVALENT
+        note = f"same meaning; training {_fact(t_raw)}, rollout {_fact(r_raw)}"
+    else:
+        status, note = DetStatus.MISMATCH, f"training {t_mean.value!r} vs rollout {r_mean.value!r}"
+    return DeterminismEntry(name, True, t_raw, r_raw, status, t_mean, r_mean, note)
+
+
+@dataclass(frozen=True)
+class DeterminismDiff:
+    """Every watched variable and flag on both sides; ``blocking`` when a blocking one differs in meaning."""
+
+    entries: tuple[DeterminismEntry, ...]
+    collective: Optional[str]
+    training_torch_status: str
+    rollout_torch_status: str
+
+    @property
+    def blocking(self) -> bool:
+        return any(entry.blocking for entry in self.entries)
+
+    def entry(self, name: str) -> DeterminismEntry:
+        return next(e for e in self.entries if e.name == name)
+
+    def findings(self) -> list[Finding]:
+        out = []
+        for e in self.entries:
+            values = f"training={e.training!r}, rollout={e.rollout!r}"
+            if e.status is DetStatus.MISMATCH:
+                out.append(Finding(
+                    Code.DETERMINISM_BLOCKING.value, Severity.ERROR, f"determinism.{e.name}", values,
+                    f"{e.name} means different things on the two sides ({e.note})",
+                    f"give {e.name} one meaning on both sides (policy.megatron_cfg.env_vars and "
+                    "policy.generation.vllm_cfg.env_vars; vLLM's batch-invariant mode overrides it in its worker)",
+                ))
+            elif e.status in (DetStatus.DIFFERENT, DetStatus.EQUIVALENT):
+                code = Code.DETERMINISM_RECORDED if e.status is DetStatus.DIFFERENT else Code.DETERMINISM_EQUIVALENT
+                out.append(Finding(code.value, Severity.INFO, f"determinism.{e.name}", values,
+                                   f"{e.name}: {e.note or 'differs (recorded)'}", "none needed: recorded"))
+        for side, status in (("training", self.training_torch_status), ("rollout", self.rollout_torch_status)):
+            if status != "probed":
+                out.append(Finding(Code.DETERMINISM_NOT_PROBED.value, Severity.INFO, f"determinism.{side}.torch",
+                                   status, f"torch flags of the {side} side were not read ({status})",
+                                   "probe inside the worker after its engine started"))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collective": self.collective,
+            "blocking": self.blocking,
+            "training_torch_status": self.training_torch_status,
+            "rollout_torch_status": self.rollout_torch_status,
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+
+def compare(training: DeterminismProbe, rollout: DeterminismProbe, collective: Optional[str] = "allreduce") -> DeterminismDiff:
+    """Compare two probes. ``collective`` is the NCCL collective that reduces the compared tensor
+    (``allreduce`` for TP reductions, ``reducescatter`` with sequence parallelism); ``None`` when no
+    collective reduces it (TP=1 on both sides): NCCL_ALGO/NCCL_PROTO are then only recorded."""
+    coll = None if collective is None else _collective(collective)
+    names = sorted((set(training.env) | set(rollout.env)) - set(BLOCKING_VARIABLES))
+    entries = [_env_entry(name, training.env, rollout.env, coll) for name in BLOCKING_VARIABLES + tuple(names)]
+    if training.torch is not None and rollout.torch is not None:
+        for name in sorted(set(training.torch) | set(rollout.torch)):
+            t, r = training.torch.get(name), rollout.torch.get(name)
+            entries.append(DeterminismEntry(name, False, t, r, DetStatus.MATCH if t == r else DetStatus.DIFFERENT, kind="torch"))
+    else:
+        known = training.torch if training.torch is not None else rollout.torch
+        for name in sorted(known or {}):
+            t = (training.torch or {}).get(name)
+            r = (rollout.torch or {}).get(name)
+            entries.append(DeterminismEntry(name, False, t, r, DetStatus.NOT_PROBED, kind="torch"))
+    return DeterminismDiff(tuple(entries), coll, training.torch_status, rollout.torch_status)
+
+
+# --- what the frameworks do to the environment -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a framework mode does to a process's environment, for one version range.
+
+    ``overrides`` are always written; ``defaults`` maps a variable to (accepted values, default):
+    a value outside the accepted ones is replaced by the default; ``requires`` maps a variable to
+    the values it must already have (the framework asserts); ``rejects`` to values it refuses.
+    Torch flags are not modelled here: both modes change them inside the process (Megatron turns
+    on ``torch.use_deterministic_algorithms``; vLLM's batch-invariant mode sets fp32_precision
+    "ieee" and turns reduced-precision reductions off), which only a probe there can see.
+    """
+
+    name: str
+    versions: str
+    source: str
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    requires: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def apply(self, env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+        """The environment after this mode ran, and the problems it stops on (empty when none)."""
+        out = dict(env)
+        problems = []
+        for name, values in self.rejects.items():
+            if out.get(name) in values:
+                problems.append(f"{self.name} rejects {name}={out[name]!r}")
+        for name, values in self.requires.items():
+            if out.get(name) not in values:
+                problems.append(f"{self.name} requires {name} in {list(values)}, found {_fact(out.get(name))}")
+        for name, (accepted, default) in self.defaults.items():
+            if out.get(name) not in accepted:
+                out[name] = default
+        out.update(self.overrides)
+        return out, problems
+
+
+_VLLM_BI_BASE = {
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+    "NCCL_LAUNCH_MODE": "GROUP",
+    "NCCL_COLLNET_ENABLE": "0",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_P2P_NET_DISABLE": "1",
+    "NCCL_MIN_NCHANNELS": "1",
+    "NCCL_MAX_NCHANNELS": "1",
+    "NCCL_PROTO": "Simple",
+    "NCCL_NTHREADS": "1",
+    "NCCL_SOCKET_NTHREADS": "1",
+    "VLLM_USE_AOT_COMPILE": "0",
+}
+#: Known modes, keyed by name; ``preview`` and the tests use them.
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            "megatron-deterministic-legacy",
+            "Megatron-LM/Megatron-Bridge before 3ab71ee (2026-07-08)",
+            "megatron/training/arguments.py validate_args; Megatron-Bridge _validate_deterministic_mode",
+            requires={"NCCL_ALGO": ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS")},
+        ),
+        Profile(
+            "megatron-deterministic",
+            "Megatron-LM 3ab71ee (2026-07-08) and later",
+            "Megatron-LM megatron/training/determinism.py apply_determinism_env (added in 3ab71ee)",
+            defaults={
+                "NCCL_ALGO": (("Ring", "CollnetDirect", "CollnetChain", "^NVLS", "Tree"), "Ring"),
+                "CUBLAS_WORKSPACE_CONFIG": (_DETERMINISTIC_CUBLAS, ":4096:8"),
+            },
+            rejects={"NCCL_ALGO": ("Tree",)},
+        ),
+        Profile(
+            "vllm-batch-invariant",
+            "vLLM 0.11.2 to 0.32 (VLLM_BATCH_INVARIANT=1)",
+            "vllm/model_executor/layers/batch_invariant.py override_envs_for_invariance, init_batch_invariance",
+            overrides={**_VLLM_BI_BASE, "NCCL_ALGO": "allreduce:tree", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+        ),
+        Profile(
+            "vllm-batch-invariant-0.33",
+            "vLLM 0.33 and later, NCCL >= 2.31, sm90+ (VLLM_BATCH_INVARIANT=1)",
+            "vLLM PR #58179 (NCCL_ALGO); vllm/model_executor/layers/batch_invariant.py "
+            "enable_batch_invariant_mode (:16:8 on sm90/sm100; read at 0188c01)",
+            overrides={**_VLLM_BI_BASE, "NCCL_ALGO": "ring,tree;allreduce:tree", "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
+        ),
+    )
+}
+
+
+def vllm_batch_invariant(env: Mapping[str, Optional[str]]) -> bool:
+    """Whether ``VLLM_BATCH_INVARIANT`` turns the mode on (vLLM reads it as an integer != 0)."""
+    try:
+        return int(env.get("VLLM_BATCH_INVARIANT") or "0") != 0
+    except ValueError:
+        return False

@@ -1,0 +1,302 @@
+"""Predict both attention contracts, and their binding, from a resolved NeMo-RL config alone.
+
+``check`` calls ``preview_binding(cfg, settings)``: the training contract comes from
+``policy`` / ``policy.megatron_cfg``, the rollout contract from ``policy.generation.vllm_cfg`` /
+``vllm_kwargs``. What the config fixes is ``configured``; what only the running engines know (the
+model's shape, read from its HF config at start, vLLM's own defaults, library versions) is
+``pending``, so the predicted binding is at best ``incomparable`` and fails only on differences
+the config already implies. The worker environment is predicted too (``env_vars`` over the
+driver's environment, Megatron's deterministic mode and vLLM's batch-invariant mode applied).
+
+The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
+rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, NamedTuple, Optional
+
+from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
+from nemo_rl_attn_align.contract.schema import (
+    AttentionContract,
+    ContractBuilder,
+    ContractError,
+    Provenance,
+    Tier,
+    fields_of,
+    normalize_dtype,
+)
+from nemo_rl_attn_align.config.loader import get_path
+from nemo_rl_attn_align.contract.hf_model import HFModelConfig, identity_fields, load_model_config
+from nemo_rl_attn_align.compare.determinism import PROFILES, collective_for, compare, probe, vllm_batch_invariant
+from nemo_rl_attn_align.preflight.plan import megatron_enabled, read_policy_facts
+from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
+
+_AT_START = "read from the HF config of policy.model_name when the worker starts"
+#: megatron_cfg.model_overrides keys that set an identity field on the training side only.
+_MODEL_OVERRIDE_FIELDS = {
+    "num_layers": "num_layers",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_query_groups",
+    "kv_channels": "head_dim",
+    "softmax_scale": "softmax_scale",
+}
+#: The vLLM batch-invariant profile the preview assumes (vLLM's version is known only at start).
+_VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
+
+
+def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
+    return get_path(cfg, dotted, None)
+
+
+def _mapping(node: Any, key: str) -> Mapping[str, Any]:
+    """``node[key]`` when it is a mapping, else empty (a malformed section is NeMo-RL's to report)."""
+    value = node.get(key) if isinstance(node, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _count(value: Any) -> Optional[int]:
+    """``value`` when it is a positive int (a batch or step count), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _dtype(value: Any) -> Optional[str]:
+    try:
+        return normalize_dtype(value) if value is not None else None
+    except ContractError:
+        return None
+
+
+def _identity(b: ContractBuilder, cfg: Mapping[str, Any], model: Optional[HFModelConfig]) -> None:
+    """Fields both sides share: causal LM, the tokenizer, the logical batch, and what the model's
+    local ``config.json`` fixes (both sides build the model from it); the rest pending."""
+    for name in fields_of(Tier.IDENTITY):
+        b.pending(name, _AT_START)
+    if model is not None:
+        source = f"{model.path} (the config.json both sides load)"
+        for name, value in identity_fields(model.config).items():
+            if value is None:  # sliding_window: null is full attention, a value like any other
+                b.configured(name, None, source)
+            else:
+                _from_config(b, name, value, source)
+    b.configured("causal", True, "decoder-only LM: causal mask")
+    tokenizer = _get(cfg, "policy.tokenizer.name") or _get(cfg, "policy.model_name")
+    if isinstance(tokenizer, str) and tokenizer:
+        b.configured("tokenizer", tokenizer, "policy.tokenizer.name (NeMo-RL tokenizes once and feeds token ids to both sides)")
+    else:
+        b.pending("tokenizer", "policy.tokenizer.name is not set")
+    prompts, generations = _count(_get(cfg, "grpo.num_prompts_per_step")), _count(_get(cfg, "grpo.num_generations_per_prompt"))
+    if prompts and generations:
+        b.configured("batch_size", prompts * generations, "grpo.num_prompts_per_step x grpo.num_generations_per_prompt")
+    else:
+        b.pending("batch_size", "known when the first rollout batch is scored")
+
+
+def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
+    the Megatron hook records training only where NeMo-RL enables Megatron (a truthy
+    ``policy.megatron_cfg.enabled``), the vLLM hook
+    rollout only with ``policy.generation.backend: vllm``."""
+    absent = {}
+    if not megatron_enabled(cfg.get("policy")):
+        absent["training"] = "policy.megatron_cfg.enabled is not truthy (the contract covers Megatron training)"
+    gen = _get(cfg, "policy.generation")
+    if not isinstance(gen, Mapping) or gen.get("backend") != "vllm":
+        absent["rollout"] = "policy.generation.backend is not vllm (no vLLM rollout to bind)"
+    return absent
+
+
+def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+                     model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
+    """The training contract a Megatron policy worker would record, or ``None`` when
+    ``policy.megatron_cfg.enabled`` is not truthy."""
+    policy = cfg.get("policy")
+    facts = read_policy_facts(policy, os.environ if environ is None else environ)
+    if "training" in absent_sides(cfg):
+        return None
+    mcfg = _mapping(policy, "megatron_cfg")
+    overrides = facts.model_overrides
+    b = ContractBuilder("training", "preview-training")
+    _identity(b, cfg, model)
+    for key, name in _MODEL_OVERRIDE_FIELDS.items():
+        if key in overrides:
+            _from_config(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
+    cp = facts.context_parallel_size
+    comm = overrides.get("cp_comm_type") or "p2p"
+    comm = comm if isinstance(comm, str) else "p2p"
+    backend = facts.effective_backend
+    te_semantics(b, backend, _dtype(facts.precision), cp, comm, preview=True)
+    impl = facts.transformer_impl
+    b.configured("engine", "megatron-te" if impl == "transformer_engine" else f"megatron-{impl}", "policy.megatron_cfg.transformer_impl")
+    if backend is not None:
+        b.configured("backend", f"AttnBackend.{backend}", "policy.megatron_cfg.attention_backend; TE's actual choice is observed at the first forward")
+    else:
+        b.pending("backend", "attention_backend is invalid")
+    _from_config(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
+    b.configured("cp_layout", "load_balanced" if cp > 1 else "none", "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r")
+    if cp > 1:  # an unknown value is the pre-flight rules' CONFIG_VALUE_INVALID; the field is then pending
+        _from_config(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
+    else:
+        b.configured("cp_comm_type", None, "no context parallelism")
+    _from_config(b, "tp_size", mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size")
+    b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
+    fusion = mcfg.get("apply_rope_fusion", True)
+    b.configured("rope_fusion", fusion if isinstance(fusion, bool) else True, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
+    mbs = _count(policy.get("logprob_batch_size")) or _count(policy.get("train_micro_batch_size"))
+    _from_config(b, "physical_batch", mbs, "policy.logprob_batch_size")
+    # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
+    b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
+    b.configured("deterministic", bool(overrides.get("deterministic_mode")), "model_overrides.deterministic_mode")
+    b.pending("flash_attention_version", "the installed flash-attn, known at start")
+    b.pending("versions", "the worker's installed libraries")
+    return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
+
+
+def _from_config(b: ContractBuilder, name: str, value: Any, key: str) -> None:
+    """``name`` configured from config key ``key``; pending when the key is unset (the engine's
+    default applies) or holds a value the field cannot take (the pre-flight rules report it)."""
+    if value is None:
+        b.pending(name, f"{key} not set: the engine's default")
+        return
+    try:
+        b.configured(name, value, key)
+    except ContractError as err:
+        b.pending(name, f"{key}={value!r} is not usable: {err}")
+
+
+def _worker_env(cfg: Mapping[str, Any], section: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A worker's environment before its framework runs: the driver's, then ``<section>.env_vars``
+    (NeMo-RL gives env_vars precedence over the driver's environment)."""
+    extra = _get(cfg, f"{section}.env_vars")
+    extra = extra if isinstance(extra, Mapping) else {}  # a non-mapping env_vars is NeMo-RL's error to report
+    return {**environ, **{str(k): str(v) for k, v in extra.items()}}
+
+
+_VLLM, _MEGATRON = "policy.generation.vllm_cfg", "policy.megatron_cfg"
+
+
+def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+                    model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
+    """The rollout contract a vLLM generation worker would record, or ``None`` when
+    ``policy.generation.backend`` is not vllm."""
+    if "rollout" in absent_sides(cfg):
+        return None
+    gen = _get(cfg, "policy.generation")
+    vcfg, kwargs = _mapping(gen, "vllm_cfg"), _mapping(gen, "vllm_kwargs")
+    env = _worker_env(cfg, _VLLM, os.environ if environ is None else environ)
+    invariant = vllm_batch_invariant(env)
+    b = ContractBuilder("rollout", "preview-rollout")
+    _identity(b, cfg, model)
+    dtype = _dtype(vcfg.get("precision", _get(cfg, "policy.precision")))
+    if dtype is not None:
+        b.configured("dtype", dtype, "policy.generation.vllm_cfg.precision")
+    backend = kwargs.get("attention_backend") or env.get("VLLM_ATTENTION_BACKEND")
+    if backend:
+        _from_config(b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)")
+    else:
+        b.pending("backend", "vLLM selects a backend per layer at engine start")
+    vllm_semantics(b, (backend,) if isinstance(backend, str) and backend else None, invariant, preview=True)
+    b.configured("engine", "vllm", "policy.generation.backend")
+    _from_config(b, "kv_page_size", kwargs.get("block_size"), "vllm_kwargs.block_size")
+    _from_config(b, "kv_cache_dtype", vcfg.get("kv_cache_dtype", "auto"), "policy.generation.vllm_cfg.kv_cache_dtype")
+    chunked = kwargs.get("enable_chunked_prefill", True)
+    if chunked is False:
+        b.configured("chunked_prefill_chunk", None, "vllm_kwargs.enable_chunked_prefill: false")
+    else:
+        _from_config(b, "chunked_prefill_chunk", kwargs.get("max_num_batched_tokens"), "vllm_kwargs.max_num_batched_tokens")
+    b.configured("mode", "prefill+decode" if chunked is False else "chunked_prefill+decode", "vllm_kwargs.enable_chunked_prefill (vLLM V1 default on)")
+    caching = vcfg.get("enable_prefix_caching")
+    if isinstance(caching, bool):
+        b.configured("prefix_caching", caching, "policy.generation.vllm_cfg.enable_prefix_caching")
+    else:
+        b.pending("prefix_caching", "NeMo-RL turns it on for sm80+ GPUs at engine start")
+    b.configured("cp_size", 1, "vLLM runs no context parallelism here")
+    b.configured("cp_layout", "none", "no context parallelism")
+    b.configured("cp_comm_type", None, "no context parallelism")
+    _from_config(b, "tp_size", vcfg.get("tensor_parallel_size", 1), "policy.generation.vllm_cfg.tensor_parallel_size")
+    b.configured("rope_fusion", None, "vLLM applies RoPE in its own kernel; no switch")
+    _from_config(b, "physical_batch", kwargs.get("max_num_seqs"), "vllm_kwargs.max_num_seqs")
+    b.configured("batch_invariant", invariant, "VLLM_BATCH_INVARIANT in the worker environment")
+    b.configured("deterministic", None, "vLLM has no deterministic mode apart from batch invariance")
+    b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
+    b.pending("versions", "the worker's installed libraries")
+    return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
+
+
+def predict_determinism(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+                        training: Optional[AttentionContract] = None, rollout: Optional[AttentionContract] = None):
+    """The determinism diff the workers would report, from the config and ``environ``, with the
+    problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
+    environ = os.environ if environ is None else environ
+    t_env = _worker_env(cfg, _MEGATRON, environ)
+    problems: list[str] = []
+    if bool(_get(cfg, "policy.megatron_cfg.model_overrides.deterministic_mode")):
+        t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
+        problems.extend(found)
+    r_env = _worker_env(cfg, _VLLM, environ)
+    if vllm_batch_invariant(r_env):
+        r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
+        problems.extend(found)
+    collective = collective_for(*(c.known_value("tp_size") for c in (training, rollout) if c is not None))
+    return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), problems
+
+
+class BindingPreview(NamedTuple):
+    """What ``check`` shows: both predicted contracts (``None`` where the config has no such side),
+    the predicted binding (``None`` unless both exist) and notes on assumptions and problems."""
+
+    training: Optional[AttentionContract]
+    rollout: Optional[AttentionContract]
+    binding: Optional[BindingReport]
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "training": self.training.to_dict() if self.training else None,
+            "rollout": self.rollout.to_dict() if self.rollout else None,
+            "binding": self.binding.to_dict() if self.binding else None,
+            "verdict": self.binding.verdict.value if self.binding else None,
+            "notes": list(self.notes),
+        }
+
+    def render(self) -> str:
+        """Human-readable text: the binding table and the notes."""
+        from nemo_rl_attn_align.report.document import render_binding, render_findings
+
+        lines = ["attention contract preview (from the config; 'pending' = known only once the engines run):"]
+        if self.binding is not None:
+            binding = self.binding.to_dict()
+            lines.append(render_binding(binding))
+            lines.extend(render_findings(binding["findings"], shown=("error",)))
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def preview_binding(cfg: Mapping[str, Any], settings: Any = None, environ: Optional[Mapping[str, str]] = None) -> BindingPreview:
+    """Predict both contracts and bind them under ``settings`` (``settings.AlignSettings``; ``None``
+    reads them from ``cfg``). ``environ`` is the driver environment the workers inherit
+    (default ``os.environ``, as ``plan.build_plan``)."""
+    if settings is None:
+        from nemo_rl_attn_align.config.settings import load_settings
+
+        settings = load_settings(cfg)
+    environ = os.environ if environ is None else environ
+    model = load_model_config(_get(cfg, "policy.model_name"), environ)
+    training, rollout = predict_training(cfg, environ, model), predict_rollout(cfg, environ, model)
+    notes = [f"no {side} contract: {why}" for side, why in absent_sides(cfg).items()]
+    if model is not None:
+        notes.append(f"identity read from {model.path} (local; never fetched)")
+    elif training is not None and rollout is not None:
+        notes.append(f"identity pending: policy.model_name={_get(cfg, 'policy.model_name')!r} has no config.json "
+                     "on this machine (a local directory or the Hugging Face cache); nothing is downloaded")
+    if training is None or rollout is None:
+        return BindingPreview(training, rollout, None, tuple(notes))
+    diff, problems = predict_determinism(cfg, environ, training, rollout)
+    notes.extend(f"determinism: {p}" for p in problems)
+    if vllm_batch_invariant(_worker_env(cfg, _VLLM, environ)):
+        notes.append(f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
+                     f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning")
+    mandate: Mandate = settings.to_mandate()
+    binding = bind(training, rollout, mandate, allow_dtype_difference=settings.allow_dtype_difference, determinism=diff)
+    return BindingPreview(training, rollout, binding, tuple(notes))

@@ -1,0 +1,231 @@
+"""The drift sweep's attention shape and defaults, read from a NeMo-RL config (torch-free).
+
+Attention shapes come, field by field, from the first of: explicit flags, the config's
+``attention_align.drift`` block, ``policy.megatron_cfg.model_overrides`` (``num_attention_heads``,
+``num_query_groups``, ``kv_channels``, ``window_size``), ``policy.hf_config_overrides``
+(``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the model's
+``config.json`` on local disk (``hf_model``: a local path or the Hugging Face cache, never the
+network), and only then the built-in table of well-known ``policy.model_name`` values. ``kv_heads`` defaults to ``heads`` (MHA) and
+``window`` to none (full causal), as in Megatron and Hugging Face.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_rl_attn_align.config.loader import get_path
+from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.contract.hf_model import identity_fields, load_model_config
+
+#: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
+#: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).
+BUILTIN_MODELS: dict[str, dict[str, int]] = {
+    "Qwen/Qwen3-0.6B": {"heads": 16, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen3-1.7B": {"heads": 16, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen3-4B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen3-8B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "Qwen/Qwen2.5-1.5B": {"heads": 12, "kv_heads": 2, "head_dim": 128},
+    "Qwen/Qwen2.5-7B": {"heads": 28, "kv_heads": 4, "head_dim": 128},
+    "meta-llama/Llama-3.1-8B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "meta-llama/Llama-3.2-1B": {"heads": 32, "kv_heads": 8, "head_dim": 64},
+}
+_MODEL_SUFFIXES = ("-Instruct", "-Base")
+
+#: dtypes the sweep runs (``drift.DTYPES`` maps them to torch).
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+DEFAULT_DTYPES = DTYPE_NAMES
+#: GPU generations plans are selected for (``--gpu``); NeMo-RL's recipes target Hopper.
+GPU_NAMES = ("sm80", "sm90")
+DEFAULT_GPU = "sm90"
+#: Training engines swept when the config names no backend of its own (``default_engines``); the
+#: unfused ``megatron-local`` and ``hf-eager`` are a flag away (each builds the full score matrix).
+DEFAULT_TRAINING = ("reference", "te-p2p:cp=2", "te-p2p-bshd:cp=2", "te-allgather:cp=2", "flash")
+DEFAULT_CHUNK = 256
+DEFAULT_SEQ_LEN = 1024
+DEFAULT_VOCAB = 512
+
+
+@dataclass
+class Shape:
+    """One attention layer's shape and where each field came from."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    seq_len: int
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "window": self.window, "seq_len": self.seq_len, "sources": dict(self.sources)}
+
+
+def builtin_shape(model_name: str | None) -> dict[str, int] | None:
+    """The built-in table's entry for ``model_name`` (``-Instruct``/``-Base`` variants included)."""
+    if not model_name:
+        return None
+    name = str(model_name)
+    for suffix in _MODEL_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return BUILTIN_MODELS.get(name)
+
+
+def _left_window(value: Any) -> Any:
+    """Megatron's ``window_size`` is ``(left, right)``; keep the left size (``-1``/None: none)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return None if value in (None, -1) else value
+
+
+def _hf_window(hf: dict) -> Any:
+    """HF ``sliding_window`` counts the query itself; the left window is one less."""
+    window = hf.get("sliding_window")
+    if hf.get("use_sliding_window") is False or window in (None, 0):
+        return None
+    return window - 1 if isinstance(window, int) and not isinstance(window, bool) else window
+
+
+def _sources(cfg: dict | None) -> list[tuple[str, dict]]:
+    """Candidate ``(name, {field: value})`` layers, highest priority first (flags excluded)."""
+    if not cfg:
+        return []
+    layers = []
+    drift = get_path(cfg, "attention_align.drift", None)
+    if isinstance(drift, dict):
+        layers.append(("attention_align.drift", dict(drift)))
+    mo = get_path(cfg, "policy.megatron_cfg.model_overrides", None)
+    if isinstance(mo, dict):
+        layers.append(("policy.megatron_cfg.model_overrides", {
+            "heads": mo.get("num_attention_heads"), "kv_heads": mo.get("num_query_groups"),
+            "head_dim": mo.get("kv_channels"), "window": _left_window(mo.get("window_size")),
+            "hidden": mo.get("hidden_size")}))
+    hf = get_path(cfg, "policy.hf_config_overrides", None)
+    if isinstance(hf, dict):
+        layers.append(("policy.hf_config_overrides", {
+            "heads": hf.get("num_attention_heads"), "kv_heads": hf.get("num_key_value_heads"),
+            "head_dim": hf.get("head_dim"), "window": _hf_window(hf), "hidden": hf.get("hidden_size")}))
+    model = get_path(cfg, "policy.model_name", None)
+    local = load_model_config(model)
+    if local is not None:
+        ident = identity_fields(local.config)
+        layers.append((str(local.path), {
+            "heads": ident.get("num_attention_heads"), "kv_heads": ident.get("num_query_groups"),
+            "head_dim": ident.get("head_dim"), "window": ident.get("sliding_window")}))
+    table = builtin_shape(model)
+    if table:
+        layers.append((f"built-in table ({model})", dict(table)))
+    seq = get_path(cfg, "policy.max_total_sequence_length", None)
+    if seq is not None:
+        layers.append(("policy.max_total_sequence_length", {"seq_len": seq}))
+    return layers
+
+
+def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        flag = "--" + name.replace("_", "-")
+        raise UsageError(f"{where}: {name}={value!r} is not a positive integer. Fix: pass {flag} N or correct {where}.")
+    return value
+
+
+def resolve_shape(cfg: dict | None, flags: dict[str, Any]) -> Shape:
+    """Attention shape for the sweep: flags > drift block > model_overrides > hf overrides > built-in."""
+    layers = [("flags", {k: v for k, v in flags.items() if v is not None})] + _sources(cfg)
+    picked: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in ("heads", "kv_heads", "head_dim", "window", "seq_len", "hidden"):
+        for where, values in layers:
+            if values.get(name) is not None:
+                picked[name], sources[name] = values[name], where
+                break
+    if "heads" not in picked:
+        model = get_path(cfg or {}, "policy.model_name", None)
+        known = ", ".join(BUILTIN_MODELS)
+        raise UsageError(
+            f"policy.model_name={model!r}: attention shape unknown (not in the built-in table: {known}). "
+            "Fix: pass --heads N --kv-heads N --head-dim N (and --window N for sliding-window models).")
+    heads = _positive_int("heads", picked["heads"], sources["heads"])
+    if "kv_heads" not in picked:
+        picked["kv_heads"], sources["kv_heads"] = heads, "default (= heads)"
+    if "head_dim" not in picked and "hidden" in picked:
+        hidden = _positive_int("hidden_size", picked["hidden"], sources["hidden"])
+        picked["head_dim"], sources["head_dim"] = hidden // heads, f"{sources['hidden']} hidden_size // heads"
+    if "head_dim" not in picked:
+        raise UsageError(f"head dim unknown for heads={heads} ({sources['heads']}). Fix: pass --head-dim N.")
+    kv_heads = _positive_int("kv_heads", picked["kv_heads"], sources["kv_heads"])
+    if heads % kv_heads:
+        raise UsageError(f"heads={heads} is not a multiple of kv_heads={kv_heads}. Fix: pass matching --heads and --kv-heads.")
+    window = picked.get("window")
+    if window is not None:
+        window = _positive_int("window", window, sources["window"], allow_zero=True)
+    else:
+        sources["window"] = sources.get("window", "default (none)")
+    seq_len = picked.get("seq_len", DEFAULT_SEQ_LEN)
+    sources.setdefault("seq_len", "default")
+    sources.pop("hidden", None)
+    return Shape(heads, kv_heads, _positive_int("head_dim", picked["head_dim"], sources["head_dim"]),
+                 window, _positive_int("seq_len", seq_len, sources["seq_len"]), sources)
+
+
+def default_rollout(gpu: str, seq_len: int) -> list[str]:
+    """vLLM's path on ``gpu``: chunked prefill, and cascade past a shared prompt of half the sequence."""
+    engine = "vllm-fa3" if gpu == "sm90" else "vllm"
+    prompt = seq_len // 2 // DEFAULT_CHUNK * DEFAULT_CHUNK
+    plans = [f"{engine}:chunk={DEFAULT_CHUNK}"]
+    if prompt:
+        plans.append(f"{engine}:chunk={DEFAULT_CHUNK},cascade={prompt}")
+    return ["reference", *plans]
+
+
+def default_engines(cfg: dict | None, gpu: str, shape: Shape) -> tuple[list[str], list[str]]:
+    """``(training, rollout)`` engine specs the config runs on ``gpu`` (torch-free).
+
+    Training follows ``policy.megatron_cfg``: ``transformer_impl: local`` -> Megatron's own
+    attention; else TE with ``attention_backend`` (flash; fused; auto = fused on sm90, where TE
+    prefers cuDNN, flash on sm80). With ``context_parallel_size > 1`` NeMo-RL packs sequences, so
+    the flash path is TE's thd p2p ring (its bshd figure is swept beside it for comparison).
+    A window rules out the p2p ring (TE runs it full-causal only) and vLLM's cascade.
+    """
+    mc = get_path(cfg or {}, "policy.megatron_cfg", None)
+    if not isinstance(mc, dict) or not mc.get("enabled", True) or not cfg:
+        training = [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)]
+        rollout = default_rollout(gpu, shape.seq_len)
+        return training, [r for r in rollout if not (shape.window is not None and "cascade" in r)]
+    backend = str(mc.get("attention_backend") or "auto")
+    cp = mc.get("context_parallel_size") or 1
+    cp = cp if isinstance(cp, int) and not isinstance(cp, bool) and cp > 0 else 1
+    if mc.get("transformer_impl") == "local":
+        engines = ["megatron-local"]
+    elif backend == "fused" or (backend == "auto" and gpu == "sm90"):
+        engines = ["te-fused"]
+    elif backend in ("flash", "auto"):
+        if cp > 1 and shape.window is None:
+            engines = [f"te-p2p:cp={cp}", f"te-p2p-bshd:cp={cp}"]
+        elif cp > 1:
+            engines = [f"te-allgather:cp={cp}"]
+        else:
+            engines = ["flash"]
+    else:
+        engines = []                                         # TE's unfused attention: not replayed
+    rollout = [r for r in default_rollout(gpu, shape.seq_len) if not (shape.window is not None and "cascade" in r)]
+    return ["reference", *engines], rollout
+
+
+def parse_gpu(text: str) -> str:
+    """``"sm90"`` -> ``"sm90"``; UsageError on an unknown generation."""
+    if text not in GPU_NAMES:
+        raise UsageError(f"--gpu {text!r}: unknown GPU generation. Fix: one of {', '.join(GPU_NAMES)}.")
+    return text
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """``"bf16,fp32"`` -> ``["bf16", "fp32"]``; UsageError on an unknown name."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in DTYPE_NAMES]
+    if bad or not names:
+        raise UsageError(f"--dtypes {text!r}: unknown dtype {bad[0] if bad else '(empty)'}. Fix: a comma list of {', '.join(DTYPE_NAMES)}.")
+    return names
+
+

@@ -1,0 +1,271 @@
+"""From finding mismatches to removing them: ``attention_align.preset: aligned`` and ``check --fix``.
+
+``align(cfg)`` previews the binding, and while its semantic or determinism tier fails it applies the
+setting that removes the first cause, then previews again. What each cause takes:
+
+* rollout ``reduction_order: split_kv`` (vLLM's decode may split the KV): vLLM's batch-invariant
+  mode, ``VLLM_BATCH_INVARIANT=1`` in ``policy.generation.vllm_cfg.env_vars`` (one KV split);
+* ``CUBLAS_WORKSPACE_CONFIG`` meaning differs: Megatron's deterministic workspace ``:4096:8`` on the
+  side that lacks one (vLLM's batch-invariant mode sets ``:4096:8`` or ``:16:8``, the same meaning);
+* ``dtype``: a rollout precision other than ``policy.precision`` (an FP8 rollout, say) is a choice:
+  the preset refuses, ``--fix`` sets ``policy.generation.vllm_cfg.precision`` to ``policy.precision``;
+* training ``reduction_order: ring_step`` / ``downcast: per_partial`` (context parallelism): NeMo-RL
+  packs sequences whenever ``context_parallel_size > 1`` and Transformer Engine runs packed (``thd``,
+  padding masks) attention only over its p2p ring (``AttnFuncWithCPAndQKVOA2A`` and
+  ``AttnFuncWithCPAndKVAllGather`` assert no padding mask); only ``context_parallel_size: 1`` aligns;
+* ``NCCL_ALGO`` / ``NCCL_PROTO`` (tensor parallelism > 1): vLLM's batch-invariant mode pins the
+  allreduce to Tree/Simple while Megatron's deterministic mode requires Ring: only TP 1 aligns.
+
+The preset (run by the driver before any worker starts, and shown by ``check``) applies only
+determinism settings (environment variables); a cause that needs the parallel layout or the rollout
+precision changed is refused with one finding. ``check --fix`` may also change those, each such
+change labelled with its cost, and prints the smallest set of Hydra overrides that turns the preview
+to pass. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from nemo_rl_attn_align.compare.binding import Status
+from nemo_rl_attn_align.contract.schema import Tier
+from nemo_rl_attn_align.errors import Finding, Severity
+
+PRESET_CODE = "ALIGN_PRESET_REFUSED"
+#: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.
+CUBLAS_DETERMINISTIC = ":4096:8"
+_VLLM_ENV = "policy.generation.vllm_cfg.env_vars"
+_MEGATRON_ENV = "policy.megatron_cfg.env_vars"
+#: How many preview rounds ``align`` runs at most (each removes at least one cause).
+MAX_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class Change:
+    """One config setting the preset or ``--fix`` makes: the dotted key, the value, why, and whether
+    it ``alters_run`` (changes the parallel layout or the rollout precision, which the preset never
+    does; ``check --fix`` lists such changes with their cost)."""
+
+    key: str
+    value: Any
+    reason: str
+    alters_run: bool = False
+
+    def override(self) -> str:
+        """The Hydra override that makes this change (``++`` adds or sets), quoted for a POSIX shell."""
+        value = json.dumps(self.value) if isinstance(self.value, str) else _hydra_scalar(self.value)
+        text = f"++{self.key}={value}"
+        return "'" + text.replace("'", "'\\''") + "'"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "reason": self.reason, "alters_run": self.alters_run,
+                "override": self.override()}
+
+
+def _hydra_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """What ``align`` did: the changes, the preview after them, why it stopped short (``None`` when
+    the semantic and determinism tiers pass, or when the config has no two sides to bind), and the
+    changed config."""
+
+    changes: tuple[Change, ...]
+    preview: Any  # preview.BindingPreview after the changes
+    refusal: Optional[Finding]
+    config: Mapping[str, Any]  # a copy of the config with the changes applied
+
+    @property
+    def aligned(self) -> bool:
+        return self.refusal is None and self.preview.binding is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"changes": [c.to_dict() for c in self.changes], "aligned": self.aligned,
+                "refusal": self.refusal.to_dict() if self.refusal else None}
+
+
+def get_key(cfg: Mapping[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def blocked_parent(cfg: Mapping[str, Any], key: str) -> tuple[str, Any] | None:
+    """``(dotted parent, its value)`` when a parent of ``key`` is set but is not a mapping (so
+    ``set_key`` cannot create ``key`` under it), else None."""
+    node: Any = cfg
+    parents = key.split(".")[:-1]
+    for depth, part in enumerate(parents, 1):
+        node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            return None
+        if not isinstance(node, Mapping):
+            return ".".join(parents[:depth]), node
+    return None
+
+
+def set_key(cfg: Any, key: str, value: Any) -> None:
+    """Set dotted ``key`` in a nested dict (a pydantic model's attributes too), creating mappings
+    where the path is missing or null (NeMo-RL's recipes write ``env_vars: null``)."""
+    *parents, last = key.split(".")
+    node = cfg
+    for part in parents:
+        child = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
+        if child is None:
+            child = {}
+            if isinstance(node, dict):
+                node[part] = child
+            else:
+                setattr(node, part, child)
+        elif not isinstance(child, Mapping):
+            raise ValueError(f"{key}: {part}={child!r} is not a mapping; cannot set {last} under it")
+        node = child
+    if isinstance(node, dict):
+        node[last] = value
+    else:
+        setattr(node, last, value)
+
+
+def blocking_causes(preview: Any) -> list[tuple[str, str, Any]]:
+    """What fails the semantic and determinism tiers: ``(kind, name, result)`` for each mismatching
+    semantic field (kind ``field``) and blocking determinism variable (kind ``determinism``)."""
+    binding = preview.binding
+    if binding is None:
+        return []
+    causes: list[tuple[str, str, Any]] = [
+        ("field", r.name, r) for r in binding.with_status(Status.MISMATCH) if r.tier is Tier.SEMANTIC
+    ]
+    if binding.determinism is not None:
+        causes += [("determinism", e.name, e) for e in binding.determinism.entries if e.blocking]
+    return causes
+
+
+def _refuse(where: str, value: Any, message: str, fix: str) -> Finding:
+    return Finding(PRESET_CODE, Severity.ERROR, where, repr(value), message, fix)
+
+
+def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok: bool) -> list[Change] | Finding:
+    """The changes that remove one cause, or the finding that says why none keeps the layout."""
+    if kind == "field":
+        t, r = result.training.value, result.rollout.value
+        if name == "reduction_order" and r == "split_kv":
+            return [Change(f"{_VLLM_ENV}.VLLM_BATCH_INVARIANT", "1",
+                           "vLLM batch-invariant mode: one KV split, tiles folded in KV order")]
+        if name == "dtype":
+            if alter_ok:
+                return [Change("policy.generation.vllm_cfg.precision", get_key(cfg, "policy.precision"),
+                               "the rollout runs the training precision (a deliberate low-precision rollout "
+                               "loses its speed-up)", alters_run=True)]
+            return _refuse("policy.generation.vllm_cfg.precision", r,
+                           f"dtype: the rollout runs {r!r}, the training {t!r}: a rollout precision is a choice "
+                           "the preset does not override",
+                           "set policy.generation.vllm_cfg.precision to policy.precision (check --fix), or "
+                           "attention_align.allow_dtype_difference: true to measure the difference")
+        if name in ("reduction_order", "downcast") and t in ("ring_step", "per_partial"):
+            cp = get_key(cfg, "policy.megatron_cfg.context_parallel_size")
+            if alter_ok:
+                return [Change("policy.megatron_cfg.context_parallel_size", 1,
+                               "no context parallelism: one kernel pass over the KV; each GPU then holds "
+                               "whole sequences (more activation memory)", alters_run=True)]
+            return _refuse("policy.megatron_cfg.context_parallel_size", cp,
+                           f"context_parallel_size {cp}: NeMo-RL packs sequences under context parallelism and "
+                           "Transformer Engine runs packed attention only over its p2p ring, whose merge order "
+                           "depends on rank and cp_size (a2a and all_gather reject packed masks)",
+                           "set policy.megatron_cfg.context_parallel_size=1, or relax "
+                           f"attention_align.mandate.{name} (the drift is then measured, not removed)")
+        return _refuse(f"contract.semantic.{name}", {"training": t, "rollout": r},
+                       f"{name}: training {t!r}, rollout {r!r}: no setting the preset makes changes it",
+                       _field_fix(name))
+    if name == "CUBLAS_WORKSPACE_CONFIG":
+        side = _MEGATRON_ENV if result.training_meaning.value != "deterministic" else _VLLM_ENV
+        return [Change(f"{side}.CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC,
+                       "deterministic cuBLAS workspace on both sides")]
+    tp = (get_key(cfg, "policy.megatron_cfg.tensor_model_parallel_size"),
+          get_key(cfg, "policy.generation.vllm_cfg.tensor_parallel_size"))
+    if alter_ok:
+        return [Change("policy.megatron_cfg.tensor_model_parallel_size", 1,
+                       "no tensor parallelism in training: no allreduce reduces the compared tensor "
+                       "(each GPU holds the whole model)", alters_run=True),
+                Change("policy.generation.vllm_cfg.tensor_parallel_size", 1,
+                       "no tensor parallelism in rollout (each GPU holds the whole model)", alters_run=True)]
+    return _refuse("policy.megatron_cfg.tensor_model_parallel_size", {"training": tp[0], "rollout": tp[1]},
+                   f"{name}: with tensor parallelism the allreduce must run one NCCL algorithm on both sides, "
+                   "but vLLM's batch-invariant mode pins it to Tree/Simple and Megatron's deterministic mode "
+                   "requires Ring",
+                   "run tensor_model_parallel_size=1 and vllm_cfg.tensor_parallel_size=1, or accept the "
+                   "measured allreduce drift (attention_align.on_mismatch: warn)")
+
+
+def _field_fix(name: str) -> str:
+    from nemo_rl_attn_align.contract.schema import field_spec
+
+    return field_spec(name).fix
+
+
+def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any], *, alter_ok: bool = False) -> Alignment:
+    """Apply the settings that make the semantic and determinism tiers of ``preview_of(cfg)`` pass.
+
+    ``preview_of`` previews a config (``preview.preview_binding`` with fixed settings and
+    environment). ``alter_ok`` lets parallel sizes change (``check --fix``); the preset keeps them.
+    ``cfg`` is not modified: the changes are applied to a copy.
+    """
+    work = copy.deepcopy(dict(cfg))
+    changes: list[Change] = []
+    refusals: dict[str, Finding] = {}  # by key: NCCL_ALGO and NCCL_PROTO share one cause
+    preview = preview_of(work)
+    for _ in range(MAX_ROUNDS):
+        fresh: list[Change] = []
+        for kind, name, result in blocking_causes(preview):
+            remedy = _remedy(kind, name, result, work, alter_ok)
+            if isinstance(remedy, Finding):
+                refusals.setdefault(remedy.key, remedy)
+                continue
+            for change in remedy:
+                blocked = blocked_parent(work, change.key)
+                if blocked is not None:
+                    refusals.setdefault(blocked[0], _refuse(
+                        blocked[0], blocked[1], f"{blocked[0]} is not a mapping: the preset cannot set "
+                        f"{change.key.rsplit('.', 1)[1]} under it", f"make {blocked[0]} a mapping (or null)"))
+                elif get_key(work, change.key) != change.value and change not in fresh:
+                    fresh.append(change)
+        if not fresh:
+            break
+        for change in fresh:
+            set_key(work, change.key, change.value)
+        changes.extend(fresh)
+        preview = preview_of(work)
+    left = blocking_causes(preview)
+    if not left:
+        return Alignment(tuple(changes), preview, None, work)
+    refusal = next(iter(refusals.values()), None) or _refuse(
+        left[0][1], None, f"{left[0][1]} still fails after {', '.join(c.key for c in changes) or 'no change'}",
+        "report this as a bug of nemo-rl-attn-align")
+    return Alignment(tuple(changes), preview, refusal, work)
+
+
+def minimal(cfg: Mapping[str, Any], alignment: Alignment, preview_of: Callable[[Mapping[str, Any]], Any]) -> tuple[Change, ...]:
+    """The smallest subset of ``alignment.changes`` after which the preview still has no blocking
+    cause (each change is dropped in turn when the rest suffice)."""
+    kept = list(alignment.changes)
+    for change in list(kept):
+        trial = [c for c in kept if c is not change]
+        work = copy.deepcopy(dict(cfg))
+        for c in trial:
+            set_key(work, c.key, c.value)
+        if not blocking_causes(preview_of(work)):
+            kept = trial
+    return tuple(kept)
+
+
+def apply_changes(master_config: Any, changes: tuple[Change, ...]) -> None:
+    """Write ``changes`` into the driver's master config (a dict or NeMo-RL 0.7's pydantic model)."""
+    for change in changes:
+        set_key(master_config, change.key, change.value)

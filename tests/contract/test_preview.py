@@ -1,0 +1,206 @@
+"""``check``'s preview: both contracts predicted from real YAML files, and their binding."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nemo_rl_attn_align.compare.binding import Code, Status, Verdict
+from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.contract.schema import FIELD_NAMES, AttentionContract, Provenance, Tier, fields_of
+from nemo_rl_attn_align.compare.determinism import DetStatus
+from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, preview_binding
+from nemo_rl_attn_align.config.settings import load_settings
+
+from tests.conftest import EXAMPLES
+
+GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
+VLLM_ENV = "++policy.generation.vllm_cfg.env_vars"
+MEGATRON_ENV = "++policy.megatron_cfg.env_vars"
+OVERRIDES = "++policy.megatron_cfg.model_overrides"
+
+
+def _preview(*overrides, environ=None, path=GRPO):
+    cfg = load_config(path, list(overrides))
+    return preview_binding(cfg, load_settings(cfg), environ={} if environ is None else environ)
+
+
+def _errors(binding):
+    return {(f.key, f.code) for f in binding.findings() if f.severity.value == "error"}
+
+
+def test_stock_example_fails_on_the_rollout_reduction_order_and_says_why():
+    preview = _preview()
+    binding = preview.binding
+    assert binding.verdict is Verdict.FAIL and not binding.comparable
+    assert _errors(binding) == {("contract.semantic.reduction_order", Code.SEMANTIC_MANDATE.value)}
+    result = binding.result("reduction_order")
+    assert (result.training.value, result.rollout.value, result.demand) == ("kv_index", "split_kv", "kv_index")
+    assert "rollout 'split_kv'" in result.message and "split-KV" in result.rollout.source
+    (finding,) = [f for f in binding.findings() if f.code == Code.SEMANTIC_MANDATE.value]
+    assert "VLLM_BATCH_INVARIANT=1" in finding.fix
+    # the model's shape is read from its HF config at start: pending, never a match
+    for name in ("architecture", "num_layers", "head_dim", "softmax_scale", "vocab_size"):
+        assert binding.result(name).code is Code.PENDING
+    for name in ("causal", "tokenizer", "batch_size", "merge_rule", "acc_dtype", "downcast", "dtype"):
+        assert binding.result(name).status is Status.MATCH, name
+    assert binding.result("batch_size").training.value == 32 * 16
+    text = preview.render()
+    assert "reduction_order" in text and "MISMATCH" in text and "[pending]" in text
+    json.dumps(preview.to_dict(), allow_nan=False)
+
+
+def test_predicted_contracts_are_whole_and_valid():
+    cfg = load_config(GRPO)
+    for contract in (predict_training(cfg, {}), predict_rollout(cfg, {})):
+        assert isinstance(contract, AttentionContract) and list(contract.fields) == list(FIELD_NAMES)
+        assert {fv.provenance for _, fv in contract} <= {Provenance.CONFIGURED, Provenance.PENDING}
+        assert AttentionContract.from_json(contract.to_json()) == contract
+        assert all(fv.source for _, fv in contract), "every prediction says where it comes from"
+
+
+def test_batch_invariant_rollout_meets_the_mandate_but_cublas_differs():
+    preview = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1")
+    binding = preview.binding
+    assert all(binding.result(n).status is Status.MATCH for n in fields_of(Tier.SEMANTIC))
+    assert _errors(binding) == {("determinism.CUBLAS_WORKSPACE_CONFIG", Code.DETERMINISM_BLOCKING.value)}
+    assert binding.determinism.collective is None  # TP=1 on both sides: the NCCL variables are only recorded
+    assert binding.determinism.entry("NCCL_ALGO").status is DetStatus.DIFFERENT
+    assert any("vLLM 0.33" in note for note in preview.notes)
+    # a deterministic cuBLAS workspace on the training side too: nothing disagrees any more
+    aligned = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1", f"{MEGATRON_ENV}.CUBLAS_WORKSPACE_CONFIG=:4096:8")
+    assert aligned.binding.verdict is Verdict.INCOMPARABLE and aligned.binding.passed
+    assert aligned.binding.determinism.entry("CUBLAS_WORKSPACE_CONFIG").status is DetStatus.EQUIVALENT
+
+
+def test_the_driver_environment_reaches_both_sides():
+    preview = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1", environ={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+    assert preview.binding.passed
+    assert _preview(environ={"VLLM_BATCH_INVARIANT": "1"}).binding.result("reduction_order").status is Status.MATCH
+
+
+def test_tensor_parallel_makes_the_allreduce_algorithm_blocking():
+    preview = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1", "policy.generation.vllm_cfg.tensor_parallel_size=2",
+                       f"{MEGATRON_ENV}.CUBLAS_WORKSPACE_CONFIG=:16:8")
+    det = preview.binding.determinism
+    assert det.collective == "allreduce"
+    assert {e.name for e in det.entries if e.blocking} == {"NCCL_ALGO", "NCCL_PROTO"}
+
+
+def test_context_parallel_p2p_fails_order_and_downcast_all_gather_does_not():
+    ring = _preview("policy.megatron_cfg.context_parallel_size=2", f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1").binding
+    assert {key for key, _ in _errors(ring)} >= {"contract.semantic.reduction_order", "contract.semantic.downcast"}
+    assert ring.result("reduction_order").training.value == "ring_step"
+    assert ring.result("downcast").training.value == "per_partial"
+    assert ring.result("cp_comm_type").training.value == "p2p"
+    gathered = _preview("policy.megatron_cfg.context_parallel_size=2", f"{OVERRIDES}.cp_comm_type=all_gather",
+                        f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1").binding
+    assert gathered.result("reduction_order").status is Status.MATCH
+    assert gathered.result("reduction_engine").training.value == "te_cp_all_gather"
+
+
+def test_fp32_reference_against_bf16_rollout_needs_allow_dtype_difference():
+    args = ("policy.precision=float32", "policy.megatron_cfg.attention_backend=auto", "policy.generation.vllm_cfg.precision=bfloat16")
+    plain = _preview(*args).binding
+    assert plain.result("merge_rule").training.value == "full_softmax"  # TE runs fp32 only unfused
+    assert ("contract.semantic.dtype", Code.SEMANTIC_MANDATE.value) in _errors(plain)
+    swept = _preview(*args, "++attention_align.allow_dtype_difference=true",
+                     "++attention_align.mandate.merge_rule=null", "++attention_align.mandate.reduction_order=null").binding
+    assert swept.result("dtype").status is Status.ALLOWED
+    # the dtype is allowed; what stays is that unfused fp32 and vLLM's kernels fold differently
+    assert _errors(swept) == {("contract.semantic.merge_rule", Code.SEMANTIC_SIDES_DIFFER.value),
+                              ("contract.semantic.reduction_order", Code.SEMANTIC_SIDES_DIFFER.value)}
+
+
+def test_model_overrides_on_the_training_side_only_are_not_matched():
+    binding = _preview(f"{OVERRIDES}.num_layers=20").binding
+    result = binding.result("num_layers")
+    assert result.training.value == 20 and result.status is Status.NOT_COMPARABLE
+
+
+def test_megatron_deterministic_mode_predicts_its_environment_and_problems():
+    preview = _preview(f"{OVERRIDES}.deterministic_mode=true", f"{MEGATRON_ENV}.NCCL_ALGO=Tree")
+    assert any("rejects NCCL_ALGO='Tree'" in note for note in preview.notes)
+    clean = _preview(f"{OVERRIDES}.deterministic_mode=true")
+    entry = clean.binding.determinism.entry("CUBLAS_WORKSPACE_CONFIG")
+    assert entry.training == ":4096:8" and clean.binding.result("deterministic").training.value is True
+
+
+def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
+    sft = _preview(path=EXAMPLES / "sft_megatron_flash.yaml")
+    assert sft.training is not None and sft.rollout is None and sft.binding is None
+    assert any("policy.generation.backend is not vllm" in n for n in sft.notes)
+    assert sft.to_dict()["verdict"] is None and "note:" in sft.render()
+    no_megatron = _preview("policy.megatron_cfg.enabled=false")
+    assert no_megatron.training is None and no_megatron.binding is None
+
+
+def test_absent_sides_name_the_key_that_decides():
+    assert absent_sides(load_config(EXAMPLES / "sft_megatron_flash.yaml")) == {
+        "rollout": "policy.generation.backend is not vllm (no vLLM rollout to bind)"}
+    assert absent_sides(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")) == {}
+    assert set(absent_sides({"policy": {"megatron_cfg": None, "generation": None}})) == {"training", "rollout"}
+
+
+def test_an_invalid_backend_leaves_the_semantic_tier_pending():
+    binding = _preview("policy.megatron_cfg.attention_backend=flashh").binding
+    assert all(binding.result(n).training.provenance is Provenance.PENDING for n in fields_of(Tier.SEMANTIC))
+    assert binding.result("merge_rule").code is Code.PENDING  # the rollout side meets the mandate: not comparable
+    assert binding.result("reduction_order").code is Code.SEMANTIC_MANDATE  # the rollout side breaks it anyway
+    assert binding.result("backend").training.provenance is Provenance.PENDING
+
+
+def test_settings_default_to_the_config_own_block():
+    cfg = load_config(GRPO, ["++attention_align.mandate.reduction_order=split_kv"])
+    result = preview_binding(cfg, None, environ={}).binding.result("reduction_order")
+    assert result.demand == "split_kv" and result.code is Code.SEMANTIC_MANDATE
+    assert "training 'kv_index'" in result.message and "rollout" not in result.message.split(",")[0]
+
+
+_BASE = load_config(GRPO)
+_KEYS = [
+    ("policy", "megatron_cfg", "context_parallel_size"), ("policy", "megatron_cfg", "tensor_model_parallel_size"),
+    ("policy", "megatron_cfg", "model_overrides"), ("policy", "megatron_cfg", "env_vars"),
+    ("policy", "megatron_cfg", "apply_rope_fusion"), ("policy", "logprob_batch_size"), ("policy", "precision"),
+    ("policy", "generation", "vllm_cfg", "precision"), ("policy", "generation", "vllm_cfg", "tensor_parallel_size"),
+    ("policy", "generation", "vllm_cfg", "kv_cache_dtype"), ("policy", "generation", "vllm_cfg", "enable_prefix_caching"),
+    ("policy", "generation", "vllm_kwargs"), ("policy", "tokenizer", "name"), ("grpo", "num_prompts_per_step"),
+]
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(allow_nan=False), st.text(max_size=6),
+                     st.sampled_from(["bfloat16", "fp8", "p2p", "all_gather", "FLASH_ATTN", "1"]))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=2) | st.dictionaries(
+    st.sampled_from(["num_layers", "cp_comm_type", "block_size", "max_num_seqs", "attention_backend",
+                     "enable_chunked_prefill", "max_num_batched_tokens", "deterministic_mode", "VLLM_BATCH_INVARIANT",
+                     "CUBLAS_WORKSPACE_CONFIG", "kv_channels"]), inner, max_size=3), max_leaves=5)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(_KEYS), _values), min_size=1, max_size=4))
+def test_arbitrary_values_never_crash_the_preview(edits):
+    cfg = copy.deepcopy(_BASE)
+    for path, value in edits:
+        node = cfg
+        for part in path[:-1]:
+            node = node.setdefault(part, {}) if isinstance(node.get(part), dict) else node.setdefault(part, {})
+        node[path[-1]] = value
+    try:
+        preview = preview_binding(cfg, load_settings(cfg), environ={})
+    except UsageError as err:
+        assert "\n" not in str(err)
+        return
+    json.dumps(preview.to_dict(), allow_nan=False)
+    preview.render()
+
+
+@pytest.mark.parametrize("prompts", [-16, 0, True, "32"])
+def test_unusable_batch_counts_leave_batch_size_pending(prompts):
+    cfg = copy.deepcopy(_BASE)
+    cfg["grpo"]["num_prompts_per_step"] = prompts
+    training = preview_binding(cfg, load_settings(cfg), environ={}).training
+    assert training["batch_size"].provenance is Provenance.PENDING

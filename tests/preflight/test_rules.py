@@ -1,0 +1,202 @@
+"""Every rule code, triggered and not triggered, on resolved policy configs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
+from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
+from nemo_rl_attn_align.preflight.rules import Code
+
+from tests.conftest import EXAMPLES
+
+BASE = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")["policy"]
+DELETE = object()
+
+
+def policy(**changes):
+    """The example's policy with dotted keys (``__`` for ``.``) set, or deleted with DELETE."""
+    cfg = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = cfg
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return cfg
+
+
+def codes(policy_cfg, environ=None):
+    return [f.code for f in build_plan_for_policy(policy_cfg, environ or {}).findings]
+
+
+# (code, config that triggers it, environ, a near-miss config that must not trigger it, its environ)
+CASES = [
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size="2"), {},
+     policy(megatron_cfg__context_parallel_size=2), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=2.0), {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=0), {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__transformer_impl="TE"), {},
+     policy(megatron_cfg__transformer_impl="transformer_engine"), {}),
+    (Code.CONFIG_VALUE_INVALID, {**BASE, "megatron_cfg": "flash"}, {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__model_overrides="oops"), {},
+     policy(megatron_cfg__model_overrides=None), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__env_vars=["NVTE_FLASH_ATTN=1"]), {},
+     policy(megatron_cfg__env_vars={}), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__model_overrides={"softmax_type": "sinks"}), {},
+     policy(megatron_cfg__model_overrides={"softmax_type": "off-by-one"}), {}),
+    (Code.CONFIG_VALUE_INVALID,
+     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": "ring"}), {},
+     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": ["p2p", "a2a"]}), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(model_name=7), {}, policy(model_name="Qwen/Qwen3-8B"), {}),
+    (Code.FLAG_NOT_BOOLEAN, policy(megatron_cfg__model_overrides={"batch_invariant_mode": 1}), {},
+     policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}), {}),
+    (Code.ATTN_BACKEND_INVALID, policy(megatron_cfg__attention_backend="Flash"), {}, policy(), {}),
+    (Code.ATTN_BACKEND_NULL, policy(megatron_cfg__attention_backend=None), {},
+     policy(megatron_cfg__attention_backend=DELETE), {}),
+    (Code.PRECISION_INVALID, policy(precision="bf16"), {}, policy(precision="float16"), {}),
+    (Code.PRECISION_INVALID, policy(megatron_cfg__pipeline_dtype="half"), {}, policy(), {}),
+    (Code.FLASH_REQUIRES_HALF_PRECISION, policy(precision="float32", megatron_cfg__pipeline_dtype="float32"), {},
+     policy(precision="float16", megatron_cfg__pipeline_dtype="float16"), {}),
+    (Code.FUSED_REQUIRES_HALF_PRECISION,
+     policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="fused"), {},
+     policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="unfused"), {}),
+    (Code.PRECISION_OVERRIDE_IGNORED, policy(megatron_cfg__model_overrides={"params_dtype": "float32"}), {},
+     policy(megatron_cfg__model_overrides={"num_layers": 2}), {}),
+    (Code.LOCAL_REQUIRES_LOCAL_SPEC, policy(megatron_cfg__attention_backend="local"), {},
+     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"), {}),
+    (Code.LOCAL_NO_CONTEXT_PARALLEL,
+     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local",
+            megatron_cfg__context_parallel_size=2), {},
+     policy(megatron_cfg__attention_backend="flash", megatron_cfg__context_parallel_size=2), {}),
+    (Code.LOCAL_NO_CONTEXT_PARALLEL,
+     policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local",
+            megatron_cfg__context_parallel_size=2), {},
+     policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local"), {}),
+    (Code.BACKEND_IGNORED_BY_LOCAL_SPEC, policy(megatron_cfg__transformer_impl="local"), {},
+     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"), {}),
+    (Code.UNFUSED_NO_CONTEXT_PARALLEL,
+     policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=2), {},
+     policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=1), {}),
+    (Code.FP32_CONTEXT_PARALLEL_NO_BACKEND,
+     policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="auto",
+            megatron_cfg__context_parallel_size=4), {},
+     policy(precision="bfloat16", megatron_cfg__attention_backend="auto", megatron_cfg__context_parallel_size=4), {}),
+    (Code.FLASH_UNSUPPORTED_SOFTMAX, policy(megatron_cfg__model_overrides={"softmax_type": "learnable"}), {},
+     policy(megatron_cfg__model_overrides={"softmax_type": "vanilla"}), {}),
+    (Code.FLASH_UNSUPPORTED_SOFTMAX, policy(model_name="openai/gpt-oss-20b"), {},
+     policy(model_name="openai/gpt-oss-20b", megatron_cfg__attention_backend="fused"), {}),
+    (Code.BATCH_INVARIANT_REQUIRES_FLASH,
+     policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": True}), {},
+     policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}), {}),
+    (Code.BATCH_INVARIANT_REQUIRES_BF16,
+     policy(precision="float16", megatron_cfg__pipeline_dtype="float16",
+            megatron_cfg__model_overrides={"batch_invariant_mode": True}), {},
+     policy(precision="float16", megatron_cfg__pipeline_dtype="float16",
+            megatron_cfg__model_overrides={"batch_invariant_mode": False}), {}),
+    (Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL,
+     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"batch_invariant_mode": True}), {},
+     policy(megatron_cfg__context_parallel_size=2), {}),
+    (Code.MODEL_OVERRIDE_CONFLICT, policy(megatron_cfg__model_overrides={"attention_backend": "fused"}), {},
+     policy(megatron_cfg__model_overrides={"hidden_dropout": 0.0}), {}),
+    (Code.NVTE_ENV_CONFLICT, policy(megatron_cfg__attention_backend=DELETE), {"NVTE_FLASH_ATTN": "0"},
+     policy(megatron_cfg__attention_backend=DELETE), {"NVTE_FLASH_ATTN": "1"}),
+    (Code.NVTE_ENV_CONFLICT, policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FUSED_ATTN": 0}),
+     {}, policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FUSED_ATTN": "1"}), {}),
+    (Code.NVTE_ENV_DISCARDED, policy(), {"NVTE_FUSED_ATTN": "1"}, policy(), {"NVTE_FUSED_ATTN": "0"}),
+    (Code.BACKEND_WITHOUT_MEGATRON, policy(megatron_cfg__enabled=False), {},
+     policy(megatron_cfg__enabled=False, megatron_cfg__attention_backend=DELETE), {}),
+]
+
+
+@pytest.mark.parametrize("code, bad, bad_env, good, good_env", CASES, ids=[f"{c[0].value}-{i}" for i, c in enumerate(CASES)])
+def test_rule_triggers_and_near_miss_does_not(code, bad, bad_env, good, good_env):
+    assert code.value in codes(bad, bad_env)
+    assert code.value not in codes(good, good_env)
+
+
+def test_every_code_has_a_case_a_summary_and_a_severity():
+    assert {c[0] for c in CASES} == set(Code)
+    for code in Code:
+        assert code.summary and isinstance(code.severity, Severity)
+
+
+def test_findings_name_key_value_and_fix():
+    for code, bad, env, _, _ in CASES:
+        for f in build_plan_for_policy(bad, env).findings:
+            assert f.key and f.fix and f.message
+            assert "\n" not in f.line()
+            assert f.severity is Code(f.code).severity
+
+
+def test_flash_fp32_names_precision_and_suggests_bfloat16():
+    plan = build_plan_for_policy(policy(precision="float32", megatron_cfg__pipeline_dtype="float32"), {})
+    [err] = plan.errors
+    assert err.key == "policy.precision" and "bfloat16" in err.fix
+    with pytest.raises(RuleViolation) as info:
+        plan.raise_for_errors()
+    assert info.value.findings == [err]
+
+
+def test_stock_example_is_clean_and_plans_flash():
+    plan = build_plan_for_policy(policy(), {})
+    assert plan.ok and plan.findings == []
+    assert plan.attn_backend == "AttnBackend.flash"
+    assert plan.nvte == {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "0"}
+
+
+def test_unset_means_megatron_default_auto():
+    plan = build_plan_for_policy(policy(megatron_cfg__attention_backend=DELETE), {})
+    assert plan.requested is None and plan.effective == "auto" and plan.ok
+    assert plan.to_dict()["source"].startswith("unset")
+
+
+def test_warnings_alone_keep_the_plan_ok():
+    plan = build_plan_for_policy(policy(megatron_cfg__attention_backend=None), {})
+    assert plan.ok and [f.code for f in plan.warnings] == ["ATTN_BACKEND_NULL"]
+
+
+def test_env_vars_take_precedence_over_the_environment():
+    cfg = policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FLASH_ATTN": "1"})
+    plan = build_plan_for_policy(cfg, {"NVTE_FLASH_ATTN": "0"})
+    assert plan.ok
+    assert plan.nvte_existing["NVTE_FLASH_ATTN"] == ("1", "policy.megatron_cfg.env_vars.NVTE_FLASH_ATTN")
+
+
+def test_fp32_with_the_local_spec_is_not_a_half_precision_error():
+    """TE never runs with transformer_impl local, so flash + FP32 there is a warning, not an error."""
+    cfg = policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__transformer_impl="local")
+    plan = build_plan_for_policy(cfg, {})
+    assert plan.ok and [f.code for f in plan.findings] == ["BACKEND_IGNORED_BY_LOCAL_SPEC"]
+
+
+def test_fp16_flash_is_accepted():
+    assert build_plan_for_policy(policy(precision="float16", megatron_cfg__pipeline_dtype="float16"), {}).ok
+
+
+def test_build_plan_needs_a_policy_section():
+    with pytest.raises(UsageError, match="policy"):
+        build_plan({"grpo": {}})
+    with pytest.raises(UsageError, match="policy"):
+        build_plan({"policy": "x"})
+
+
+@pytest.mark.parametrize("value, on", [(1, True), ("false", True), ("no", True), (0, False), ("", False), ([], False)])
+def test_batch_invariant_mode_follows_megatron_truthiness(value, on):
+    """Megatron's ``if config.batch_invariant_mode:`` decides; the checks follow it and say so."""
+    found = codes(policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": value}))
+    assert ("BATCH_INVARIANT_REQUIRES_FLASH" in found) is on
+    assert "FLAG_NOT_BOOLEAN" in found
+
+
+@pytest.mark.parametrize("cp", [True, 1, 2, 8])
+def test_usable_context_parallel_sizes_are_not_refused(cp):
+    assert "CONFIG_VALUE_INVALID" not in codes(policy(megatron_cfg__context_parallel_size=cp))
