@@ -75,7 +75,7 @@ def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool =
         "config": str(config_path),
         "overrides": overrides,
         "plan": plan.to_dict(),
-        "attention_align": {"settings": settings.model_dump(mode="json"), **preview_dict,
+        "attention_align": {"settings": settings.to_dict(), **preview_dict,
                             "preset": alignment.to_dict() if alignment is not None else None},
         "fix": _fix(alignment.config if alignment is not None else cfg, preview_of) if fix else None,
         "preview_text": preview.render() if full else _short_preview(preview_dict, settings.on_mismatch),

@@ -26,15 +26,16 @@ the algorithm's ``setup()`` has returned, or at the first training step when Tra
 read-back turns the verdict to fail; ``warn`` prints the summary and continues; ``record`` only
 writes the report (and prints where).
 Every bad value raises ``UsageError`` with one line naming the full dotted key, the value and the
-fix. Importing this module imports pydantic (~70 ms): keep it off interpreter start-up.
+fix (all bad keys of the block on that line). Stdlib only: ``check`` reads this block in well under a
+millisecond, and the NeMo-RL driver hook imports nothing heavy for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Annotated, Any, Literal, Mapping, Optional, get_args
-
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
 from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.config.loader import get_path
@@ -44,80 +45,99 @@ from nemo_rl_attn_align.limits import shown, shown_text
 from nemo_rl_attn_align.suggest import did_you_mean
 
 BLOCK = "attention_align"
-OnMismatch = Literal["error", "warn", "record"]
-ON_MISMATCH = get_args(OnMismatch)
-Preset = Literal["aligned"]
+ON_MISMATCH = ("error", "warn", "record")
+PRESETS = ("aligned",)
 #: Directory name of the report under ``logger.log_dir`` when ``report_dir`` is not set.
 REPORT_SUBDIR = "attention_align"
-#: Integers as written: ``true``, ``'32'`` and ``2.0`` are refused, never coerced.
-PositiveInt = Annotated[StrictInt, Field(gt=0)]
-NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+MANDATE_KEYS = ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")
 
 
-class MandateSettings(BaseModel):
-    """``attention_align.mandate``: one key per semantic field; ``null`` means no demand."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    merge_rule: Optional[str] = Mandate.merge_rule
-    reduction_order: Optional[str] = Mandate.reduction_order
-    acc_dtype: Optional[str] = Mandate.acc_dtype
-    downcast: Optional[str] = Mandate.downcast
-    dtype: Optional[str] = None
-
-    @field_validator("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype", mode="before")
-    @classmethod
-    def _known_value(cls, value: Any, info) -> Any:
-        if value is None:
-            return None
-        try:
-            return field_spec(info.field_name).validate(value)
-        except ContractError as err:
-            raise ValueError(str(err).split(": ", 1)[-1]) from None
-
-    def to_mandate(self) -> Mandate:
-        """The stdlib ``binding.Mandate`` with these demands."""
-        return Mandate(**self.model_dump())
-
-
-class DriftSettings(BaseModel):
+@dataclass(frozen=True)
+class DriftSettings:
     """``attention_align.drift``: the attention shape ``drift`` sweeps when the model does not give it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    heads: Optional[PositiveInt] = None
-    kv_heads: Optional[PositiveInt] = None
-    head_dim: Optional[PositiveInt] = None
-    window: Optional[NonNegativeInt] = None
-    seq_len: Optional[PositiveInt] = None
+    heads: Optional[int] = None
+    kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    window: Optional[int] = None
+    seq_len: Optional[int] = None
 
 
-class AlignSettings(BaseModel):
+@dataclass(frozen=True)
+class AlignSettings:
     """The validated ``attention_align`` block (``report_dir`` and ``mandate.dtype`` resolved by
     ``load_settings``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    on_mismatch: OnMismatch = "warn"
-    preset: Optional[Preset] = None
-    allow_dtype_difference: StrictBool = False
-    strict: StrictBool = False
+    on_mismatch: str = "warn"
+    preset: Optional[str] = None
+    allow_dtype_difference: bool = False
+    strict: bool = False
     report_dir: Optional[str] = None
-    mandate: MandateSettings = MandateSettings()
-    drift: DriftSettings = DriftSettings()
-
-    @field_validator("report_dir", mode="before")
-    @classmethod
-    def _non_empty(cls, value: Any) -> Any:
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise ValueError("must be a non-empty path string")
-        if value is not None and "\0" in value:
-            raise ValueError("must not contain a NUL character")
-        # X/../Y is Y: creating the directory must not leave an empty X behind.
-        return os.path.normpath(value) if value is not None else None
+    mandate: Mandate = field(default_factory=Mandate)
+    drift: DriftSettings = field(default_factory=DriftSettings)
 
     def to_mandate(self) -> Mandate:
-        return self.mandate.to_mandate()
+        """The semantic tier's demands."""
+        return self.mandate
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON-ready values (what ``check --json`` prints)."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> AlignSettings:
+        """A copy with ``changes`` applied (the settings are frozen)."""
+        return dataclasses.replace(self, **changes)
+
+
+class _Invalid(ValueError):
+    """A value a key cannot take; the message says why (the key and value are added by the caller)."""
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value not in choices or not isinstance(value, str):
+            close = did_you_mean(value, choices) if isinstance(value, str) else None
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise _Invalid(f"must be one of {', '.join(choices)}{hint}")
+        return value
+    return check
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else check(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("must be true or false")
+    return value
+
+
+def _integer(minimum: int) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid("must be an integer, unquoted")
+        if value < minimum:
+            raise _Invalid(f"must be {minimum} or more")
+        return value
+    return check
+
+
+def _report_dir(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("must be a non-empty path string")
+    if "\0" in value:
+        raise _Invalid("must not contain a NUL character")
+    return os.path.normpath(value)  # X/../Y is Y: creating the directory must not leave an empty X behind
+
+
+def _mandate_value(name: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        try:
+            return field_spec(name).validate(value)
+        except ContractError as err:
+            raise _Invalid(str(err).split(": ", 1)[-1]) from None
+    return _optional(check)
 
 
 _FIXES = {
@@ -126,36 +146,50 @@ _FIXES = {
     "allow_dtype_difference": f"set {BLOCK}.allow_dtype_difference to true or false (a YAML boolean, unquoted)",
     "strict": f"set {BLOCK}.strict to true or false (a YAML boolean, unquoted)",
     "report_dir": f"set {BLOCK}.report_dir to a directory path, or remove it for <logger.log_dir>/{REPORT_SUBDIR}",
-    "mandate": f"set {BLOCK}.mandate to a mapping of merge_rule, reduction_order, acc_dtype, downcast, dtype",
+    "mandate": f"set {BLOCK}.mandate to a mapping of {', '.join(MANDATE_KEYS)}",
     "drift": f"set {BLOCK}.drift.<key> to a positive integer, unquoted (window: 0 or more), or remove it",
+}
+_POSITIVE = _optional(_integer(1))
+#: Each section's keys and how each value is checked (``None``: a nested section).
+_SECTIONS: dict[str, dict[str, Optional[Callable[[Any], Any]]]] = {
+    "": {"on_mismatch": _choice(ON_MISMATCH), "preset": _optional(_choice(PRESETS)),
+         "allow_dtype_difference": _boolean, "strict": _boolean, "report_dir": _optional(_report_dir),
+         "mandate": None, "drift": None},
+    "mandate": {name: _mandate_value(name) for name in MANDATE_KEYS},
+    "drift": {"heads": _POSITIVE, "kv_heads": _POSITIVE, "head_dim": _POSITIVE,
+              "window": _optional(_integer(0)), "seq_len": _POSITIVE},
 }
 
 
-def _model_keys(loc: tuple) -> tuple[str, ...]:
-    node: Any = AlignSettings
-    for part in loc[:-1]:
-        node = node.model_fields[part].annotation
-    return tuple(node.model_fields)
+def _dotted(*parts: str) -> str:
+    return shown_text(".".join((BLOCK, *(p for p in parts if p))))
 
 
-def _error_line(error: Mapping[str, Any]) -> str:
-    loc = tuple(str(part) for part in error["loc"])
-    key = shown_text(".".join((BLOCK,) + loc))
-    if error["type"] == "extra_forbidden":
-        known = _model_keys(loc)
-        close = did_you_mean(loc[-1], known)
-        hint = f" (did you mean {'.'.join((BLOCK,) + loc[:-1] + (close,))}?)" if close else ""
-        return f"{key}: unknown key{hint}. Fix: remove it; known keys here: {', '.join(known)}"
-    value = error.get("input")
-    message = error["msg"].removeprefix("Value error, ")
-    if loc[0] == "mandate" and len(loc) == 2:
-        fix = f"set {key} to an allowed value, or null for no demand"
-    else:
-        fix = _FIXES.get(loc[0], f"correct {key}")
-    if error["type"] == "literal_error" and isinstance(value, str):
-        close = did_you_mean(value, get_args(Preset) if loc[0] == "preset" else ON_MISMATCH)
-        message += f" (did you mean {close!r}?)" if close else ""
-    return f"{key}={shown(value)}: {shown_text(message)}. Fix: {fix}."
+def _read_section(section: str, block: Mapping[Any, Any], errors: list[str]) -> dict[str, Any]:
+    """The valid values of one section; a line for each bad key appended to ``errors``."""
+    known = _SECTIONS[section]
+    values: dict[str, Any] = {}
+    for raw_key, value in block.items():
+        key = str(raw_key)
+        if key not in known:
+            close = did_you_mean(key, tuple(known))
+            hint = f" (did you mean {_dotted(section, close)}?)" if close else ""
+            errors.append(f"{_dotted(section, key)}: unknown key{hint}. Fix: remove it; known keys here: {', '.join(known)}")
+            continue
+        check = known[key]
+        if check is None:  # a nested section
+            if isinstance(value, Mapping):
+                values[key] = _read_section(key, value, errors)
+            elif value is not None:
+                errors.append(f"{_dotted(key)}={shown(value)}: must be a mapping. Fix: {_FIXES[key]}.")
+            continue
+        try:
+            values[key] = check(value)
+        except _Invalid as err:
+            fix = f"set {_dotted(section, key)} to an allowed value, or null for no demand" if section == "mandate" \
+                else _FIXES[section or key]
+            errors.append(f"{_dotted(section, key)}={shown(value)}: {shown_text(str(err))}. Fix: {fix}.")
+    return values
 
 
 def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
@@ -171,21 +205,25 @@ def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
     if not isinstance(block, Mapping):
         raise UsageError(
             f"{BLOCK}={shown(block)}: must be a mapping. Fix: write `{BLOCK}:` followed by indented keys "
-            f"(on_mismatch, preset, allow_dtype_difference, strict, report_dir, mandate, drift), or remove it."
+            f"({', '.join(_SECTIONS[''])}), or remove it."
         )
-    try:
-        settings = AlignSettings.model_validate(dict(block))
-    except ValidationError as err:
-        raise UsageError("; ".join(_error_line(e) for e in err.errors())) from None
-    updates: dict[str, Any] = {}
-    if settings.report_dir is None:
+    errors: list[str] = []
+    values = _read_section("", block, errors)
+    if errors:
+        raise UsageError("; ".join(errors))
+    mandate, drift = values.pop("mandate", {}), values.pop("drift", {})
+    if "dtype" not in mandate:
+        mandate["dtype"] = _precision_dtype(get_path(cfg, "policy.precision", None))
+    if values.get("report_dir") is None:
         log_dir = get_path(cfg, "logger.log_dir", None)
-        updates["report_dir"] = os.path.join(log_dir, REPORT_SUBDIR) if isinstance(log_dir, str) and log_dir else REPORT_SUBDIR
-    if "dtype" not in settings.mandate.model_fields_set:
-        precision = get_path(cfg, "policy.precision", None)
-        try:
-            dtype = normalize_dtype(precision) if precision is not None else None
-        except ContractError:
-            dtype = None  # an invalid policy.precision is the pre-flight rules' finding, not ours
-        updates["mandate"] = settings.mandate.model_copy(update={"dtype": dtype})
-    return settings.model_copy(update=updates)
+        values["report_dir"] = os.path.join(log_dir, REPORT_SUBDIR) if isinstance(log_dir, str) and log_dir else REPORT_SUBDIR
+    return AlignSettings(**values, mandate=Mandate(**mandate), drift=DriftSettings(**drift))
+
+
+def _precision_dtype(precision: Any) -> Optional[str]:
+    """``policy.precision`` as a contract dtype; ``None`` when unset or invalid (an invalid
+    precision is the pre-flight rules' finding, not ours)."""
+    try:
+        return normalize_dtype(precision) if precision is not None else None
+    except ContractError:
+        return None

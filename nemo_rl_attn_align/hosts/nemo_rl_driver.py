@@ -105,7 +105,7 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
     report_dir = os.path.abspath(driver_report.report_dir_for(cfg, settings.report_dir))
     handoff.export_settings(handoff.WorkerSettings(strict=settings.strict, report_dir=report_dir, run_id=run_id))
     effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
-    settings = settings.model_copy(update={"strict": effective.strict, "report_dir": effective.report_dir})
+    settings = settings.replace(strict=effective.strict, report_dir=effective.report_dir)
     from nemo_rl_attn_align.preflight.expected_workers import expected_workers
 
     absent = driver_report.absent_sides(cfg, algorithm)
