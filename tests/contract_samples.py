@@ -15,11 +15,9 @@ from nemo_rl_attn_align.contract.schema import (
     MERGE_RULES,
     MODES,
     REDUCTION_ORDERS,
-    AttentionContract,
-    ContractBuilder,
-    FieldValue,
     Provenance,
 )
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
 
 SAMPLES = {
     "architecture": ("Qwen2ForCausalLM", "LlamaForCausalLM"),

@@ -21,15 +21,8 @@ import math
 from dataclasses import dataclass, fields as dataclass_fields
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
-from nemo_rl_attn_align.contract.schema import (
-    AttentionContract,
-    ContractError,
-    FieldValue,
-    Provenance,
-    Tier,
-    field_spec,
-    fields_of,
-)
+from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, field_spec, fields_of
+from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
 from nemo_rl_attn_align.errors import Finding, Severity
 
 

@@ -18,15 +18,8 @@ import os
 from typing import Any, Mapping, NamedTuple, Optional
 
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
-from nemo_rl_attn_align.contract.schema import (
-    AttentionContract,
-    ContractBuilder,
-    ContractError,
-    Provenance,
-    Tier,
-    fields_of,
-    normalize_dtype,
-)
+from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, fields_of, normalize_dtype
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.config.loader import get_path
 from nemo_rl_attn_align.contract.hf_model import HFModelConfig, identity_fields, load_model_config
 from nemo_rl_attn_align.compare.determinism import PROFILES, collective_for, compare, probe, vllm_batch_invariant

@@ -14,7 +14,8 @@ import math
 from typing import Any, Mapping
 
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.contract.schema import AttentionContract, ContractBuilder, ContractError, normalize_dtype
+from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.hosts.worker_records import put_field
 from nemo_rl_attn_align.contract.rope import canonical_rope, megatron_scaling
 from nemo_rl_attn_align.contract.semantics import left_window, te_semantics  # te_semantics: the rule `check` previews with

@@ -16,11 +16,11 @@ from nemo_rl_attn_align.contract.schema import (
     MERGE_RULES,
     REDUCTION_ORDERS,
     ContractError,
-    FieldValue,
     Provenance,
     Tier,
     fields_of,
 )
+from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import PROFILES, compare, probe
 from nemo_rl_attn_align.errors import Severity
 

@@ -14,16 +14,14 @@ from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
     FIELDS,
-    AttentionContract,
-    ContractBuilder,
     ContractError,
-    FieldValue,
     Provenance,
     Tier,
     field_spec,
     fields_of,
     normalize_dtype,
 )
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
 
 from tests.contract_samples import SAMPLES, contracts, full_contract
 

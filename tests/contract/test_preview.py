@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from nemo_rl_attn_align.compare.binding import Code, Status, Verdict
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, AttentionContract, Provenance, Tier, fields_of
+from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
+from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.compare.determinism import DetStatus
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, preview_binding

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from nemo_rl_attn_align.compare.binding import Code
-from nemo_rl_attn_align.contract.schema import FieldValue
+from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import probe
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, AttentionContract, Tier, fields_of
+from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
+from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.hosts import megatron_worker, nemo_rl_driver
 from nemo_rl_attn_align.contract.preview import predict_training
 from tests.gpu.cases import model_runner_policies

@@ -15,7 +15,7 @@ import pytest
 
 from nemo_rl_attn_align.compare.binding import Code, Mandate
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.contract.schema import FieldValue
+from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import PROFILES, probe
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,

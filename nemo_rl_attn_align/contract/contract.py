@@ -1,0 +1,216 @@
+"""The contract object: ``AttentionContract`` (every field of ``schema.FIELDS`` with its
+``FieldValue``: value, provenance, source) and ``ContractBuilder``, which the preview and the
+workers' hooks fill one field at a time. ``to_dict``/``from_dict`` round-trip exactly through
+JSON. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from nemo_rl_attn_align.contract.schema import (
+    CONTRACT_SCHEMA_VERSION,
+    FIELD_NAMES,
+    SIDES,
+    ContractError,
+    Provenance,
+    field_spec,
+)
+
+
+@dataclass(frozen=True)
+class FieldValue:
+    """A field's value, how it was known, and where it was read (``source``, free text).
+
+    For ``unobservable`` the value is what was requested (or null); for ``pending`` it is null.
+    Build with the class methods; ``ContractBuilder`` validates the value against the field.
+    """
+
+    value: Any
+    provenance: Provenance
+    source: str = ""
+
+    @classmethod
+    def observed(cls, value: Any, source: str = "") -> "FieldValue":
+        return cls(value, Provenance.OBSERVED, source)
+
+    @classmethod
+    def configured(cls, value: Any, source: str = "") -> "FieldValue":
+        return cls(value, Provenance.CONFIGURED, source)
+
+    @classmethod
+    def unobservable(cls, requested: Any = None, source: str = "") -> "FieldValue":
+        return cls(requested, Provenance.UNOBSERVABLE, source)
+
+    @classmethod
+    def pending(cls, source: str = "") -> "FieldValue":
+        return cls(None, Provenance.PENDING, source)
+
+    @property
+    def known(self) -> bool:
+        """True when the value can take part in a comparison."""
+        return self.provenance.known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "provenance": self.provenance.value, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "field") -> "FieldValue":
+        if not isinstance(data, Mapping) or set(data) != {"value", "provenance", "source"}:
+            raise ContractError(f"{where}: expected an object with value, provenance and source, got {data!r}")
+        try:
+            provenance = Provenance(data["provenance"])
+        except ValueError:
+            choices = ", ".join(p.value for p in Provenance)
+            raise ContractError(f"{where}: provenance {data['provenance']!r} is not one of {choices}") from None
+        if not isinstance(data["source"], str):
+            raise ContractError(f"{where}: source must be a string, got {data['source']!r}")
+        return cls(data["value"], provenance, data["source"])
+
+
+def _validated(name: str, fv: FieldValue) -> FieldValue:
+    """``fv`` with its value in canonical form for field ``name``."""
+    spec = field_spec(name)
+    if not isinstance(fv, FieldValue):
+        raise ContractError(f"field {name}: expected a FieldValue, got {fv!r}")
+    if fv.provenance is Provenance.PENDING:
+        if fv.value is not None:
+            raise ContractError(f"field {name}: a pending field has no value yet (got {fv.value!r})")
+        return fv
+    if fv.provenance is Provenance.UNOBSERVABLE and fv.value is None:
+        return fv
+    if fv.known and fv.value is None and not spec.nullable:
+        raise ContractError(f"field {name}: {fv.provenance.value} needs a value; use FieldValue.pending or unobservable")
+    return FieldValue(spec.validate(fv.value), fv.provenance, fv.source)
+
+
+# --- the contract ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionContract:
+    """What one worker's attention computes: every field of ``FIELDS`` with its provenance.
+
+    ``side`` is ``training`` or ``rollout``; ``worker_id`` names the worker (e.g. ``policy-rank0``).
+    """
+
+    side: str
+    worker_id: str
+    fields: Mapping[str, FieldValue]
+    schema_version: int = CONTRACT_SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.side not in SIDES:
+            raise ContractError(f"side {self.side!r} is not one of {', '.join(SIDES)}")
+        if not isinstance(self.worker_id, str) or not self.worker_id:
+            raise ContractError(f"worker_id must be a non-empty string, got {self.worker_id!r}")
+        if self.schema_version != CONTRACT_SCHEMA_VERSION:
+            raise ContractError(
+                f"contract schema_version {self.schema_version!r} is not supported (this version reads {CONTRACT_SCHEMA_VERSION})"
+            )
+        missing = [name for name in FIELD_NAMES if name not in self.fields]
+        if missing:
+            raise ContractError(f"contract lacks fields: {', '.join(missing)}")
+        for name in self.fields:
+            field_spec(name)
+        ordered = {name: _validated(name, self.fields[name]) for name in FIELD_NAMES}
+        object.__setattr__(self, "fields", ordered)
+
+    def __getitem__(self, name: str) -> FieldValue:
+        field_spec(name)
+        return self.fields[name]
+
+    def __iter__(self) -> Iterator[tuple[str, FieldValue]]:
+        return iter(self.fields.items())
+
+    def value(self, name: str) -> Any:
+        """The value of field ``name`` (whatever its provenance)."""
+        return self[name].value
+
+    def known_value(self, name: str) -> Any:
+        """The value of field ``name`` when it is known (observed or configured), else None."""
+        return self[name].value if self[name].known else None
+
+    def replace(self, **changes: FieldValue) -> "AttentionContract":
+        """A copy with some fields replaced (``name=FieldValue``)."""
+        for name in changes:
+            field_spec(name)
+        return AttentionContract(self.side, self.worker_id, {**self.fields, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; ``from_dict(to_dict(c)) == c``."""
+        return {
+            "schema_version": self.schema_version,
+            "side": self.side,
+            "worker_id": self.worker_id,
+            "fields": {name: fv.to_dict() for name, fv in self.fields.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AttentionContract":
+        """Inverse of ``to_dict``; any deviation from the schema raises ``ContractError``."""
+        if not isinstance(data, Mapping):
+            raise ContractError(f"a contract must be a JSON object, got {type(data).__name__}")
+        expected = {"schema_version", "side", "worker_id", "fields"}
+        if set(data) != expected:
+            extra = sorted(set(data) - expected)
+            missing = sorted(expected - set(data))
+            raise ContractError(f"contract keys: missing {missing}, unexpected {extra}")
+        if not isinstance(data["fields"], Mapping):
+            raise ContractError("contract fields must be a JSON object")
+        fields = {name: FieldValue.from_dict(raw, f"field {name}") for name, raw in data["fields"].items()}
+        return cls(data["side"], data["worker_id"], fields, data["schema_version"])
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "AttentionContract":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ContractError(f"contract is not valid JSON: {err}") from None
+        return cls.from_dict(data)
+
+
+@dataclass
+class ContractBuilder:
+    """Fills a contract one field at a time; fields left unset become ``unobservable``.
+
+    >>> b = ContractBuilder("training", "policy-rank0")
+    >>> b.observed("num_attention_heads", 16, "TransformerConfig.num_attention_heads")  # doctest: +ELLIPSIS
+    <...>
+    >>> contract = b.build(unset_source="not recorded by this host")
+
+    Each setter validates the value at once, so a wrong value fails where it was recorded.
+    """
+
+    side: str
+    worker_id: str
+    _fields: dict[str, FieldValue] = field(default_factory=dict)
+
+    def set(self, name: str, fv: FieldValue) -> "ContractBuilder":
+        """Set field ``name`` to ``fv`` (validated now)."""
+        self._fields[name] = _validated(name, fv)
+        return self
+
+    def observed(self, name: str, value: Any, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.observed(value, source))
+
+    def configured(self, name: str, value: Any, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.configured(value, source))
+
+    def unobservable(self, name: str, requested: Any = None, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.unobservable(requested, source))
+
+    def pending(self, name: str, source: str = "") -> "ContractBuilder":
+        return self.set(name, FieldValue.pending(source))
+
+    def build(self, unset: Provenance = Provenance.UNOBSERVABLE, unset_source: str = "not recorded") -> AttentionContract:
+        """The contract; every field not set gets ``unset`` provenance (unobservable or pending)."""
+        if unset not in (Provenance.UNOBSERVABLE, Provenance.PENDING):
+            raise ContractError("fields left unset can only be unobservable or pending")
+        filler = FieldValue(None, unset, unset_source)
+        return AttentionContract(self.side, self.worker_id, {name: self._fields.get(name, filler) for name in FIELD_NAMES})
