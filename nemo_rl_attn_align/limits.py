@@ -107,6 +107,12 @@ def shown_text(text: str, limit: int = 2 * MAX_SHOWN_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: max(limit - 20, 1)]}...({len(text)} chars)"
 
 
+def first_line(text: Any) -> str:
+    """The first line of an exception text, control characters escaped and cut for an error line."""
+    lines = str(text).splitlines()
+    return shown_text(lines[0]) if lines else ""
+
+
 def one_line(text: str) -> str:
     """``text`` with newlines and other control characters escaped, so a message stays one line."""
     if text.isprintable():

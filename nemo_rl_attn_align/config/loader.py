@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.limits import (
@@ -21,13 +21,12 @@ from nemo_rl_attn_align.limits import (
     MAX_CONFIG_NODES,
     MAX_DEFAULTS_FILES,
     MAX_NESTING,
-    MAX_OVERRIDE_CHARS,
-    MAX_OVERRIDE_KEY_DEPTH,
     MAX_SHOWN_CHARS,
     InputRefused,
     read_text,
     shown,
     shown_path,
+    first_line,
     shown_text,
 )
 
@@ -53,13 +52,7 @@ def _yaml_error(path: Path, err: Exception) -> UsageError:
     mark = getattr(err, "problem_mark", None)
     problem = getattr(err, "problem", None) or (str(err).splitlines() or ["?"])[0]
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
-    return UsageError(f"{shown_path(path)}: YAML syntax error at {where}: {_first_line(problem)}. Fix the YAML at that position.")
-
-
-def _first_line(text: Any) -> str:
-    """The first line of an exception text, control characters escaped and cut for an error line."""
-    lines = str(text).splitlines()
-    return shown_text(lines[0]) if lines else ""
+    return UsageError(f"{shown_path(path)}: YAML syntax error at {where}: {first_line(problem)}. Fix the YAML at that position.")
 
 
 def _read_config_text(path: Path) -> str:
@@ -75,7 +68,7 @@ def _read_config_text(path: Path) -> str:
         raise UsageError(f"config file {where} is not UTF-8 text ({err.reason} at byte {err.start}). Fix: save it as UTF-8.") from None
     except (OSError, ValueError) as err:  # permission, symlink loop, name too long, NUL in the path
         why = getattr(err, "strerror", None) or str(err)
-        raise UsageError(f"config file {where} cannot be opened: {_first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML file.") from None
+        raise UsageError(f"config file {where} cannot be opened: {first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML file.") from None
 
 
 class _OverLimit(Exception):
@@ -179,7 +172,7 @@ def _load_one(path: Path, state: _LoadState):
     except RecursionError:
         raise UsageError(f"{shown_path(path)}: the YAML nests deeper than {MAX_NESTING} levels. Fix: flatten the structure.") from None
     except Exception as err:  # OmegaConf's own grammar errors (e.g. a bad key), int too long, ...
-        raise UsageError(f"{shown_path(path)}: {type(err).__name__}: {_first_line(err)}. Fix the YAML.") from None
+        raise UsageError(f"{shown_path(path)}: {type(err).__name__}: {first_line(err)}. Fix the YAML.") from None
     if not isinstance(cfg, DictConfig):
         raise UsageError(f"{shown_path(path)}: the top level is a {type(cfg).__name__}, not a mapping. Fix: a NeMo-RL config is a YAML mapping.")
     return cfg
@@ -257,91 +250,6 @@ def _load_with_inheritance(path: Path, chain: tuple[Path, ...], state: _LoadStat
     return _merge_with_override(base, cfg, path)
 
 
-_USAGE = "Fix: write key=value, ++key=value to add a key, ~key to delete one"
-
-
-def _check_override_size(text: str) -> None:
-    """Refuse an override longer than ``MAX_OVERRIDE_CHARS``, or whose key or value nests deeper than
-    ``MAX_NESTING``, before Hydra's recursive parser sees it."""
-    if len(text) > MAX_OVERRIDE_CHARS:
-        raise UsageError(f"override {shown(text)} is {len(text)} characters, over the limit of {MAX_OVERRIDE_CHARS}. "
-                         "Fix: put large values in the YAML file.")
-    key = text.lstrip("+~").split("=", 1)[0]
-    if key.count(".") + 1 > MAX_OVERRIDE_KEY_DEPTH:
-        raise UsageError(f"override {shown(text)}: its key has {key.count('.') + 1} levels, over the limit of "
-                         f"{MAX_OVERRIDE_KEY_DEPTH}. Fix: NeMo-RL configs nest a few levels; check the key.")
-    depth = deepest = 0
-    for ch in text:
-        depth += (ch in "[{(") - (ch in "]})")
-        deepest = max(deepest, depth)
-    if deepest > MAX_NESTING:
-        raise UsageError(f"override {shown(text)}: its value nests deeper than {MAX_NESTING} levels. Fix: flatten the value.")
-
-
-def _apply_overrides(cfg, overrides: Sequence[str]) -> None:
-    """Apply Hydra-style overrides in place, exactly as NeMo-RL's ``parse_hydra_overrides``."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    OmegaConf.set_struct(cfg, True)
-    parser = OverridesParser.create()
-    for text in overrides:
-        _check_override_size(text)
-        try:
-            parsed = parser.parse_overrides(overrides=[text])
-        except Exception as err:  # HydraException; RecursionError and others from the grammar
-            raise UsageError(f"override {shown(text)} is malformed ({_first_line(err) or type(err).__name__}). {_USAGE}.") from None
-        override = parsed[0]
-        if not override.key_or_group:
-            raise UsageError(f"override {shown(text)} has no key. {_USAGE}.")
-        hint = _override_hint(cfg, override)  # before applying: a failed override can leave the config changed
-        try:
-            ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
-        except Exception as err:  # HydraException, OmegaConfBaseException, RecursionError, ...
-            first = _first_line(err) or type(err).__name__
-            raise UsageError(f"override {shown(text)} cannot be applied ({first}). Fix: {hint}.") from None
-
-
-def _deepest_existing(cfg, key: str) -> tuple[int, Any]:
-    """How many leading parts of the dotted ``key`` exist in ``cfg``, and the node the last one
-    names (without resolving or tripping struct mode)."""
-    from omegaconf import DictConfig, ListConfig
-
-    node, parts = cfg, key.split(".")
-    for depth, part in enumerate(parts):
-        if isinstance(node, DictConfig) and part in node:
-            node = node._get_node(part)
-        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
-        else:
-            return depth, node
-    return len(parts), node
-
-
-def _override_hint(cfg, override) -> str:
-    from omegaconf import DictConfig, ListConfig
-
-    key = override.key_or_group
-    depth, node = _deepest_existing(cfg, key)
-    parts = key.split(".")
-    exists = depth == len(parts)
-    if not exists and depth and not isinstance(node, (DictConfig, ListConfig)):
-        parent = ".".join(parts[:depth])
-        return f"{parent} holds a value, not a mapping, so it has no key {parts[depth]}; set {parent}=VALUE instead"
-    if override.is_delete():
-        if exists:
-            return f"write ~{key} (a value after ~{key}= must equal the current one)"
-        return f"{key} is not in the config, so there is nothing to delete; drop ~{key}"
-    if override.is_add():
-        return f"{key} is already in the config; write {key}=VALUE" if exists else f"check that the parent of {key} is a mapping"
-    if exists:
-        return f"{key} is in the config but this value cannot replace it; to add keys inside it, write ++{key}.NAME=VALUE"
-    if override.is_force_add():
-        return f"check that the parent of {key} is a mapping and the value is valid"
-    return f"{key} is not in the config; write ++{key}=VALUE to add it"
-
-
 def _resolve(cfg) -> dict:
     """Resolve every interpolation; an unresolvable one becomes a UsageError naming its key."""
     from omegaconf import OmegaConf
@@ -353,13 +261,13 @@ def _resolve(cfg) -> dict:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         raise UsageError(
-            f"interpolation at {shown_text(str(key))} cannot be resolved: {_first_line(err)}. "
+            f"interpolation at {shown_text(str(key))} cannot be resolved: {first_line(err)}. "
             "Fix: define the referenced key or correct the ${...} expression."
         ) from None
     except RecursionError:
         raise UsageError("an interpolation refers to itself or nests too deeply. Fix: correct the ${...} expressions.") from None
     except Exception as err:  # a resolver's own error (e.g. div by zero), a value OmegaConf cannot hold
-        raise UsageError(f"interpolation cannot be resolved ({type(err).__name__}: {_first_line(err)}). "
+        raise UsageError(f"interpolation cannot be resolved ({type(err).__name__}: {first_line(err)}). "
                          "Fix: correct the ${...} expression.") from None
 
 
@@ -385,7 +293,9 @@ def finish_config(cfg, overrides: Iterable[str] = ()) -> dict:
     recipes do after ``load_config``; ``UsageError`` as ``load_config`` says."""
     overrides = list(overrides)
     if overrides:
-        _apply_overrides(cfg, overrides)
+        from nemo_rl_attn_align.config.overrides import apply_overrides
+
+        apply_overrides(cfg, overrides)
     return _resolve(cfg)
 
 
