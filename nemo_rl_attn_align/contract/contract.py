@@ -214,3 +214,15 @@ class ContractBuilder:
             raise ContractError("fields left unset can only be unobservable or pending")
         filler = FieldValue(None, unset, unset_source)
         return AttentionContract(self.side, self.worker_id, {name: self._fields.get(name, filler) for name in FIELD_NAMES})
+
+
+def put_field(builder: ContractBuilder, name: str, value: Any, source: str, how: str = "observed") -> None:
+    """Set one contract field on ``builder``; a missing observed value, or one the schema rejects,
+    is recorded as unobservable with the reason, never guessed."""
+    if value is None and how == "observed":
+        builder.unobservable(name, None, f"{source}: not available in this host")
+        return
+    try:
+        getattr(builder, how)(name, value, source)
+    except ContractError as err:
+        builder.unobservable(name, None, f"{source}: {err}")

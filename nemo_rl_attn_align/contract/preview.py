@@ -18,13 +18,29 @@ import os
 from typing import Any, Mapping, NamedTuple, Optional
 
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
-from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, fields_of, normalize_dtype
-from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
+from nemo_rl_attn_align.compare.determinism import (
+    PROFILES,
+    collective_for,
+    compare,
+    probe,
+    vllm_batch_invariant,
+)
 from nemo_rl_attn_align.config.loader import get_path
-from nemo_rl_attn_align.contract.hf_model import HFModelConfig, identity_fields, load_model_config
-from nemo_rl_attn_align.compare.determinism import PROFILES, collective_for, compare, probe, vllm_batch_invariant
-from nemo_rl_attn_align.preflight.plan import megatron_enabled, read_policy_facts
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
+from nemo_rl_attn_align.contract.hf_model import (
+    HFModelConfig,
+    identity_fields,
+    load_model_config,
+)
+from nemo_rl_attn_align.contract.schema import (
+    ContractError,
+    Provenance,
+    Tier,
+    fields_of,
+    normalize_dtype,
+)
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
+from nemo_rl_attn_align.preflight.plan import megatron_enabled, read_policy_facts
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.

@@ -22,11 +22,18 @@ from __future__ import annotations
 import enum
 from typing import Any, Mapping
 
-from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
-from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
-from nemo_rl_attn_align.hosts.worker_records import put_field
+from nemo_rl_attn_align.contract.contract import (
+    AttentionContract,
+    ContractBuilder,
+    put_field,
+)
 from nemo_rl_attn_align.contract.rope import canonical_rope
-from nemo_rl_attn_align.contract.semantics import hf_left_window, left_window, vllm_semantics
+from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
+from nemo_rl_attn_align.contract.semantics import (
+    hf_left_window,
+    left_window,
+    vllm_semantics,
+)
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 
 #: Distributions recorded besides vLLM itself (whose version ``versions.installed_version`` reads

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Collection, Optional
 
-from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.contract.contract import ContractBuilder
+from nemo_rl_attn_align.contract.schema import Tier, fields_of
 
 #: Megatron ``cp_comm_type`` values; TE merges per-step (out, lse) partials for the ring ones.
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")

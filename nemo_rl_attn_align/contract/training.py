@@ -13,13 +13,19 @@ import enum
 import math
 from typing import Any, Mapping
 
-from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
-from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
-from nemo_rl_attn_align.hosts.worker_records import put_field
+from nemo_rl_attn_align.contract.contract import (
+    AttentionContract,
+    ContractBuilder,
+    put_field,
+)
 from nemo_rl_attn_align.contract.rope import canonical_rope, megatron_scaling
-from nemo_rl_attn_align.contract.semantics import left_window, te_semantics  # te_semantics: the rule `check` previews with
+from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
+from nemo_rl_attn_align.contract.semantics import (  # te_semantics: the rule `check` previews with
+    left_window,
+    te_semantics,
+)
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
+from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 
 #: TransformerConfig / GPTModelProvider attributes recorded as they are (missing ones are listed).
 MODEL_CONFIG_FIELDS = (
@@ -135,6 +141,77 @@ def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None,
         put_field(b, "flash_attention_version", seen.get("flash_attention_version"), f"{seen.get('source')} ({seen.get('detail') or 'no version'})")
 
 
+def _model_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> None:
+    """The identity fields the TransformerConfig (and the tokenizer) fix."""
+    put_field(b, "num_layers", facts.get("num_layers"), src + "num_layers")
+    put_field(b, "num_attention_heads", facts.get("num_attention_heads"), src + "num_attention_heads")
+    put_field(b, "num_query_groups", facts.get("num_query_groups"), src + "num_query_groups")
+    put_field(b, "head_dim", facts.get("kv_channels"), src + "kv_channels")
+    if facts.get("softmax_scale") is not None:
+        put_field(b, "softmax_scale", facts["softmax_scale"], src + "softmax_scale")
+    elif facts.get("kv_channels"):
+        put_field(b, "softmax_scale", 1.0 / math.sqrt(facts["kv_channels"]), f"1/sqrt({src}kv_channels) (softmax_scale unset)")
+    put_field(b, "causal", True, "GPTModel causal self-attention mask", "configured")
+    if "window_size" in facts:
+        b.observed("sliding_window", left_window(facts["window_size"]), f"{src}window_size[0] (-1 or None: no window)")
+    else:
+        b.unobservable("sliding_window", None, f"{src}window_size not recorded")
+    put_field(b, "layer_windows", megatron_layer_windows(facts), f"{src}window_size and window_attn_skip_freq per layer")
+    put_field(b, "logit_softcapping", None, "megatron-core's TransformerConfig has no attention logit soft capping", "configured")
+    put_field(b, "decode_cp_size", None, "training does not decode", "configured")
+    rope_type, rope_params = _rope(facts)
+    put_field(b, "rope_type", rope_type, src + "position_embedding_type")
+    put_field(b, "rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
+    put_field(b, "vocab_size", facts.get("vocab_size"), src + "vocab_size")
+    if facts.get("tokenizer"):
+        identity, how = tokenizer_identity(facts["tokenizer"])
+        put_field(b, "tokenizer", identity, f"policy.tokenizer.name: {how}", "configured")
+
+
+def _parallel_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> int:
+    """Parallelism, batch and mode fields; returns the context-parallel size."""
+    cp_size = facts.get("context_parallel_size") or 1
+    put_field(b, "cp_size", cp_size, src + "context_parallel_size")
+    put_field(b, "cp_comm_type", facts.get("cp_comm_type") if cp_size > 1 else None, src + "cp_comm_type",
+              "configured" if cp_size == 1 else "observed")
+    put_field(b, "cp_layout", "load_balanced" if cp_size > 1 else "none",
+              "TE CP load-balanced sequence split" if cp_size > 1 else "cp_size == 1", "configured")
+    put_field(b, "tp_size", facts.get("tensor_model_parallel_size"), src + "tensor_model_parallel_size")
+    put_field(b, "mode", "prefill", "training scores whole sequences", "configured")
+    put_field(b, "rope_fusion", facts.get("apply_rope_fusion"), src + "apply_rope_fusion")
+    batch_key = "logprob_batch_size" if "logprob_batch_size" in facts else "train_micro_batch_size"
+    if batch_key in facts:
+        put_field(b, "physical_batch", facts[batch_key], f"policy.{batch_key}", "configured")
+    for name, key in (("batch_invariant", "batch_invariant_mode"), ("deterministic", "deterministic_mode")):
+        if key in facts.get("absent", ()):
+            b.unobservable(name, None, f"{src}{key} does not exist in this megatron-core")
+        else:
+            put_field(b, name, facts.get(key), src + key)
+    return cp_size
+
+
+def _backend_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str, seen: Mapping[str, Any] | None,
+                    not_read: str, cp_size: int) -> None:
+    """The backend, engine and dtype, and the semantics they imply (by the rule ``check`` previews with)."""
+    requested = facts.get("attention_backend")
+    backend = seen["backend"] if seen else TE_CLASS_BY_BACKEND.get(requested)
+    # The reduction semantics (and reduction_engine, split_kv_policy, no KV cache) follow from
+    # backend, dtype and CP by the same rule `check` previews with.
+    attn_backend = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}.get(backend, requested)
+    try:
+        dtype = normalize_dtype(facts.get("params_dtype"))
+    except ContractError:
+        dtype = None
+    te_semantics(b, attn_backend, dtype, cp_size, facts.get("cp_comm_type") or "p2p", preview=False)
+    put_field(b, "dtype", facts.get("params_dtype"), src + "params_dtype")
+    if seen:
+        put_field(b, "backend", backend, seen.get("source", "read back"))
+        put_field(b, "engine", seen.get("engine"), seen.get("source", "read back"))
+    else:
+        b.unobservable("backend", requested, f"requested AttnBackend.{requested}; {not_read}")
+        b.unobservable("engine", None, not_read)
+
+
 def training_contract(
     facts: Mapping[str, Any],
     worker_id: str,
@@ -151,68 +228,10 @@ def training_contract(
     src = f"{facts.get('model_config_class', 'TransformerConfig')}."
     seen = observed if observed and observed.get("status") == "observed" else None
     not_read = (observed or {}).get("source") or "not read back yet (before the first forward)"
-
-    def put(name: str, value: Any, source: str, how: str = "observed") -> None:
-        put_field(b, name, value, source, how)
-
-    put("num_layers", facts.get("num_layers"), src + "num_layers")
-    put("num_attention_heads", facts.get("num_attention_heads"), src + "num_attention_heads")
-    put("num_query_groups", facts.get("num_query_groups"), src + "num_query_groups")
-    put("head_dim", facts.get("kv_channels"), src + "kv_channels")
-    if facts.get("softmax_scale") is not None:
-        put("softmax_scale", facts["softmax_scale"], src + "softmax_scale")
-    elif facts.get("kv_channels"):
-        put("softmax_scale", 1.0 / math.sqrt(facts["kv_channels"]), f"1/sqrt({src}kv_channels) (softmax_scale unset)")
-    put("causal", True, "GPTModel causal self-attention mask", "configured")
-    if "window_size" in facts:
-        b.observed("sliding_window", left_window(facts["window_size"]), f"{src}window_size[0] (-1 or None: no window)")
-    else:
-        b.unobservable("sliding_window", None, f"{src}window_size not recorded")
-    put("layer_windows", megatron_layer_windows(facts), f"{src}window_size and window_attn_skip_freq per layer")
-    put("logit_softcapping", None, "megatron-core's TransformerConfig has no attention logit soft capping", "configured")
-    put("decode_cp_size", None, "training does not decode", "configured")
-    rope_type, rope_params = _rope(facts)
-    put("rope_type", rope_type, src + "position_embedding_type")
-    put("rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
-    put("vocab_size", facts.get("vocab_size"), src + "vocab_size")
-    if facts.get("tokenizer"):
-        identity, how = tokenizer_identity(facts["tokenizer"])
-        put("tokenizer", identity, f"policy.tokenizer.name: {how}", "configured")
-
-    cp_size = facts.get("context_parallel_size") or 1
-    put("cp_size", cp_size, src + "context_parallel_size")
-    put("cp_comm_type", facts.get("cp_comm_type") if cp_size > 1 else None, src + "cp_comm_type", "configured" if cp_size == 1 else "observed")
-    put("cp_layout", "load_balanced" if cp_size > 1 else "none", "TE CP load-balanced sequence split" if cp_size > 1 else "cp_size == 1", "configured")
-    put("tp_size", facts.get("tensor_model_parallel_size"), src + "tensor_model_parallel_size")
-    put("mode", "prefill", "training scores whole sequences", "configured")
-    put("rope_fusion", facts.get("apply_rope_fusion"), src + "apply_rope_fusion")
-    batch_key = "logprob_batch_size" if "logprob_batch_size" in facts else "train_micro_batch_size"
-    if batch_key in facts:
-        put("physical_batch", facts[batch_key], f"policy.{batch_key}", "configured")
-    for name, key in (("batch_invariant", "batch_invariant_mode"), ("deterministic", "deterministic_mode")):
-        if key in facts.get("absent", ()):
-            b.unobservable(name, None, f"{src}{key} does not exist in this megatron-core")
-        else:
-            put(name, facts.get(key), src + key)
+    _model_fields(b, facts, src)
+    cp_size = _parallel_fields(b, facts, src)
     _flash_attention_version(b, seen, facts.get("flash_attention_version"), not_read)
-
-    requested = facts.get("attention_backend")
-    backend = seen["backend"] if seen else TE_CLASS_BY_BACKEND.get(requested)
-    # The reduction semantics (and reduction_engine, split_kv_policy, no KV cache) follow from
-    # backend, dtype and CP by the same rule `check` previews with.
-    attn_backend = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}.get(backend, requested)
-    try:
-        dtype = normalize_dtype(facts.get("params_dtype"))
-    except ContractError:
-        dtype = None
-    te_semantics(b, attn_backend, dtype, cp_size, facts.get("cp_comm_type") or "p2p", preview=False)
-    put("dtype", facts.get("params_dtype"), src + "params_dtype")
-    if seen:
-        put("backend", backend, seen.get("source", "read back"))
-        put("engine", seen.get("engine"), seen.get("source", "read back"))
-    else:
-        b.unobservable("backend", requested, f"requested AttnBackend.{requested}; {not_read}")
-        b.unobservable("engine", None, not_read)
+    _backend_fields(b, facts, src, seen, not_read, cp_size)
     if versions:
-        put("versions", dict(versions), "importlib.metadata", "observed")
+        put_field(b, "versions", dict(versions), "importlib.metadata", "observed")
     return b.build(unset_source="not known to the Megatron worker at setup")

@@ -57,24 +57,13 @@ def world_size(environ: Mapping[str, str] = os.environ) -> int:
         return 1
 
 
-def put_field(builder: Any, name: str, value: Any, source: str, how: str = "observed") -> None:
-    """Set one contract field on ``builder``; a missing observed value, or one the schema rejects,
-    is recorded as unobservable with the reason, never guessed."""
-    from nemo_rl_attn_align.contract.schema import ContractError
-
-    if value is None and how == "observed":
-        builder.unobservable(name, None, f"{source}: not available in this host")
-        return
-    try:
-        getattr(builder, how)(name, value, source)
-    except ContractError as err:
-        builder.unobservable(name, None, f"{source}: {err}")
-
-
 def write(report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str, Any], run_id: str | None = None) -> Path | None:
     """Write both files for one worker; without a report dir, warn once and write nothing."""
     global _warned_no_dir
-    from nemo_rl_attn_align.report.document import write_worker_detail, write_worker_record
+    from nemo_rl_attn_align.report.document import (
+        write_worker_detail,
+        write_worker_record,
+    )
 
     if not report_dir:
         if not _warned_no_dir:
