@@ -52,16 +52,22 @@ def venv_without_plugin(root: Path) -> Path:
     return python
 
 
-@pytest.fixture(scope="session")
-def plugin_wheel(tmp_path_factory) -> Path:
-    """The plugin built into a wheel from a copy of the source tree (the tree itself stays clean)."""
-    root = tmp_path_factory.mktemp("plugin-src")
+def copy_source_tree(root: Path) -> Path:
+    """A copy of the project's build inputs under ``root`` (so a build never touches the checkout)."""
+    root.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         if (REPO / name).exists():
             shutil.copy2(REPO / name, root / name)
     if not (root / "README.md").exists():  # pyproject names a readme; its text does not matter here
         (root / "README.md").write_text("nemo-rl-attn-align\n")
     shutil.copytree(REPO / "nemo_rl_attn_align", root / "nemo_rl_attn_align", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.fixture(scope="session")
+def plugin_wheel(tmp_path_factory) -> Path:
+    """The plugin built into a wheel from a copy of the source tree (the tree itself stays clean)."""
+    root = copy_source_tree(tmp_path_factory.mktemp("plugin-src"))
     wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(root)],
