@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
@@ -84,7 +84,7 @@ def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool =
     }
 
 
-def _fix(cfg: dict, preview_of) -> dict[str, Any]:
+def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
     from nemo_rl_attn_align.preflight.preset import align, minimal
 

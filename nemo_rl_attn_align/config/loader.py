@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.limits import (
@@ -89,7 +89,7 @@ def _bounded_loader(text: str, already: int):
     alias use counts one) nested at most ``MAX_NESTING`` deep: it stops as soon as either is crossed."""
     from omegaconf._utils import get_yaml_loader
 
-    class BoundedLoader(get_yaml_loader()):
+    class BoundedLoader(get_yaml_loader()):  # type: ignore[misc]  # OmegaConf builds its loader class at run time
         composed, depth = already, 0
 
         def compose_node(self, parent, index):
@@ -257,7 +257,7 @@ def _resolve(cfg) -> dict:
 
     register_nemo_rl_resolvers()
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        return cast(dict, OmegaConf.to_container(cfg, resolve=True))  # a DictConfig resolves to a dict
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         raise UsageError(

@@ -72,7 +72,7 @@ class AlignSettings:
     preset: Optional[str] = None
     allow_dtype_difference: bool = False
     strict: bool = False
-    report_dir: Optional[str] = None
+    report_dir: str = REPORT_SUBDIR
     mandate: Mandate = field(default_factory=Mandate)
     drift: DriftSettings = field(default_factory=DriftSettings)
 

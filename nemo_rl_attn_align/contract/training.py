@@ -194,10 +194,11 @@ def _backend_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str, seen
                     not_read: str, cp_size: int) -> None:
     """The backend, engine and dtype, and the semantics they imply (by the rule ``check`` previews with)."""
     requested = facts.get("attention_backend")
-    backend = seen["backend"] if seen else TE_CLASS_BY_BACKEND.get(requested)
+    backend = seen["backend"] if seen else TE_CLASS_BY_BACKEND.get(requested) if isinstance(requested, str) else None
     # The reduction semantics (and reduction_engine, split_kv_policy, no KV cache) follow from
     # backend, dtype and CP by the same rule `check` previews with.
-    attn_backend = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}.get(backend, requested)
+    names = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}
+    attn_backend = names.get(backend, requested) if isinstance(backend, str) else requested
     try:
         dtype = normalize_dtype(facts.get("params_dtype"))
     except ContractError:

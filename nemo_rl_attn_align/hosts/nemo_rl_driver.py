@@ -156,7 +156,7 @@ def _patch_logger(module) -> None:
     logger_cls = getattr(module, "Logger", None)
     method = getattr(logger_cls, "log_metrics", None)
     try:
-        fits = tuple(inspect.signature(method).parameters)[: len(LOG_METRICS_PARAMS)] == LOG_METRICS_PARAMS
+        fits = method is not None and tuple(inspect.signature(method).parameters)[: len(LOG_METRICS_PARAMS)] == LOG_METRICS_PARAMS
     except (TypeError, ValueError):
         fits = False
     if not fits:

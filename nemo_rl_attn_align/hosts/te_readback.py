@@ -179,7 +179,7 @@ def watch_first_forward(model: Any, callback: Callable[[dict[str, Any]], None], 
     function that removes the hook if it has not fired yet.
     """
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    handle = None
+    handle: Any = None  # the forward hook's handle, set below
 
     def after_forward(module, inputs, output):
         handle.remove()

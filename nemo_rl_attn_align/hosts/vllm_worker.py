@@ -136,9 +136,10 @@ def _wrap_init(original: Callable) -> Callable:
 
 
 def _subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
+    found: list[type] = []
+    for child in cls.__subclasses__():
+        found.append(child)
+        found.extend(_subclasses(child))
     return found
 
 

@@ -131,7 +131,7 @@ class HostRecord:
             raise StrictModeError("; ".join(self.findings) + ". attention_align.strict is true, so the run stops.")
 
     @classmethod
-    def guarded(cls, step: str, action: Callable[[], None]) -> None:
+    def guarded(cls, step: str, action: Callable[[], object]) -> None:
         """Run one observability step: its failure is a warning, or an error in strict mode."""
         from nemo_rl_attn_align.hosts._patching import guarded
 

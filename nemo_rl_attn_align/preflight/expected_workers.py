@@ -54,10 +54,12 @@ def _gpus(cfg: Mapping[str, Any]) -> tuple[Optional[int], Optional[int], str]:
     return (nodes - gen_nodes) * per_node, gen_nodes * gen_per_node, f"{cluster}, {gen_nodes} nodes for generation (not colocated)"
 
 
-def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] = ()) -> dict[str, ExpectedSide]:
+def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = None) -> dict[str, ExpectedSide]:
     """``training`` and ``rollout`` -> the workers the run should start; sides in ``absent`` (no
     such workers in this run) are left out."""
     from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
+
+    absent = absent or {}
 
     train_gpus, gen_gpus, how = _gpus(cfg)
     out = {}
