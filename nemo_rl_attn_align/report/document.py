@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
-from nemo_rl_attn_align.compare.binding import Code, Mandate, Status, Verdict, bind, same_value
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.compare.binding import Mandate, Status, Verdict, bind, same_value
 from nemo_rl_attn_align.contract.schema import SIDES, AttentionContract, Tier, field_spec, fields_of
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, format_finding
