@@ -11,7 +11,7 @@ A field whose value was not observed or configured on some side (``unobservable`
 never reported as matching: it is ``not_comparable``. ``passed`` (no field and no blocking
 determinism variable disagrees) is kept apart from ``comparable`` (every identity and semantic field
 was compared on known values); the verdict is ``pass``, ``incomparable`` or ``fail``.
-Every non-match carries a stable ``Code``. Stdlib only.
+Every non-match carries a stable ``Code`` (``codes.Code``, which also gives its severity). Stdlib only.
 """
 
 from __future__ import annotations
@@ -21,31 +21,10 @@ import math
 from dataclasses import dataclass, fields as dataclass_fields
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
-from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, field_spec, fields_of
+from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
-from nemo_rl_attn_align.errors import Finding, Severity
-
-
-class Code(str, enum.Enum):
-    """Stable codes of every binding and report finding. Values never change once released."""
-
-    IDENTITY_MISMATCH = "ATTN_IDENTITY_MISMATCH"
-    SEMANTIC_SIDES_DIFFER = "ATTN_SEMANTIC_SIDES_DIFFER"
-    SEMANTIC_MANDATE = "ATTN_SEMANTIC_MANDATE"
-    DTYPE_DIFFERENCE_ALLOWED = "ATTN_DTYPE_DIFFERENCE_ALLOWED"
-    RECORDED_DIFFERENCE = "ATTN_RECORDED_DIFFERENCE"
-    UNOBSERVABLE = "ATTN_UNOBSERVABLE"
-    PENDING = "ATTN_PENDING"
-    DETERMINISM_BLOCKING = "DET_BLOCKING_MISMATCH"
-    DETERMINISM_RECORDED = "DET_RECORDED_DIFFERENCE"
-    DETERMINISM_EQUIVALENT = "DET_EQUIVALENT"
-    DETERMINISM_NOT_PROBED = "DET_NOT_PROBED"
-    WORKER_DIVERGES = "REPORT_WORKER_DIVERGES"
-    WORKER_MISSING = "REPORT_WORKER_MISSING"
-    RECORD_UNREADABLE = "REPORT_RECORD_UNREADABLE"
-    SIDE_MISSING = "REPORT_SIDE_MISSING"
-    SIDE_ABSENT = "REPORT_SIDE_ABSENT"
-    WORKER_FINDING = "REPORT_WORKER_FINDING"
+from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, field_spec, fields_of
+from nemo_rl_attn_align.errors import Finding
 
 
 class DeterminismEntryView(Protocol):
@@ -60,8 +39,7 @@ class DeterminismEntryView(Protocol):
 
 class DeterminismView(Protocol):
     """What the binding reads of a determinism comparison (``determinism.compare`` returns a
-    ``DeterminismDiff``), declared here so that the binding imports nothing from ``determinism``,
-    which imports this module's ``Code``."""
+    ``DeterminismDiff``), declared here so that the binding imports nothing from ``determinism``."""
 
     @property
     def entries(self) -> Sequence[DeterminismEntryView]: ...
@@ -218,14 +196,6 @@ def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Optional[Manda
     return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"{name}: {t.value!r} on both sides")
 
 
-_SEVERITY = {
-    Status.MISMATCH: Severity.ERROR,
-    Status.NOT_COMPARABLE: Severity.WARNING,
-    Status.ALLOWED: Severity.INFO,
-    Status.DIFFERENT: Severity.INFO,
-}
-
-
 def _fix(result: FieldResult) -> str:
     if result.status is Status.MISMATCH:
         return field_spec(result.name).fix
@@ -281,7 +251,7 @@ class BindingReport:
     def findings(self) -> list[Finding]:
         """One ``Finding`` per field that did not plainly match, then the determinism findings."""
         out = [
-            Finding(r.code.value, _SEVERITY[r.status], f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
+            Finding(r.code.value, r.code.severity, f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
             for r in self.results
             if r.status is not Status.MATCH
         ]

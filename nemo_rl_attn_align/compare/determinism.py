@@ -30,8 +30,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from nemo_rl_attn_align.compare.binding import Code
-from nemo_rl_attn_align.errors import Finding, Severity
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.errors import Finding
 
 #: Variables whose difference in meaning blocks the binding.
 BLOCKING_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG")
@@ -339,19 +339,21 @@ class DeterminismDiff:
             values = f"training={e.training!r}, rollout={e.rollout!r}"
             if e.status is DetStatus.MISMATCH:
                 out.append(Finding(
-                    Code.DETERMINISM_BLOCKING.value, Severity.ERROR, f"determinism.{e.name}", values,
+                    Code.DETERMINISM_BLOCKING.value, Code.DETERMINISM_BLOCKING.severity, f"determinism.{e.name}",
+                    values,
                     f"{e.name} means different things on the two sides ({e.note})",
                     f"give {e.name} one meaning on both sides (policy.megatron_cfg.env_vars and "
                     "policy.generation.vllm_cfg.env_vars; vLLM's batch-invariant mode overrides it in its worker)",
                 ))
             elif e.status in (DetStatus.DIFFERENT, DetStatus.EQUIVALENT):
                 code = Code.DETERMINISM_RECORDED if e.status is DetStatus.DIFFERENT else Code.DETERMINISM_EQUIVALENT
-                out.append(Finding(code.value, Severity.INFO, f"determinism.{e.name}", values,
+                out.append(Finding(code.value, code.severity, f"determinism.{e.name}", values,
                                    f"{e.name}: {e.note or 'differs (recorded)'}", "none needed: recorded"))
         for side, status in (("training", self.training_torch_status), ("rollout", self.rollout_torch_status)):
             if status != "probed":
-                out.append(Finding(Code.DETERMINISM_NOT_PROBED.value, Severity.INFO, f"determinism.{side}.torch",
-                                   status, f"torch flags of the {side} side were not read ({status})",
+                out.append(Finding(Code.DETERMINISM_NOT_PROBED.value, Code.DETERMINISM_NOT_PROBED.severity,
+                                   f"determinism.{side}.torch", status,
+                                   f"torch flags of the {side} side were not read ({status})",
                                    "probe inside the worker after its engine started"))
         return out
 

@@ -141,7 +141,7 @@ class RunReport:
 
     def _stop_if_unrecorded(self) -> None:
         """Strict mode: a side with 0 of N workers recorded stops the run (after the report is written)."""
-        from nemo_rl_attn_align.compare.binding import Code
+        from nemo_rl_attn_align.codes import Code
 
         unrecorded = [f["message"] for f in self.doc["findings"]
                       if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"]

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.hosts import _patching, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, training_peers, training_worker_id, world_size
 
@@ -134,7 +135,7 @@ record = WorkerRecord()
 #: hook wraps (``_apply_performance_config``: "Invalid attention backend: ..."). There the plugin
 #: logs its finding (with its suggestion) and lets NeMo-RL raise its own error, so that NeMo-RL's
 #: behaviour, and its tests, stay exactly as without the plugin.
-HOST_RAISES = {"setup-module": frozenset({"ATTN_BACKEND_INVALID"}), "worker-inline": frozenset()}
+HOST_RAISES = {"setup-module": frozenset({Code.ATTN_BACKEND_INVALID.value}), "worker-inline": frozenset()}
 
 
 def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:

@@ -30,11 +30,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
 from nemo_rl_attn_align.contract.schema import Tier
-from nemo_rl_attn_align.errors import Finding, Severity
+from nemo_rl_attn_align.errors import Finding
 
-PRESET_CODE = "ALIGN_PRESET_REFUSED"
 #: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.
 CUBLAS_DETERMINISTIC = ":4096:8"
 _VLLM_ENV = "policy.generation.vllm_cfg.env_vars"
@@ -149,7 +149,7 @@ def blocking_causes(preview: Any) -> list[tuple[str, str, Any]]:
 
 
 def _refuse(where: str, value: Any, message: str, fix: str) -> Finding:
-    return Finding(PRESET_CODE, Severity.ERROR, where, repr(value), message, fix)
+    return Finding(Code.PRESET_REFUSED.value, Code.PRESET_REFUSED.severity, where, repr(value), message, fix)
 
 
 def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok: bool) -> list[Change] | Finding:

@@ -1,20 +1,21 @@
 """Pre-flight rules: attention settings that cannot work, caught before any GPU work.
 
 Each rule reads ``PolicyFacts`` (what the policy config and the environment say, already read by
-``plan.read_policy_facts``) and returns ``Finding`` objects with a stable ``Code``. Every code is
-listed in ``Code`` with a one-line summary; the README's rule table is generated from the same
-text (``tests/test_readme.py`` keeps them equal).
+``plan.read_policy_facts``) and returns ``Finding`` objects with a stable ``Code``. A rule is a
+function registered with ``@rule(Code.X, ...)`` (the codes it raises); ``evaluate`` runs the rules
+in the order they are defined here. Each code's severity and summary are in ``codes.Code``, which
+the README's rule table is generated from.
 """
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, HALF_PRECISION_ONLY, NVTE_BY_BACKEND
-from nemo_rl_attn_align.errors import Finding, Severity
+from nemo_rl_attn_align.codes import Code, Kind
+from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.limits import shown
 from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES
 from nemo_rl_attn_align.suggest import describe_invalid
@@ -33,78 +34,8 @@ TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
-class Code(str, enum.Enum):
-    """Stable rule codes. The value is the code; ``summary`` says what it catches."""
-
-    CONFIG_VALUE_INVALID = "CONFIG_VALUE_INVALID"
-    FLAG_NOT_BOOLEAN = "FLAG_NOT_BOOLEAN"
-    ATTN_BACKEND_INVALID = "ATTN_BACKEND_INVALID"
-    ATTN_BACKEND_NULL = "ATTN_BACKEND_NULL"
-    PRECISION_INVALID = "PRECISION_INVALID"
-    FLASH_REQUIRES_HALF_PRECISION = "FLASH_REQUIRES_HALF_PRECISION"
-    FUSED_REQUIRES_HALF_PRECISION = "FUSED_REQUIRES_HALF_PRECISION"
-    PRECISION_OVERRIDE_IGNORED = "PRECISION_OVERRIDE_IGNORED"
-    LOCAL_REQUIRES_LOCAL_SPEC = "LOCAL_REQUIRES_LOCAL_SPEC"
-    LOCAL_NO_CONTEXT_PARALLEL = "LOCAL_NO_CONTEXT_PARALLEL"
-    BACKEND_IGNORED_BY_LOCAL_SPEC = "BACKEND_IGNORED_BY_LOCAL_SPEC"
-    UNFUSED_NO_CONTEXT_PARALLEL = "UNFUSED_NO_CONTEXT_PARALLEL"
-    FP32_CONTEXT_PARALLEL_NO_BACKEND = "FP32_CONTEXT_PARALLEL_NO_BACKEND"
-    FLASH_UNSUPPORTED_SOFTMAX = "FLASH_UNSUPPORTED_SOFTMAX"
-    BATCH_INVARIANT_REQUIRES_FLASH = "BATCH_INVARIANT_REQUIRES_FLASH"
-    BATCH_INVARIANT_REQUIRES_BF16 = "BATCH_INVARIANT_REQUIRES_BF16"
-    BATCH_INVARIANT_NO_CONTEXT_PARALLEL = "BATCH_INVARIANT_NO_CONTEXT_PARALLEL"
-    MODEL_OVERRIDE_CONFLICT = "MODEL_OVERRIDE_CONFLICT"
-    NVTE_ENV_CONFLICT = "NVTE_ENV_CONFLICT"
-    NVTE_ENV_DISCARDED = "NVTE_ENV_DISCARDED"
-    BACKEND_WITHOUT_MEGATRON = "BACKEND_WITHOUT_MEGATRON"
-
-    @property
-    def summary(self) -> str:
-        """One line: what the rule catches and why it matters."""
-        return _SUMMARIES[self]
-
-    @property
-    def severity(self) -> Severity:
-        """The severity every finding of this code has."""
-        return _SEVERITIES.get(self, Severity.ERROR)
-
-
-_SUMMARIES = {
-    Code.CONFIG_VALUE_INVALID: "a key the rules read has a value NeMo-RL or Megatron rejects (wrong type, out of range, broken structure).",
-    Code.FLAG_NOT_BOOLEAN: "a Megatron flag is not true/false; Megatron reads it by truthiness (1, 'false', 'no' are on).",
-    Code.ATTN_BACKEND_INVALID: "attention_backend is not one of flash, fused, unfused, local, auto (exact, lower case).",
-    Code.ATTN_BACKEND_NULL: "attention_backend: null; NeMo-RL treats it as unset, so Megatron's default (auto) applies.",
-    Code.PRECISION_INVALID: "policy.precision or megatron_cfg.pipeline_dtype is not float32, bfloat16 or float16.",
-    Code.FLASH_REQUIRES_HALF_PRECISION: "flash with policy.precision float32: TE's FlashAttention runs only fp16/bf16 and fails at the first forward.",
-    Code.FUSED_REQUIRES_HALF_PRECISION: "fused with policy.precision float32: TE's FusedAttention (cuDNN) runs only fp16/bf16/fp8.",
-    Code.PRECISION_OVERRIDE_IGNORED: "model_overrides sets params_dtype/bf16/fp16, which NeMo-RL overwrites from policy.precision.",
-    Code.LOCAL_REQUIRES_LOCAL_SPEC: "local needs megatron_cfg.transformer_impl: local; with the TE layer spec TE is left no backend.",
-    Code.LOCAL_NO_CONTEXT_PARALLEL: "transformer_impl local with context_parallel_size > 1: Megatron's own DotProductAttention asserts CP is TE-only.",
-    Code.BACKEND_IGNORED_BY_LOCAL_SPEC: "flash/fused/unfused/auto with transformer_impl local: Megatron's own attention runs, TE's backends are not used.",
-    Code.UNFUSED_NO_CONTEXT_PARALLEL: "unfused with context_parallel_size > 1: TE disables UnfusedDotProductAttention under CP.",
-    Code.FP32_CONTEXT_PARALLEL_NO_BACKEND: "float32 with context_parallel_size > 1 on TE: only Unfused runs FP32 and it has no CP.",
-    Code.FLASH_UNSUPPORTED_SOFTMAX: "flash with a non-vanilla softmax (gpt-oss learnable sinks): TE disables FlashAttention (NeMo-RL #1685).",
-    Code.BATCH_INVARIANT_REQUIRES_FLASH: "batch_invariant_mode with a backend other than flash: TransformerConfig asserts flash.",
-    Code.BATCH_INVARIANT_REQUIRES_BF16: "batch_invariant_mode needs policy.precision bfloat16.",
-    Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL: "batch_invariant_mode needs context_parallel_size 1.",
-    Code.MODEL_OVERRIDE_CONFLICT: "model_overrides repeats a first-class attention key; NeMo-RL rejects it at worker start.",
-    Code.NVTE_ENV_CONFLICT: "NVTE_* in the environment or megatron_cfg.env_vars disagrees with what Megatron sets; its assert fails at model build.",
-    Code.NVTE_ENV_DISCARDED: "NVTE_* set while attention_backend is set: NeMo-RL removes it before the model is built, so it has no effect.",
-    Code.BACKEND_WITHOUT_MEGATRON: "attention_backend set while megatron_cfg.enabled is not truthy: it has no effect.",
-}
-
-_SEVERITIES = {
-    Code.FLAG_NOT_BOOLEAN: Severity.WARNING,
-    Code.ATTN_BACKEND_NULL: Severity.WARNING,
-    Code.BACKEND_IGNORED_BY_LOCAL_SPEC: Severity.WARNING,
-    Code.PRECISION_OVERRIDE_IGNORED: Severity.WARNING,
-    Code.NVTE_ENV_DISCARDED: Severity.WARNING,
-    Code.BACKEND_WITHOUT_MEGATRON: Severity.WARNING,
-}
-
-
 def finding(code: Code, key: str, value: Any, message: str, fix: str) -> Finding:
-    """A ``Finding`` with the code's own severity."""
+    """A ``Finding`` with the code's own severity (from the registry)."""
     return Finding(code.value, code.severity, key, value, message, fix)
 
 
@@ -149,6 +80,24 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and value >= 1
 
 
+Rule = Callable[[PolicyFacts], list[Finding]]
+#: Every rule with the codes it raises, in definition order (the order findings are reported).
+RULES: list[tuple[Rule, tuple[Code, ...]]] = []
+
+
+def rule(*codes: Code) -> Callable[[Rule], Rule]:
+    """Register the decorated function as a rule that raises ``codes`` (each a rule code)."""
+    wrong = [code for code in codes if code.kind is not Kind.RULE]
+    if not codes or wrong:
+        raise ValueError(f"a rule raises rule codes, got {wrong or 'none'}")
+
+    def register(function: Rule) -> Rule:
+        RULES.append((function, codes))
+        return function
+
+    return register
+
+
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
@@ -157,6 +106,7 @@ def _invalid(key: str, value: Any, why: str, fix: str) -> Finding:
     return finding(Code.CONFIG_VALUE_INVALID, key, value, why, fix)
 
 
+@rule(Code.CONFIG_VALUE_INVALID, Code.FLAG_NOT_BOOLEAN)
 def _config_values(facts: PolicyFacts) -> list[Finding]:
     """Values of the keys the rules read that NeMo-RL or Megatron cannot use at all."""
     raw = facts.raw
@@ -228,6 +178,7 @@ def _override_values(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
+@rule(Code.ATTN_BACKEND_NULL, Code.ATTN_BACKEND_INVALID)
 def _backend_value(facts: PolicyFacts) -> list[Finding]:
     raw = facts.backend_raw
     if raw is UNSET:
@@ -242,6 +193,7 @@ def _backend_value(facts: PolicyFacts) -> list[Finding]:
     return []
 
 
+@rule(Code.PRECISION_INVALID)
 def _precision_values(facts: PolicyFacts) -> list[Finding]:
     out = []
     checks = [("policy.precision", facts.precision_raw)]
@@ -259,6 +211,7 @@ def _precision_values(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
+@rule(Code.FLASH_REQUIRES_HALF_PRECISION, Code.FUSED_REQUIRES_HALF_PRECISION)
 def _half_precision(facts: PolicyFacts) -> list[Finding]:
     backend = facts.backend
     if (not facts.megatron_enabled or backend not in HALF_PRECISION_ONLY or facts.precision != "float32"
@@ -271,6 +224,7 @@ def _half_precision(facts: PolicyFacts) -> list[Finding]:
                     "set policy.precision=bfloat16 (float16 also works), or use attention_backend=unfused for FP32.")]
 
 
+@rule(Code.PRECISION_OVERRIDE_IGNORED)
 def _precision_overrides(facts: PolicyFacts) -> list[Finding]:
     # setup.py::setup_model_config merges model_overrides first, then _apply_precision_config sets
     # bf16/fp16/params_dtype from policy.precision (NeMo-RL 7ea279a), so these overrides never stick.
@@ -284,6 +238,7 @@ def _precision_overrides(facts: PolicyFacts) -> list[Finding]:
                     "set policy.precision instead and remove the override.")]
 
 
+@rule(Code.LOCAL_REQUIRES_LOCAL_SPEC, Code.BACKEND_IGNORED_BY_LOCAL_SPEC, Code.LOCAL_NO_CONTEXT_PARALLEL)
 def _local_spec(facts: PolicyFacts) -> list[Finding]:
     if not facts.megatron_enabled:
         return []
@@ -308,6 +263,7 @@ def _local_spec(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
+@rule(Code.UNFUSED_NO_CONTEXT_PARALLEL, Code.FP32_CONTEXT_PARALLEL_NO_BACKEND)
 def _context_parallel(facts: PolicyFacts) -> list[Finding]:
     # TE get_attention_backend: "Disabling UnfusedDotProductAttention as it does not support context
     # parallelism"; FP32 is left to Unfused alone ("Filter: Data type").
@@ -330,6 +286,7 @@ def _context_parallel(facts: PolicyFacts) -> list[Finding]:
 _LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
 
 
+@rule(Code.FLASH_UNSUPPORTED_SOFTMAX)
 def _softmax_type(facts: PolicyFacts) -> list[Finding]:
     # TE get_attention_backend: "Disabling FlashAttention for softmax_type = learnable"; gpt-oss's Megatron
     # Bridge provider uses learnable attention sinks (NeMo-RL issue #1685).
@@ -347,6 +304,8 @@ def _softmax_type(facts: PolicyFacts) -> list[Finding]:
     return []
 
 
+@rule(Code.BATCH_INVARIANT_REQUIRES_FLASH, Code.BATCH_INVARIANT_REQUIRES_BF16,
+       Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL)
 def _batch_invariant(facts: PolicyFacts) -> list[Finding]:
     # megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ asserts flash
     # (megatron-core 0.16.1), context_parallel_size == 1 (core_v0.19.0, from Megatron-LM 51e915a) and
@@ -369,6 +328,7 @@ def _batch_invariant(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
+@rule(Code.MODEL_OVERRIDE_CONFLICT)
 def _model_override_conflict(facts: PolicyFacts) -> list[Finding]:
     # setup.py::_validate_model_override_conflicts rejects overrides of first-class megatron_cfg keys.
     first_class = ("attention_backend", "transformer_impl", "context_parallel_size")
@@ -381,6 +341,7 @@ def _model_override_conflict(facts: PolicyFacts) -> list[Finding]:
     ]
 
 
+@rule(Code.NVTE_ENV_DISCARDED, Code.NVTE_ENV_CONFLICT)
 def _nvte_environment(facts: PolicyFacts) -> list[Finding]:
     # NeMo-RL >= 0.6 pops NVTE_FUSED/FLASH/UNFUSED_ATTN when attention_backend is set; otherwise
     # Megatron's _set_attention_backend asserts the values it finds equal the ones it would set.
@@ -404,6 +365,7 @@ def _nvte_environment(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
+@rule(Code.BACKEND_WITHOUT_MEGATRON)
 def _without_megatron(facts: PolicyFacts) -> list[Finding]:
     if facts.megatron_enabled or facts.backend_raw is UNSET or facts.backend_raw is None:
         return []
@@ -412,23 +374,6 @@ def _without_megatron(facts: PolicyFacts) -> list[Finding]:
                     "set policy.megatron_cfg.enabled=true, or remove attention_backend.")]
 
 
-#: Every rule, in the order findings are reported.
-RULES: tuple[Callable[[PolicyFacts], list[Finding]], ...] = (
-    _config_values,
-    _backend_value,
-    _precision_values,
-    _half_precision,
-    _precision_overrides,
-    _local_spec,
-    _context_parallel,
-    _softmax_type,
-    _batch_invariant,
-    _model_override_conflict,
-    _nvte_environment,
-    _without_megatron,
-)
-
-
 def evaluate(facts: PolicyFacts) -> list[Finding]:
     """Run every rule on ``facts``; findings in rule order."""
-    return [f for rule in RULES for f in rule(facts)]
+    return [f for check, _ in RULES for f in check(facts)]

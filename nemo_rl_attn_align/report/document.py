@@ -34,9 +34,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
-from nemo_rl_attn_align.compare.binding import Code, Mandate, Status, Verdict, bind, same_value
-from nemo_rl_attn_align.contract.schema import SIDES, Tier, field_spec, fields_of
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.compare.binding import Mandate, Status, Verdict, bind, same_value
 from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.schema import SIDES, Tier, field_spec, fields_of
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, format_finding
 from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, MAX_REPORT_BYTES, InputRefused, nesting_depth, read_text, shown_path

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.compare.binding import Code
+from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.determinism import (
     BLOCKING_VARIABLES,
     PROFILES,

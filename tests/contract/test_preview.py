@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.compare.binding import Code, Status, Verdict
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.compare.binding import Status, Verdict
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
 from nemo_rl_attn_align.contract.contract import AttentionContract

@@ -24,7 +24,7 @@ import yaml
 pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
-from nemo_rl_attn_align.compare.binding import Code  # noqa: E402
+from nemo_rl_attn_align.codes import Code  # noqa: E402
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report  # noqa: E402
 from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
 from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO, venv_without_plugin  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nemo_rl_attn_align.compare.binding import Code
+from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import probe
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver

@@ -8,8 +8,9 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
-from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
-from nemo_rl_attn_align.preflight.rules import Code
+from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy, read_policy_facts
+from nemo_rl_attn_align.codes import Code, Kind, codes_of
+from nemo_rl_attn_align.preflight.rules import RULES, rule
 
 from tests.conftest import EXAMPLES
 
@@ -124,9 +125,33 @@ def test_rule_triggers_and_near_miss_does_not(code, bad, bad_env, good, good_env
 
 
 def test_every_code_has_a_case_a_summary_and_a_severity():
-    assert {c[0] for c in CASES} == set(Code)
-    for code in Code:
+    assert {c[0] for c in CASES} == set(codes_of(Kind.RULE))
+    for code in codes_of(Kind.RULE):
         assert code.summary and isinstance(code.severity, Severity)
+
+
+def test_every_rule_code_is_declared_by_one_rule_and_the_rules_run_in_their_old_order():
+    declared = [code for _, raised in RULES for code in raised]
+    assert sorted(declared) == sorted(codes_of(Kind.RULE))
+    # the order findings come out in (unchanged since the rules were a hand-written tuple)
+    assert [check.__name__ for check, _ in RULES] == [
+        "_config_values", "_backend_value", "_precision_values", "_half_precision", "_precision_overrides",
+        "_local_spec", "_context_parallel", "_softmax_type", "_batch_invariant", "_model_override_conflict",
+        "_nvte_environment", "_without_megatron"]
+
+
+def test_a_rule_raises_only_the_codes_it_declares():
+    raised_by = {check.__name__: set(raised) for check, raised in RULES}
+    for _, bad, env, _, _ in CASES:
+        facts = read_policy_facts(bad, env)
+        for check, _ in RULES:
+            assert {Code(f.code) for f in check(facts)} <= raised_by[check.__name__], check.__name__
+
+
+@pytest.mark.parametrize("codes_", [(), (Code.SEMANTIC_MANDATE,), (Code.PRECISION_INVALID, Code.PRESET_REFUSED)])
+def test_a_rule_must_declare_rule_codes(codes_):
+    with pytest.raises(ValueError, match="a rule raises rule codes"):
+        rule(*codes_)
 
 
 def test_findings_name_key_value_and_fix():

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.compare.binding import Code, Mandate
+from nemo_rl_attn_align.codes import Code, Kind, codes_of
+from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import PROFILES, probe
@@ -308,8 +309,30 @@ def test_the_schema_doc_covers_every_top_level_key(tmp_path):
     text = DOCS.read_text()
     for key in list(doc) + list(doc["workers"]) + list(doc["binding"]) + list(doc["binding"]["determinism"]):
         assert f"`{key}`" in text, key
-    for code in Code:
-        assert f"| `{code.value}` |" in text, code
+    for code in codes_of(Kind.BINDING, Kind.DETERMINISM, Kind.REPORT, Kind.PRESET):
+        assert f"| `{code.value}` | {code.severity_text} | {code.summary} |" in text, code
+
+
+def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
+    _write_pair(tmp_path)
+    write_worker_record(tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(27)))
+    write_worker_detail(tmp_path, "training", "policy-0", {"host": "megatron_worker", "stage": "first_forward",
+                                                            "findings": ["TE ran FusedAttention"], "peers": ["policy-0"]})
+    (tmp_path / "workers" / "rollout--vllm-9.json").write_text("[]")
+    doc = collect(tmp_path, mandate=MANDATE, expected=["policy-0", "policy-7"])
+    seen = set()
+    for f in doc["findings"]:
+        code = Code(f["code"])
+        seen.add(code)
+        assert code.severity is not None and f["severity"] == code.severity.value, f
+    assert {Code.WORKER_DIVERGES, Code.WORKER_FINDING, Code.WORKER_MISSING, Code.RECORD_UNREADABLE} <= seen
+    # the one report code whose severity varies: warning, an error in strict mode with a known count
+    write_worker_record(tmp_path / "alone", full_contract("training", "policy-0"))
+    for strict, severity in ((False, "warning"), (True, "error")):
+        doc = collect(tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": {"count": 2, "how": "cfg"}})
+        (f,) = [f for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value]
+        assert Code.SIDE_MISSING.severity is None and f["severity"] == severity
+        assert f["severity"] in Code.SIDE_MISSING.severity_text
 
 
 # --- host details, later collections, other runs -------------------------------------------------
