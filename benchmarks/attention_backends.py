@@ -246,7 +246,7 @@ def build_rows(results: Sequence[dict[str, Any]], args: argparse.Namespace, peak
 
 def render(doc: dict[str, Any]) -> str:
     """The results as a text table, with the device, the peak and the FLOP convention."""
-    from nemo_rl_attn_align.report.document import format_table
+    from nemo_rl_attn_align.report.render import format_table
 
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attention_backends: cannot run here: {problem}", file=sys.stderr)
         return 2
     from nemo_rl_attn_align.contract.training import library_versions
-    from nemo_rl_attn_align.report.document import atomic_write_json
+    from nemo_rl_attn_align.report.store import atomic_write_json
 
     results = [spawn(backend, argv) for backend in args.backends]
     device = next((r["device"] for r in results if "device" in r), "unknown GPU")

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
     from nemo_rl_attn_align.drift import sweep as drift
-    from nemo_rl_attn_align.report.document import atomic_write_json
+    from nemo_rl_attn_align.report.store import atomic_write_json
 
     result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab, gpu=gpu,
                              progress=drift.Progress(0, enabled=not args.no_progress))

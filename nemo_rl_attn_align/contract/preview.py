@@ -271,7 +271,7 @@ class BindingPreview(NamedTuple):
 
     def render(self) -> str:
         """Human-readable text: the binding table and the notes."""
-        from nemo_rl_attn_align.report.document import render_binding, render_findings
+        from nemo_rl_attn_align.report.render import render_binding, render_findings
 
         lines = ["attention contract preview (from the config; 'pending' = known only once the engines run):"]
         if self.binding is not None:

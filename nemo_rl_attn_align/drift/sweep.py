@@ -272,7 +272,7 @@ def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rol
 
 def render_table(result: dict[str, Any]) -> str:
     """The pairs as a fixed-width text table."""
-    from nemo_rl_attn_align.report.document import format_table
+    from nemo_rl_attn_align.report.render import format_table
 
     rows = [[p["dtype"], p["training"], p["rollout"], f"{p['out_abs_max']:.3g}", f"{p['out_ulp_max']:.2f}",
              f"{100 * p['out_beyond_1ulp']:.2f}%", f"{p['lse_abs_max']:.3g}", f"{p['logprob_abs_max']:.3g}",

@@ -126,7 +126,7 @@ class RunReport:
         self._lock = threading.RLock()
 
     def _collect(self, point: str, *, enforce: bool, final: bool = False) -> None:
-        from nemo_rl_attn_align.report.document import AttentionMismatch, finalize, raise_for_mismatch
+        from nemo_rl_attn_align.report.finalize import AttentionMismatch, finalize, raise_for_mismatch
 
         self.doc = finalize(self.settings, printer=self.printer, absent_sides=self.absent, run_id=self.run_id,
                             previous=self.doc, point=point, final=final, enforce=False, preset=self.preset,
@@ -187,7 +187,7 @@ class RunReport:
     def at_end(self, point: str) -> None:
         """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the
         temp files of writers killed mid-write (listed in the report as incomplete writes) are removed."""
-        from nemo_rl_attn_align.report.document import remove_stale_temp_files
+        from nemo_rl_attn_align.report.store import remove_stale_temp_files
 
         with self._lock:
             if self.finished:

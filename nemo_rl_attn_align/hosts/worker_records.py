@@ -4,9 +4,9 @@ Two files per worker, both rewritten in place (temp file + ``os.replace``) at ev
 workers write at once without clobbering each other and a reader never sees half a file:
 
 * ``<report_dir>/workers/<side>--<worker_id>.json``: the contract and determinism probe
-  (``report.write_worker_record``), which the driver's ``report.finalize`` binds;
+  (``report.store.write_worker_record``), which the driver's ``report.finalize`` binds;
 * ``<report_dir>/hosts/<side>--<worker_id>.json``: what the host hook saw on the way
-  (``report.write_worker_detail``: the stage it reached, the plan it checked, NVTE variables,
+  (``report.store.write_worker_detail``: the stage it reached, the plan it checked, NVTE variables,
   read-back details, layout, versions, findings, world size and the ids of its peers).
 
 Worker ids: ``policy-rank{RANK}`` for a Megatron policy worker, ``vllm-rank{RANK}-worker{n}`` for
@@ -60,10 +60,7 @@ def world_size(environ: Mapping[str, str] = os.environ) -> int:
 def write(report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str, Any], run_id: str | None = None) -> Path | None:
     """Write both files for one worker; without a report dir, warn once and write nothing."""
     global _warned_no_dir
-    from nemo_rl_attn_align.report.document import (
-        write_worker_detail,
-        write_worker_record,
-    )
+    from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
 
     if not report_dir:
         if not _warned_no_dir:

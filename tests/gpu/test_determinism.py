@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.report.document import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_records
 from tests.gpu.cases import policy_config, run_case
 
 pytestmark = pytest.mark.mcore

@@ -5,7 +5,7 @@ The rollout side: ``vllm_runner`` writes a tiny random Llama and starts ``vllm.L
 plugin installed (no manual registration). The training side: ``model_runner`` builds a Megatron
 GPTModel from that checkpoint's ``config.json`` (as Megatron-Bridge would) with TE FlashAttention,
 through the plugin's hooked worker path. Both write into one report dir and the driver's own
-``report.collect`` binds them. Expected:
+``report.document.collect`` binds them. Expected:
 
 * identity: every field equal, except what one side cannot observe: ``architecture`` (a
   TransformerConfig has none) and ``batch_size`` (known only per compared step);

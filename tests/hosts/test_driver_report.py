@@ -2,7 +2,7 @@
 setup and at the first training step, gaps from the workers' peers, stale files, SFT, the report
 dir following NeMo-RL's ``exp_NNN``, and our own failures never breaking the run.
 
-Worker files are written with the real writers (``report.write_worker_record`` /
+Worker files are written with the real writers (``report.store.write_worker_record`` /
 ``write_worker_detail``) and the run id the real ``prepare()`` exported; the worker hooks that write
 them in a real run are covered by test_megatron_worker / test_vllm_worker and end to end by
 test_driver_end_to_end.
@@ -23,7 +23,9 @@ from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import probe
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
-from nemo_rl_attn_align.report.document import REPORT_FILENAME, AttentionMismatch, load_report, write_worker_detail, write_worker_record
+from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
+from nemo_rl_attn_align.report.finalize import AttentionMismatch
+from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
 from tests.contract_samples import full_contract
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 

@@ -30,7 +30,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from nemo_rl_attn_align.hosts import bootstrap, nemo_rl_driver  # noqa: E402
-from nemo_rl_attn_align.report.document import read_worker_records  # noqa: E402
+from nemo_rl_attn_align.report.store import read_worker_records  # noqa: E402
 from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, standin, venv_without_plugin  # noqa: E402
 
 pytestmark = pytest.mark.slow

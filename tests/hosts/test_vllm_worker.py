@@ -15,7 +15,7 @@ import pytest
 from nemo_rl_attn_align.hosts import _patching, vllm_worker
 
 from nemo_rl_attn_align.contract import rollout as vllm_record
-from nemo_rl_attn_align.report.document import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_records
 from tests.hosts.conftest import FAKE_VLLM, standin
 
 

@@ -86,7 +86,7 @@ def _spy_attention_backend() -> list[dict[str, str]]:
 
 
 def _records(report_dir: Path) -> dict[str, Any]:
-    from nemo_rl_attn_align.report.document import read_worker_records
+    from nemo_rl_attn_align.report.store import read_worker_records
 
     if not report_dir.exists():
         return {"written": False}

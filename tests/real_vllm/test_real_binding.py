@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
-from nemo_rl_attn_align.report.document import collect, render_summary
+from nemo_rl_attn_align.report.document import collect
+from nemo_rl_attn_align.report.render import render_summary
 from tests.hosts.conftest import FAKE_NEMO_RL, REPO
 from tests.real_vllm.conftest import HERE
 

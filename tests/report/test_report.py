@@ -21,19 +21,19 @@ from nemo_rl_attn_align.compare.determinism import PROFILES, probe
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,
-    AttentionMismatch,
     ReportError,
-    atomic_write_json,
-    collect,
-    finalize,
-    load_report,
     add_drift,
+    collect,
+    load_report,
+    write_report,
+)
+from nemo_rl_attn_align.report.finalize import AttentionMismatch, finalize
+from nemo_rl_attn_align.report.render import render_changes, render_summary
+from nemo_rl_attn_align.report.store import (
+    atomic_write_json,
     read_worker_records,
-    render_changes,
-    render_summary,
     worker_detail_path,
     worker_record_path,
-    write_report,
     write_worker_detail,
     write_worker_record,
 )

@@ -1,0 +1,212 @@
+"""The worker-file store: the files each worker writes for the run report, and reading them back.
+
+Each worker writes its own files, atomically (a temp file in the same directory, then
+``os.replace``), so many processes can write at once and a reader never sees half a file:
+
+* ``<report_dir>/workers/<side>--<worker_id>.json`` (``write_worker_record``): its contract and
+  determinism probe;
+* ``<report_dir>/hosts/<side>--<worker_id>.json`` (``write_worker_detail``): what its host hook saw
+  (the stage it reached, findings such as a read-back mismatch, its peers).
+
+``read_worker_records`` reads them all: a corrupt or foreign file is listed as unreadable, a temp
+file left behind as an incomplete write, a file another run wrote as stale; none of them stops the
+reading. Stdlib only (the worker path imports this module).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Union
+
+from nemo_rl_attn_align.compare.determinism import DeterminismProbe
+from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.schema import SIDES
+from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, InputRefused, nesting_depth, read_text, shown_path
+
+REPORT_SCHEMA_VERSION = 1
+WORKER_KIND = "nemo-rl-attn-align/worker"
+DETAIL_KIND = "nemo-rl-attn-align/host-detail"
+WORKERS_DIR = "workers"
+HOSTS_DIR = "hosts"
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 to the second (the ``written_at`` / ``created_at`` stamps)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_json(path: PathLike, data: Any) -> Path:
+    """Write ``data`` as JSON to ``path`` atomically: a temp file in the same directory, fsync,
+    ``os.replace``. Readers see the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+#: Longest worker file name: the temp name adds ``.`` + ``.XXXXXXXX.tmp`` and must stay within
+#: the 255 bytes most file systems allow.
+_MAX_FILE_NAME = 200
+
+
+#: A temp file untouched this long belongs to a writer that died (a live write takes milliseconds).
+STALE_TEMP_AGE_S = 10.0
+
+
+def remove_stale_temp_files(report_dir: PathLike, older_than_s: float = STALE_TEMP_AGE_S) -> list[str]:
+    """Delete the temp files (``.*.tmp``) that writers killed mid-write left in ``report_dir``,
+    ``workers/`` and ``hosts/``, when untouched for ``older_than_s``; returns their paths. Never raises."""
+    removed, cutoff = [], time.time() - older_than_s
+    for folder in (Path(report_dir), Path(report_dir) / WORKERS_DIR, Path(report_dir) / HOSTS_DIR):
+        try:
+            candidates = sorted(folder.glob(".*.tmp")) if folder.is_dir() else []
+        except OSError:
+            continue
+        for path in candidates:
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed.append(str(path))
+            except OSError:
+                continue
+    return removed
+
+
+def _worker_file(report_dir: PathLike, folder: str, side: str, worker_id: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)
+    name = f"{side}--{safe}.json"
+    if len(name) > _MAX_FILE_NAME:  # a very long id: cut, with a digest of the whole id (the record keeps it whole)
+        digest = hashlib.sha256(worker_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = f"{side}--{safe[: _MAX_FILE_NAME - len(side) - 25]}-{digest}.json"
+    return Path(report_dir) / folder / name
+
+
+def worker_record_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
+    """Where the record of ``worker_id`` on ``side`` lives (unsafe characters become ``_``)."""
+    return _worker_file(report_dir, WORKERS_DIR, side, worker_id)
+
+
+def worker_detail_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
+    """Where the host detail of ``worker_id`` on ``side`` lives (same name, under ``hosts/``)."""
+    return _worker_file(report_dir, HOSTS_DIR, side, worker_id)
+
+
+def write_worker_record(report_dir: PathLike, contract: AttentionContract, probe: Optional[DeterminismProbe] = None,
+                        run_id: Optional[str] = None) -> Path:
+    """Write one worker's contract and determinism probe (atomic; rewriting replaces it).
+    ``run_id``: the driver's id of this run (records of other runs are then stale)."""
+    record = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "kind": WORKER_KIND,
+        "side": contract.side,
+        "worker_id": contract.worker_id,
+        "run_id": run_id,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "written_at": now_iso(),
+        "contract": contract.to_dict(),
+        "determinism": probe.to_dict() if probe is not None else None,
+    }
+    return atomic_write_json(worker_record_path(report_dir, contract.side, contract.worker_id), record)
+
+
+def write_worker_detail(report_dir: PathLike, side: str, worker_id: str, detail: Mapping[str, Any],
+                        run_id: Optional[str] = None) -> Path:
+    """Write what one worker's host hook saw (atomic; rewriting replaces it). The report reads its
+    ``stage`` (str), ``findings`` (list of str), ``host`` and ``peers`` (the worker ids its group
+    should have); every other key is kept for humans."""
+    body = {"kind": DETAIL_KIND, "side": side, "worker_id": worker_id, "run_id": run_id, **detail}
+    return atomic_write_json(worker_detail_path(report_dir, side, worker_id), body)
+
+
+def schema_version_ok(data: Mapping[str, Any]) -> bool:
+    """Exactly the integer ``REPORT_SCHEMA_VERSION`` (``1.0`` and ``true`` equal 1 in Python, but are not it)."""
+    version = data.get("schema_version")
+    return type(version) is int and version == REPORT_SCHEMA_VERSION
+
+
+def _parse_worker_record(data: Any) -> tuple[AttentionContract, Optional[DeterminismProbe]]:
+    if not isinstance(data, dict) or data.get("kind") != WORKER_KIND:
+        raise ValueError(f"not a worker record (kind {data.get('kind') if isinstance(data, dict) else None!r})")
+    if not schema_version_ok(data):
+        raise ValueError(f"schema_version {data.get('schema_version')!r}, this version reads {REPORT_SCHEMA_VERSION}")
+    contract = AttentionContract.from_dict(data["contract"])
+    probe = DeterminismProbe.from_dict(data["determinism"]) if data.get("determinism") is not None else None
+    return contract, probe
+
+
+def _parse_detail(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict) or data.get("kind") != DETAIL_KIND:
+        raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
+    if data.get("side") not in SIDES or not isinstance(data.get("worker_id"), str):
+        raise ValueError("a host detail needs side (training or rollout) and worker_id")
+    for key, kinds in (("stage", (str, type(None))), ("host", (str, type(None))), ("findings", (list, type(None))),
+                       ("peers", (list, type(None)))):
+        if not isinstance(data.get(key), kinds):
+            raise ValueError(f"host detail {key} is {type(data.get(key)).__name__}, not {' or '.join(k.__name__ for k in kinds)}")
+    for key in ("findings", "peers"):
+        if not all(isinstance(item, str) for item in data.get(key) or []):
+            raise ValueError(f"host detail {key} holds a value that is not a string")
+    return data
+
+
+def read_json_file(path: PathLike, limit: int, what: str) -> Any:
+    """The parsed JSON of the regular file ``path`` (at most ``limit`` bytes, nested at most
+    ``MAX_NESTING`` deep). Raises ``ValueError`` with one line (``InputRefused``, bad UTF-8, bad
+    JSON, too deep) or ``OSError``; a FIFO or device is refused without blocking."""
+    try:
+        data = json.loads(read_text(path, limit, what))
+    except RecursionError:
+        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels") from None
+    if nesting_depth(data) > MAX_NESTING:
+        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels")
+    return data
+
+
+def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: Optional[str], out: dict[str, list]) -> list:
+    parsed = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = read_json_file(path, MAX_RECORD_BYTES, "worker file")
+            item = parse(data)
+        except Exception as err:  # noqa: BLE001 - any bad file is listed as unreadable; the collection goes on
+            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {str(err)[:500]}"})
+            continue
+        if run_id is not None and data.get("run_id") != run_id:
+            out["stale"].append(str(path))
+        else:
+            parsed.append(item)
+    out["incomplete_writes"].extend(sorted(str(p) for p in folder.glob(".*.tmp")) if folder.is_dir() else [])
+    return parsed
+
+
+def read_worker_records(report_dir: PathLike, run_id: Optional[str] = None) -> dict[str, Any]:
+    """Every worker file under ``report_dir``: ``records`` (contract, probe) sorted by side and
+    worker id, ``details`` (host details by ``(side, worker_id)``), ``unreadable`` (path and error),
+    ``incomplete_writes`` (temp files left over) and, when ``run_id`` is given, ``stale`` (files
+    another run wrote, left out)."""
+    out: dict[str, Any] = {"unreadable": [], "incomplete_writes": [], "stale": []}
+    records = _read_folder(Path(report_dir) / WORKERS_DIR, _parse_worker_record, run_id, out)
+    details = _read_folder(Path(report_dir) / HOSTS_DIR, _parse_detail, run_id, out)
+    records.sort(key=lambda rec: (rec[0].side, rec[0].worker_id))
+    return {"records": records, "details": {(d["side"], d["worker_id"]): d for d in details}, **out}
