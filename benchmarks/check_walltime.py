@@ -11,15 +11,24 @@ the medians, the differences and the ratio from this one run. Target (issue #13)
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
+from pathlib import Path
 
 from nemo_rl_attn_align.config.examples import default_example_path
 
 EXAMPLE = default_example_path()
+
+
+def console_script() -> list[str]:
+    """The console script of this interpreter's environment (what a user of that venv runs), not the
+    first one on PATH, which may belong to another interpreter or be a pyenv shim."""
+    script = Path(sysconfig.get_path("scripts")) / ("nemo-rl-attn-align" + (".exe" if os.name == "nt" else ""))
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "nemo_rl_attn_align"]
 
 
 def wall(cmd: list[str]) -> float:
@@ -32,9 +41,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
-    script = shutil.which("nemo-rl-attn-align")
-    check_cmd = [script] if script else [sys.executable, "-m", "nemo_rl_attn_align"]
-    check_cmd += ["check", str(EXAMPLE)]
+    check_cmd = [*console_script(), "check", str(EXAMPLE)]
     commands = {"python -c pass": [sys.executable, "-c", "pass"],
                 "import omegaconf": [sys.executable, "-c", "import omegaconf, yaml"],
                 "check (example)": check_cmd}

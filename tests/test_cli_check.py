@@ -85,14 +85,22 @@ def test_environment_nvte_conflict_is_reported(monkeypatch):
     assert proc.returncode == 1 and "NVTE_ENV_CONFLICT" in proc.stdout
 
 
-def test_check_imports_neither_torch_nor_megatron():
+def test_check_imports_neither_torch_nor_megatron_nor_the_other_commands():
     code = (
-        "import sys; from nemo_rl_attn_align.cli import main; rc = main(['check', '--json']);"
-        "heavy = sorted(m for m in ('torch', 'megatron', 'megatron.core', 'vllm', 'ray') if m in sys.modules);"
+        "import sys; from nemo_rl_attn_align.cli import main; before = set(sys.modules); rc = main(['check', '--json']);"
+        "heavy = sorted(m for m in ('torch', 'megatron', 'megatron.core', 'vllm', 'ray', 'tempfile',"
+        " 'nemo_rl_attn_align.cli.drift', 'nemo_rl_attn_align.cli.report') if m in set(sys.modules) - before);"
         "print('HEAVY', heavy)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_help_still_lists_every_command():
+    proc = subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "--help"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    assert proc.returncode == 0
+    assert all(name in proc.stdout for name in ("check", "report", "drift", "run", "examples"))
 
 
 def test_bad_flag_is_a_usage_error():

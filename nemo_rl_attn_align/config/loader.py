@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, cast
 
+from nemo_rl_attn_align.config.yaml_compose import OverLimit, compose_yaml
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.limits import (
     MAX_CONFIG_BYTES,
-    MAX_CONFIG_NODES,
     MAX_DEFAULTS_FILES,
     MAX_NESTING,
     MAX_SHOWN_CHARS,
@@ -71,10 +71,6 @@ def _read_config_text(path: Path) -> str:
         raise UsageError(f"config file {where} cannot be opened: {first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML file.") from None
 
 
-class _OverLimit(Exception):
-    """Raised inside the YAML composer when a limit is crossed (turned into a UsageError)."""
-
-
 class _LoadState:
     """What one ``load_config`` has read so far: the files of the ``defaults:`` chain and the YAML
     nodes composed in all of them (both bounded)."""
@@ -82,65 +78,6 @@ class _LoadState:
     def __init__(self):
         self.files: list[Path] = []
         self.nodes = 0
-
-
-def _bounded_loader(text: str, already: int):
-    """OmegaConf's own YAML loader, composing at most ``MAX_CONFIG_NODES - already`` nodes (each
-    alias use counts one) nested at most ``MAX_NESTING`` deep: it stops as soon as either is crossed."""
-    from omegaconf._utils import get_yaml_loader
-
-    class BoundedLoader(get_yaml_loader()):  # type: ignore[misc]  # OmegaConf builds its loader class at run time
-        composed, depth = already, 0
-
-        def compose_node(self, parent, index):
-            self.composed += 1
-            self.depth += 1
-            try:
-                if self.composed > MAX_CONFIG_NODES:
-                    raise _OverLimit(f"the YAML (with its defaults chain) has more than {MAX_CONFIG_NODES} values")
-                if self.depth > MAX_NESTING + 1:
-                    raise _OverLimit(f"the YAML nests deeper than {MAX_NESTING} levels")
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-
-    return BoundedLoader(text)
-
-
-def _children(node) -> list:
-    import yaml
-
-    if isinstance(node, yaml.MappingNode):
-        return [child for pair in node.value for child in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
-
-
-def _expanded_size(root, already: int) -> int:
-    """How many values building the composed node graph ``root`` makes (an alias counts its whole
-    anchor at every use); iterative, linear in the graph's size, stops past ``MAX_CONFIG_NODES``.
-    ``_OverLimit`` also for an alias that refers to its own anchor."""
-    sizes: dict[int, int] = {}
-    active: set[int] = set()
-    stack = [(root, False)]
-    while stack:
-        node, finished = stack.pop()
-        key = id(node)
-        if finished:
-            sizes[key] = 1 + sum(sizes[id(kid)] for kid in _children(node))
-            active.discard(key)
-            if already + sizes[key] > MAX_CONFIG_NODES:
-                raise _OverLimit(f"the YAML expands to more than {MAX_CONFIG_NODES} values (aliases counted at every use)")
-            continue
-        if key in sizes:
-            continue
-        if key in active:
-            raise _OverLimit("a YAML alias refers to its own anchor")
-        active.add(key)
-        stack.append((node, True))
-        stack.extend((kid, False) for kid in _children(node) if id(kid) not in sizes)
-    return sizes[id(root)]
 
 
 def _load_one(path: Path, state: _LoadState):
@@ -151,21 +88,14 @@ def _load_one(path: Path, state: _LoadState):
 
     text = _read_config_text(path)
     try:
-        loader = _bounded_loader(text, state.nodes)
-        try:
-            node = loader.get_single_node()  # what yaml.load does, with the graph checked before building
-            if node is not None:
-                state.nodes += _expanded_size(node, state.nodes)
-            obj = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
+        obj, state.nodes = compose_yaml(text, state.nodes)
         if obj is not None and not isinstance(obj, dict):
             raise UsageError(f"{shown_path(path)}: the top level is a {type(obj).__name__}, not a mapping. "
                              "Fix: a NeMo-RL config is a YAML mapping.")
         cfg = OmegaConf.create(obj if obj is not None else {})
     except UsageError:
         raise
-    except _OverLimit as err:
+    except OverLimit as err:
         raise UsageError(f"{shown_path(path)}: {err}. Fix: write fewer, flatter values (NeMo-RL's recipes have about 600).") from None
     except yaml.YAMLError as err:
         raise _yaml_error(path, err) from None
