@@ -12,7 +12,7 @@ Adding a code: one member here; a rule code also needs its rule in ``preflight/r
 from __future__ import annotations
 
 import enum
-from typing import Optional, Union
+from typing import Union
 
 from nemo_rl_attn_align.errors import Severity
 
@@ -122,6 +122,10 @@ class Code(str, enum.Enum):
                       "removing it takes a change the preset never makes (parallel layout, rollout precision) or "
                       "no setting removes it; the finding says which")
 
+    _kind: Kind
+    _severity: Union[Severity, str]
+    _summary: str
+
     def __new__(cls, value: str, kind: Kind, severity: Union[Severity, str], summary: str) -> "Code":
         member = str.__new__(cls, value)
         member._value_ = value
@@ -136,9 +140,17 @@ class Code(str, enum.Enum):
         return self._kind
 
     @property
-    def severity(self) -> Optional[Severity]:
-        """The severity every finding of this code has; None where it varies (see ``severity_text``)."""
-        return self._severity if isinstance(self._severity, Severity) else None
+    def varies(self) -> bool:
+        """Whether the severity depends on the case (``severity_text`` says how)."""
+        return not isinstance(self._severity, Severity)
+
+    @property
+    def severity(self) -> Severity:
+        """The severity every finding of this code has; ValueError for a code whose severity varies
+        (its caller decides the severity and passes it to ``Finding`` itself)."""
+        if isinstance(self._severity, Severity):
+            return self._severity
+        raise ValueError(f"{self.value}: the severity varies ({self._severity}); pass it explicitly")
 
     @property
     def severity_text(self) -> str:

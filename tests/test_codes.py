@@ -38,10 +38,12 @@ def test_every_code_has_one_value_a_kind_a_severity_and_a_one_line_summary():
     assert len({code.value for code in Code}) == len(Code)
     for code in Code:
         assert isinstance(code.kind, Kind) and code is Code(code.value) and code == code.value
-        assert code.severity_text and (code.severity is None or code.severity_text == code.severity.value)
+        assert code.severity_text and (code.varies or code.severity_text == code.severity.value)
         assert code.summary and not set("|\n") & set(code.summary + code.severity_text), code
     assert {code.kind for code in Code} == set(Kind)
-    assert [code for code in Code if code.severity is None] == [Code.SIDE_MISSING]
+    assert [code for code in Code if code.varies] == [Code.SIDE_MISSING]
+    with pytest.raises(ValueError, match="REPORT_SIDE_MISSING: the severity varies"):
+        _ = Code.SIDE_MISSING.severity
 
 
 def test_values_and_names_are_the_released_ones():

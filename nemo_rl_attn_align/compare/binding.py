@@ -251,9 +251,9 @@ class BindingReport:
     def findings(self) -> list[Finding]:
         """One ``Finding`` per field that did not plainly match, then the determinism findings."""
         out = [
-            Finding(r.code.value, r.code.severity, f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
+            Finding(code.value, code.severity, f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
             for r in self.results
-            if r.status is not Status.MATCH
+            if r.status is not Status.MATCH and (code := r.code) is not None  # only a MATCH has no code
         ]
         if self.determinism is not None:
             out.extend(self.determinism.findings())

@@ -132,18 +132,18 @@ class RunReport:
                             previous=self.doc, point=point, final=final, enforce=False, preset=self.preset,
                             expected_counts={side: e.to_dict() for side, e in self.expected.items()})
         if enforce:
-            self._stop_if_unrecorded()
+            self._stop_if_unrecorded(self.doc)
             try:
                 raise_for_mismatch(self.doc)
             except AttentionMismatch:
                 self.finished = True  # the run stops: nothing more to collect
                 raise
 
-    def _stop_if_unrecorded(self) -> None:
+    def _stop_if_unrecorded(self, doc: Mapping[str, Any]) -> None:
         """Strict mode: a side with 0 of N workers recorded stops the run (after the report is written)."""
         from nemo_rl_attn_align.codes import Code
 
-        unrecorded = [f["message"] for f in self.doc["findings"]
+        unrecorded = [f["message"] for f in doc["findings"]
                       if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"]
         if unrecorded:
             self.finished = True
@@ -181,8 +181,9 @@ class RunReport:
     def _record_drift(self, step: int, figures: Mapping[str, float]) -> None:
         from nemo_rl_attn_align.report.document import add_drift, write_report
 
-        add_drift(self.doc, step, figures)
-        write_report(self.settings.report_dir, self.doc)
+        if self.doc is not None:
+            add_drift(self.doc, step, figures)
+            write_report(self.settings.report_dir, self.doc)
 
     def at_end(self, point: str) -> None:
         """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the

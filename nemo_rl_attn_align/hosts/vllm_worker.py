@@ -137,6 +137,7 @@ def _wrap_init(original: Callable) -> Callable:
 
 def _subclasses(cls: type) -> list[type]:
     found: list[type] = []
+    child: type
     for child in cls.__subclasses__():
         found.append(child)
         found.extend(_subclasses(child))

@@ -115,7 +115,8 @@ def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict
 def _side_missing(side: str, expected: Optional[Mapping[str, Any]], strict: bool) -> Finding:
     """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
     count = (expected or {}).get("count")
-    what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if count else f"no {side} worker wrote a record"
+    what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if expected and count else \
+        f"no {side} worker wrote a record"
     return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict and count else Severity.WARNING, f"workers.{side}", count,
                    f"{what}: nothing to bind, the {side} side was not checked",
                    f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)")
@@ -281,7 +282,7 @@ _REQUIRED_KEYS = ("schema_version", "kind", "verdict", "settings", "workers", "c
 
 
 #: The type each top-level section of a report must have.
-_SECTION_TYPES = {"settings": dict, "workers": dict, "contracts": list, "binding": (dict, type(None)), "findings": list, "drift": dict}
+_SECTION_TYPES: dict[str, type | tuple[type, ...]] = {"settings": dict, "workers": dict, "contracts": list, "binding": (dict, type(None)), "findings": list, "drift": dict}
 
 
 def _check_report(doc: Any, where: str) -> dict[str, Any]:
