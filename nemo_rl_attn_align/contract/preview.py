@@ -18,13 +18,8 @@ import os
 from typing import Any, Mapping, NamedTuple, Optional
 
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
-from nemo_rl_attn_align.compare.determinism import (
-    PROFILES,
-    collective_for,
-    compare,
-    probe,
-    vllm_batch_invariant,
-)
+from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
+from nemo_rl_attn_align.compare.profiles import PROFILES, vllm_batch_invariant
 from nemo_rl_attn_align.config.loader import get_path
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.contract.hf_model import (
