@@ -12,7 +12,7 @@ from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import Severity, UsageError
 from nemo_rl_attn_align.preflight.plan import build_plan
-from nemo_rl_attn_align.preflight.rules import PRECISIONS
+from nemo_rl_attn_align.preflight.facts import PRECISIONS
 
 from .conftest import EXAMPLES
 

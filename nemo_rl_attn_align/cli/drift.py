@@ -72,6 +72,7 @@ def _prepare(args: argparse.Namespace):
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.errors import UsageError
     from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.preflight.facts import read_recipe_facts
 
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
@@ -79,10 +80,11 @@ def _prepare(args: argparse.Namespace):
     args.out = check_out_dir(Path(settings.report_dir) if args.out is None else args.out)
     flags = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
              "window": args.window, "seq_len": args.seq_len}
-    shape = drift_shape.resolve_shape(cfg, flags)
+    facts = read_recipe_facts(cfg)
+    shape = drift_shape.resolve_shape(facts, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
     gpu = drift_shape.parse_gpu(args.gpu)
-    default_training, default_rollout = drift_shape.default_engines(cfg, gpu, shape)
+    default_training, default_rollout = drift_shape.default_engines(facts, gpu, shape)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("drift needs torch, which is not installed. Fix: pip install torch "
                          "(or pip install 'nemo-rl-attn-align[mcore]').")

@@ -16,9 +16,8 @@ NCCL list grammar, as NCCL's ``parseList`` reads it (NCCL >= 2.24, ``src/graph/t
 collective, ``^`` enables everything except the listed elements, names are case-insensitive, an
 unknown element or collective is an error (NCCL refuses to initialise).
 
-``PROFILES`` holds what Megatron's deterministic mode and vLLM's batch-invariant mode do to the
-environment, per version, with the source each was read from. Stdlib only; torch is imported
-inside ``probe`` when asked for.
+What Megatron's deterministic mode and vLLM's batch-invariant mode do to the environment is in
+``compare/profiles.py``. Stdlib only; torch is imported inside ``probe`` when asked for.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import enum
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from nemo_rl_attn_align.codes import Code
@@ -71,7 +70,8 @@ _CAPABLE = {
     "recv": set(),
 }
 
-_DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the two PyTorch's deterministic check accepts
+#: The cuBLAS workspace configs PyTorch's deterministic check accepts.
+DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 _CUBLAS_RE = re.compile(r"^(:[0-9]+:[0-9]+)+$")
 
 
@@ -149,7 +149,7 @@ def cublas_workspace(raw: Optional[str]) -> Meaning:
     config (torch's deterministic check rejects it); ``invalid``; ``not_guaranteed`` when unset."""
     if raw is None:
         return Meaning("cublas", "not_guaranteed", "unset: cuBLAS may pick its workspace per stream")
-    if raw in _DETERMINISTIC_CUBLAS:
+    if raw in DETERMINISTIC_CUBLAS:
         return Meaning("cublas", "deterministic")
     if _CUBLAS_RE.match(raw):
         return Meaning("cublas", "fixed_custom", "torch.use_deterministic_algorithms accepts only :4096:8 or :16:8")
@@ -288,7 +288,8 @@ class DeterminismEntry:
         }
 
 
-def _fact(raw: Optional[str]) -> str:
+def describe_env_value(raw: Optional[str]) -> str:
+    """``unset`` or ``set to 'VALUE'``: how a finding names one side's value."""
     return "unset" if raw is None else f"set to {raw!r}"
 
 
@@ -311,7 +312,7 @@ def _env_entry(name, t_env, r_env, collective) -> DeterminismEntry:
         status, note = DetStatus.MATCH, ""
     elif t_mean.same(r_mean) and t_mean.kind != "invalid":
         status = DetStatus.EQUIVALENT
-        note = f"same meaning; training {_fact(t_raw)}, rollout {_fact(r_raw)}"
+        note = f"same meaning; training {describe_env_value(t_raw)}, rollout {describe_env_value(r_raw)}"
     else:
         status, note = DetStatus.MISMATCH, f"training {t_mean.value!r} vs rollout {r_mean.value!r}"
     return DeterminismEntry(name, True, t_raw, r_raw, status, t_mean, r_mean, note)
@@ -385,101 +386,3 @@ def compare(training: DeterminismProbe, rollout: DeterminismProbe, collective: O
             r = (rollout.torch or {}).get(name)
             entries.append(DeterminismEntry(name, False, t, r, DetStatus.NOT_PROBED, kind="torch"))
     return DeterminismDiff(tuple(entries), coll, training.torch_status, rollout.torch_status)
-
-
-# --- what the frameworks do to the environment -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What a framework mode does to a process's environment, for one version range.
-
-    ``overrides`` are always written; ``defaults`` maps a variable to (accepted values, default):
-    a value outside the accepted ones is replaced by the default; ``requires`` maps a variable to
-    the values it must already have (the framework asserts); ``rejects`` to values it refuses.
-    Torch flags are not modelled here: both modes change them inside the process (Megatron turns
-    on ``torch.use_deterministic_algorithms``; vLLM's batch-invariant mode sets fp32_precision
-    "ieee" and turns reduced-precision reductions off), which only a probe there can see.
-    """
-
-    name: str
-    versions: str
-    source: str
-    overrides: Mapping[str, str] = field(default_factory=dict)
-    defaults: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
-    requires: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def apply(self, env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-        """The environment after this mode ran, and the problems it stops on (empty when none)."""
-        out = dict(env)
-        problems = []
-        for name, values in self.rejects.items():
-            if out.get(name) in values:
-                problems.append(f"{self.name} rejects {name}={out[name]!r}")
-        for name, values in self.requires.items():
-            if out.get(name) not in values:
-                problems.append(f"{self.name} requires {name} in {list(values)}, found {_fact(out.get(name))}")
-        for name, (accepted, default) in self.defaults.items():
-            if out.get(name) not in accepted:
-                out[name] = default
-        out.update(self.overrides)
-        return out, problems
-
-
-_VLLM_BI_BASE = {
-    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
-    "NCCL_LAUNCH_MODE": "GROUP",
-    "NCCL_COLLNET_ENABLE": "0",
-    "NCCL_NVLS_ENABLE": "0",
-    "NCCL_P2P_NET_DISABLE": "1",
-    "NCCL_MIN_NCHANNELS": "1",
-    "NCCL_MAX_NCHANNELS": "1",
-    "NCCL_PROTO": "Simple",
-    "NCCL_NTHREADS": "1",
-    "NCCL_SOCKET_NTHREADS": "1",
-    "VLLM_USE_AOT_COMPILE": "0",
-}
-#: Known modes, keyed by name; ``preview`` and the tests use them.
-PROFILES: dict[str, Profile] = {
-    p.name: p
-    for p in (
-        Profile(
-            "megatron-deterministic-legacy",
-            "Megatron-LM/Megatron-Bridge before 3ab71ee (2026-07-08)",
-            "megatron/training/arguments.py validate_args; Megatron-Bridge _validate_deterministic_mode",
-            requires={"NCCL_ALGO": ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS")},
-        ),
-        Profile(
-            "megatron-deterministic",
-            "Megatron-LM 3ab71ee (2026-07-08) and later",
-            "Megatron-LM megatron/training/determinism.py apply_determinism_env (added in 3ab71ee)",
-            defaults={
-                "NCCL_ALGO": (("Ring", "CollnetDirect", "CollnetChain", "^NVLS", "Tree"), "Ring"),
-                "CUBLAS_WORKSPACE_CONFIG": (_DETERMINISTIC_CUBLAS, ":4096:8"),
-            },
-            rejects={"NCCL_ALGO": ("Tree",)},
-        ),
-        Profile(
-            "vllm-batch-invariant",
-            "vLLM 0.11.2 to 0.32 (VLLM_BATCH_INVARIANT=1)",
-            "vllm/model_executor/layers/batch_invariant.py override_envs_for_invariance, init_batch_invariance",
-            overrides={**_VLLM_BI_BASE, "NCCL_ALGO": "allreduce:tree", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
-        ),
-        Profile(
-            "vllm-batch-invariant-0.33",
-            "vLLM 0.33 and later, NCCL >= 2.31, sm90+ (VLLM_BATCH_INVARIANT=1)",
-            "vLLM PR #58179 (NCCL_ALGO); vllm/model_executor/layers/batch_invariant.py "
-            "enable_batch_invariant_mode (:16:8 on sm90/sm100; read at 0188c01)",
-            overrides={**_VLLM_BI_BASE, "NCCL_ALGO": "ring,tree;allreduce:tree", "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
-        ),
-    )
-}
-
-
-def vllm_batch_invariant(env: Mapping[str, Optional[str]]) -> bool:
-    """Whether ``VLLM_BATCH_INVARIANT`` turns the mode on (vLLM reads it as an integer != 0)."""
-    try:
-        return int(env.get("VLLM_BATCH_INVARIANT") or "0") != 0
-    except ValueError:
-        return False

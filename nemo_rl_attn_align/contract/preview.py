@@ -10,6 +10,8 @@ driver's environment, Megatron's deterministic mode and vLLM's batch-invariant m
 
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
+The config is read once into ``preflight.facts.RecipeFacts``; every public function here takes
+either the config or those facts.
 """
 
 from __future__ import annotations
@@ -18,14 +20,8 @@ import os
 from typing import Any, Mapping, NamedTuple, Optional
 
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
-from nemo_rl_attn_align.compare.determinism import (
-    PROFILES,
-    collective_for,
-    compare,
-    probe,
-    vllm_batch_invariant,
-)
-from nemo_rl_attn_align.config.loader import get_path
+from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
+from nemo_rl_attn_align.compare.profiles import PROFILES, vllm_batch_invariant
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.contract.hf_model import (
     HFModelConfig,
@@ -40,7 +36,7 @@ from nemo_rl_attn_align.contract.schema import (
     normalize_dtype,
 )
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
-from nemo_rl_attn_align.preflight.plan import megatron_enabled, read_policy_facts
+from nemo_rl_attn_align.preflight.facts import RecipeFacts, as_facts
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.
@@ -55,21 +51,6 @@ _MODEL_OVERRIDE_FIELDS = {
 _VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
 
 
-def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
-    return get_path(cfg, dotted, None)
-
-
-def _mapping(node: Any, key: str) -> Mapping[str, Any]:
-    """``node[key]`` when it is a mapping, else empty (a malformed section is NeMo-RL's to report)."""
-    value = node.get(key) if isinstance(node, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def _count(value: Any) -> Optional[int]:
-    """``value`` when it is a positive int (a batch or step count), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 def _dtype(value: Any) -> Optional[str]:
     try:
         return normalize_dtype(value) if value is not None else None
@@ -77,7 +58,7 @@ def _dtype(value: Any) -> Optional[str]:
         return None
 
 
-def _identity(b: ContractBuilder, cfg: Mapping[str, Any], model: Optional[HFModelConfig]) -> None:
+def _identity(b: ContractBuilder, facts: RecipeFacts, model: Optional[HFModelConfig]) -> None:
     """Fields both sides share: causal LM, the tokenizer, the logical batch, and what the model's
     local ``config.json`` fixes (both sides build the model from it); the rest pending."""
     for name in fields_of(Tier.IDENTITY):
@@ -90,44 +71,42 @@ def _identity(b: ContractBuilder, cfg: Mapping[str, Any], model: Optional[HFMode
             else:
                 _from_config(b, name, value, source)
     b.configured("causal", True, "decoder-only LM: causal mask")
-    tokenizer = _get(cfg, "policy.tokenizer.name") or _get(cfg, "policy.model_name")
+    tokenizer = facts.tokenizer
     if isinstance(tokenizer, str) and tokenizer:
         b.configured("tokenizer", tokenizer, "policy.tokenizer.name (NeMo-RL tokenizes once and feeds token ids to both sides)")
     else:
         b.pending("tokenizer", "policy.tokenizer.name is not set")
-    prompts, generations = _count(_get(cfg, "grpo.num_prompts_per_step")), _count(_get(cfg, "grpo.num_generations_per_prompt"))
-    if prompts and generations:
-        b.configured("batch_size", prompts * generations, "grpo.num_prompts_per_step x grpo.num_generations_per_prompt")
+    if facts.rollout_batch_size:
+        b.configured("batch_size", facts.rollout_batch_size,
+                     "grpo.num_prompts_per_step x grpo.num_generations_per_prompt")
     else:
         b.pending("batch_size", "known when the first rollout batch is scored")
 
 
-def absent_sides(cfg: Mapping[str, Any]) -> dict[str, str]:
+def absent_sides(cfg: Mapping[str, Any] | RecipeFacts) -> dict[str, str]:
     """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
     the Megatron hook records training only where NeMo-RL enables Megatron (a truthy
     ``policy.megatron_cfg.enabled``), the vLLM hook
     rollout only with ``policy.generation.backend: vllm``."""
-    absent = {}
-    if not megatron_enabled(cfg.get("policy")):
+    facts, absent = as_facts(cfg), {}
+    if not facts.megatron_enabled:
         absent["training"] = "policy.megatron_cfg.enabled is not truthy (the contract covers Megatron training)"
-    gen = _get(cfg, "policy.generation")
-    if not isinstance(gen, Mapping) or gen.get("backend") != "vllm":
+    if not facts.generation.is_vllm:
         absent["rollout"] = "policy.generation.backend is not vllm (no vLLM rollout to bind)"
     return absent
 
 
-def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+def predict_training(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapping[str, str]] = None,
                      model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
     """The training contract a Megatron policy worker would record, or ``None`` when
     ``policy.megatron_cfg.enabled`` is not truthy."""
-    policy = cfg.get("policy")
-    facts = read_policy_facts(policy, os.environ if environ is None else environ)
-    if "training" in absent_sides(cfg):
+    recipe = as_facts(cfg, environ)
+    facts = recipe.require_policy()
+    if "training" in absent_sides(recipe):
         return None
-    mcfg = _mapping(policy, "megatron_cfg")
     overrides = facts.model_overrides
     b = ContractBuilder("training", "preview-training")
-    _identity(b, cfg, model)
+    _identity(b, recipe, model)
     for key, name in _MODEL_OVERRIDE_FIELDS.items():
         if key in overrides:
             _from_config(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
@@ -148,12 +127,11 @@ def predict_training(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]
         _from_config(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
     else:
         b.configured("cp_comm_type", None, "no context parallelism")
-    _from_config(b, "tp_size", mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size")
+    _from_config(b, "tp_size", facts.tensor_parallel_size.value, facts.tensor_parallel_size.key)
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
-    fusion = mcfg.get("apply_rope_fusion", True)
-    b.configured("rope_fusion", fusion if isinstance(fusion, bool) else True, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
-    mbs = _count(policy.get("logprob_batch_size")) or _count(policy.get("train_micro_batch_size"))
-    _from_config(b, "physical_batch", mbs, "policy.logprob_batch_size")
+    b.configured("rope_fusion", facts.apply_rope_fusion,
+                 "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
+    _from_config(b, "physical_batch", facts.logprob_batch_size, "policy.logprob_batch_size")
     # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
     b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
     b.configured("deterministic", bool(overrides.get("deterministic_mode")), "model_overrides.deterministic_mode")
@@ -174,58 +152,57 @@ def _from_config(b: ContractBuilder, name: str, value: Any, key: str) -> None:
         b.pending(name, f"{key}={value!r} is not usable: {err}")
 
 
-def _worker_env(cfg: Mapping[str, Any], section: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """A worker's environment before its framework runs: the driver's, then ``<section>.env_vars``
-    (NeMo-RL gives env_vars precedence over the driver's environment)."""
-    extra = _get(cfg, f"{section}.env_vars")
-    extra = extra if isinstance(extra, Mapping) else {}  # a non-mapping env_vars is NeMo-RL's error to report
-    return {**environ, **{str(k): str(v) for k, v in extra.items()}}
+def _worker_env(facts: RecipeFacts, side: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A ``side``'s worker environment before its framework runs: the driver's, then that side's
+    ``env_vars`` (NeMo-RL gives env_vars precedence over the driver's environment)."""
+    if side == "rollout":
+        extra = facts.generation.env_vars
+    else:
+        extra = facts.policy.env_vars if facts.policy is not None else {}
+    return {**environ, **extra}
 
 
-_VLLM, _MEGATRON = "policy.generation.vllm_cfg", "policy.megatron_cfg"
-
-
-def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+def predict_rollout(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapping[str, str]] = None,
                     model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
     """The rollout contract a vLLM generation worker would record, or ``None`` when
     ``policy.generation.backend`` is not vllm."""
-    if "rollout" in absent_sides(cfg):
+    recipe = as_facts(cfg, environ)
+    if "rollout" in absent_sides(recipe):
         return None
-    gen = _get(cfg, "policy.generation")
-    vcfg, kwargs = _mapping(gen, "vllm_cfg"), _mapping(gen, "vllm_kwargs")
-    env = _worker_env(cfg, _VLLM, os.environ if environ is None else environ)
+    gen = recipe.generation
+    env = _worker_env(recipe, "rollout", os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
     b = ContractBuilder("rollout", "preview-rollout")
-    _identity(b, cfg, model)
-    dtype = _dtype(vcfg.get("precision", _get(cfg, "policy.precision")))
+    _identity(b, recipe, model)
+    dtype = _dtype(gen.precision)
     if dtype is not None:
         b.configured("dtype", dtype, "policy.generation.vllm_cfg.precision")
-    backend = kwargs.get("attention_backend") or env.get("VLLM_ATTENTION_BACKEND")
+    backend = gen.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
     if backend:
         _from_config(b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)")
     else:
         b.pending("backend", "vLLM selects a backend per layer at engine start")
     vllm_semantics(b, (backend,) if isinstance(backend, str) and backend else None, invariant, preview=True)
     b.configured("engine", "vllm", "policy.generation.backend")
-    _from_config(b, "kv_page_size", kwargs.get("block_size"), "vllm_kwargs.block_size")
-    _from_config(b, "kv_cache_dtype", vcfg.get("kv_cache_dtype", "auto"), "policy.generation.vllm_cfg.kv_cache_dtype")
-    chunked = kwargs.get("enable_chunked_prefill", True)
+    _from_config(b, "kv_page_size", gen.block_size, "vllm_kwargs.block_size")
+    _from_config(b, "kv_cache_dtype", gen.kv_cache_dtype.value, gen.kv_cache_dtype.key)
+    chunked = gen.enable_chunked_prefill
     if chunked is False:
         b.configured("chunked_prefill_chunk", None, "vllm_kwargs.enable_chunked_prefill: false")
     else:
-        _from_config(b, "chunked_prefill_chunk", kwargs.get("max_num_batched_tokens"), "vllm_kwargs.max_num_batched_tokens")
+        _from_config(b, "chunked_prefill_chunk", gen.max_num_batched_tokens, "vllm_kwargs.max_num_batched_tokens")
     b.configured("mode", "prefill+decode" if chunked is False else "chunked_prefill+decode", "vllm_kwargs.enable_chunked_prefill (vLLM V1 default on)")
-    caching = vcfg.get("enable_prefix_caching")
-    if isinstance(caching, bool):
-        b.configured("prefix_caching", caching, "policy.generation.vllm_cfg.enable_prefix_caching")
+    caching = gen.enable_prefix_caching
+    if isinstance(caching.value, bool):
+        b.configured("prefix_caching", caching.value, caching.key)
     else:
         b.pending("prefix_caching", "NeMo-RL turns it on for sm80+ GPUs at engine start")
     b.configured("cp_size", 1, "vLLM runs no context parallelism here")
     b.configured("cp_layout", "none", "no context parallelism")
     b.configured("cp_comm_type", None, "no context parallelism")
-    _from_config(b, "tp_size", vcfg.get("tensor_parallel_size", 1), "policy.generation.vllm_cfg.tensor_parallel_size")
+    _from_config(b, "tp_size", gen.tensor_parallel_size.value, gen.tensor_parallel_size.key)
     b.configured("rope_fusion", None, "vLLM applies RoPE in its own kernel; no switch")
-    _from_config(b, "physical_batch", kwargs.get("max_num_seqs"), "vllm_kwargs.max_num_seqs")
+    _from_config(b, "physical_batch", gen.max_num_seqs, "vllm_kwargs.max_num_seqs")
     b.configured("batch_invariant", invariant, "VLLM_BATCH_INVARIANT in the worker environment")
     b.configured("deterministic", None, "vLLM has no deterministic mode apart from batch invariance")
     b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
@@ -233,17 +210,18 @@ def predict_rollout(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]]
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
 
 
-def predict_determinism(cfg: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
+def predict_determinism(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapping[str, str]] = None,
                         training: Optional[AttentionContract] = None, rollout: Optional[AttentionContract] = None):
     """The determinism diff the workers would report, from the config and ``environ``, with the
     problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
     environ = os.environ if environ is None else environ
-    t_env = _worker_env(cfg, _MEGATRON, environ)
+    facts = as_facts(cfg, environ)
+    t_env = _worker_env(facts, "training", environ)
     problems: list[str] = []
-    if bool(_get(cfg, "policy.megatron_cfg.model_overrides.deterministic_mode")):
+    if facts.policy is not None and facts.policy.model_overrides.get("deterministic_mode"):
         t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
         problems.extend(found)
-    r_env = _worker_env(cfg, _VLLM, environ)
+    r_env = _worker_env(facts, "rollout", environ)
     if vllm_batch_invariant(r_env):
         r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
         problems.extend(found)
@@ -291,19 +269,20 @@ def preview_binding(cfg: Mapping[str, Any], settings: Any = None, environ: Optio
 
         settings = load_settings(cfg)
     environ = os.environ if environ is None else environ
-    model = load_model_config(_get(cfg, "policy.model_name"), environ)
-    training, rollout = predict_training(cfg, environ, model), predict_rollout(cfg, environ, model)
-    notes = [f"no {side} contract: {why}" for side, why in absent_sides(cfg).items()]
+    facts = as_facts(cfg, environ)
+    model = load_model_config(facts.model_name, environ)
+    training, rollout = predict_training(facts, environ, model), predict_rollout(facts, environ, model)
+    notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]
     if model is not None:
         notes.append(f"identity read from {model.path} (local; never fetched)")
     elif training is not None and rollout is not None:
-        notes.append(f"identity pending: policy.model_name={_get(cfg, 'policy.model_name')!r} has no config.json "
+        notes.append(f"identity pending: policy.model_name={facts.model_name!r} has no config.json "
                      "on this machine (a local directory or the Hugging Face cache); nothing is downloaded")
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
-    diff, problems = predict_determinism(cfg, environ, training, rollout)
+    diff, problems = predict_determinism(facts, environ, training, rollout)
     notes.extend(f"determinism: {p}" for p in problems)
-    if vllm_batch_invariant(_worker_env(cfg, _VLLM, environ)):
+    if vllm_batch_invariant(_worker_env(facts, "rollout", environ)):
         notes.append(f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
                      f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning")
     mandate: Mandate = settings.to_mandate()

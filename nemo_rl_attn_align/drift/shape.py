@@ -6,7 +6,9 @@ Attention shapes come, field by field, from the first of: explicit flags, the co
 (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the model's
 ``config.json`` on local disk (``hf_model``: a local path or the Hugging Face cache, never the
 network), and only then the built-in table of well-known ``policy.model_name`` values. ``kv_heads`` defaults to ``heads`` (MHA) and
-``window`` to none (full causal), as in Megatron and Hugging Face.
+``window`` to none (full causal), as in Megatron and Hugging Face. The config's part is read once
+into ``preflight.facts.RecipeFacts`` (its ``shape`` layers); the public functions take the config
+or those facts.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.config.loader import get_path
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.contract.hf_model import identity_fields, load_model_config
+from nemo_rl_attn_align.preflight.facts import UNSET, RecipeFacts, as_facts
 
 #: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
 #: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).
@@ -73,41 +75,10 @@ def builtin_shape(model_name: str | None) -> dict[str, int] | None:
     return BUILTIN_MODELS.get(name)
 
 
-def _left_window(value: Any) -> Any:
-    """Megatron's ``window_size`` is ``(left, right)``; keep the left size (``-1``/None: none)."""
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return None if value in (None, -1) else value
-
-
-def _hf_window(hf: dict) -> Any:
-    """HF ``sliding_window`` counts the query itself; the left window is one less."""
-    window = hf.get("sliding_window")
-    if hf.get("use_sliding_window") is False or window in (None, 0):
-        return None
-    return window - 1 if isinstance(window, int) and not isinstance(window, bool) else window
-
-
-def _sources(cfg: dict | None) -> list[tuple[str, dict]]:
+def _sources(facts: RecipeFacts) -> list[tuple[str, dict]]:
     """Candidate ``(name, {field: value})`` layers, highest priority first (flags excluded)."""
-    if not cfg:
-        return []
-    layers = []
-    drift = get_path(cfg, "attention_align.drift", None)
-    if isinstance(drift, dict):
-        layers.append(("attention_align.drift", dict(drift)))
-    mo = get_path(cfg, "policy.megatron_cfg.model_overrides", None)
-    if isinstance(mo, dict):
-        layers.append(("policy.megatron_cfg.model_overrides", {
-            "heads": mo.get("num_attention_heads"), "kv_heads": mo.get("num_query_groups"),
-            "head_dim": mo.get("kv_channels"), "window": _left_window(mo.get("window_size")),
-            "hidden": mo.get("hidden_size")}))
-    hf = get_path(cfg, "policy.hf_config_overrides", None)
-    if isinstance(hf, dict):
-        layers.append(("policy.hf_config_overrides", {
-            "heads": hf.get("num_attention_heads"), "kv_heads": hf.get("num_key_value_heads"),
-            "head_dim": hf.get("head_dim"), "window": _hf_window(hf), "hidden": hf.get("hidden_size")}))
-    model = get_path(cfg, "policy.model_name", None)
+    layers = [(layer.key, dict(layer.value)) for layer in facts.shape.layers]
+    model = facts.model_name
     local = load_model_config(model)
     if local is not None:
         ident = identity_fields(local.config)
@@ -117,9 +88,9 @@ def _sources(cfg: dict | None) -> list[tuple[str, dict]]:
     table = builtin_shape(model)
     if table:
         layers.append((f"built-in table ({model})", dict(table)))
-    seq = get_path(cfg, "policy.max_total_sequence_length", None)
+    seq = facts.shape.seq_len
     if seq is not None:
-        layers.append(("policy.max_total_sequence_length", {"seq_len": seq}))
+        layers.append((seq.key, {"seq_len": seq.value}))
     return layers
 
 
@@ -130,9 +101,10 @@ def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -
     return value
 
 
-def resolve_shape(cfg: dict | None, flags: dict[str, Any]) -> Shape:
+def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shape:
     """Attention shape for the sweep: flags > drift block > model_overrides > hf overrides > built-in."""
-    layers = [("flags", {k: v for k, v in flags.items() if v is not None})] + _sources(cfg)
+    facts = as_facts(cfg)
+    layers = [("flags", {k: v for k, v in flags.items() if v is not None})] + _sources(facts)
     picked: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in ("heads", "kv_heads", "head_dim", "window", "seq_len", "hidden"):
@@ -141,10 +113,9 @@ def resolve_shape(cfg: dict | None, flags: dict[str, Any]) -> Shape:
                 picked[name], sources[name] = values[name], where
                 break
     if "heads" not in picked:
-        model = get_path(cfg or {}, "policy.model_name", None)
         known = ", ".join(BUILTIN_MODELS)
         raise UsageError(
-            f"policy.model_name={model!r}: attention shape unknown (not in the built-in table: {known}). "
+            f"policy.model_name={facts.model_name!r}: attention shape unknown (not in the built-in table: {known}). "
             "Fix: pass --heads N --kv-heads N --head-dim N (and --window N for sliding-window models).")
     heads = _positive_int("heads", picked["heads"], sources["heads"])
     if "kv_heads" not in picked:
@@ -179,7 +150,7 @@ def default_rollout(gpu: str, seq_len: int) -> list[str]:
     return ["reference", *plans]
 
 
-def default_engines(cfg: dict | None, gpu: str, shape: Shape) -> tuple[list[str], list[str]]:
+def default_engines(cfg: dict | RecipeFacts | None, gpu: str, shape: Shape) -> tuple[list[str], list[str]]:
     """``(training, rollout)`` engine specs the config runs on ``gpu`` (torch-free).
 
     Training follows ``policy.megatron_cfg``: ``transformer_impl: local`` -> Megatron's own
@@ -188,15 +159,16 @@ def default_engines(cfg: dict | None, gpu: str, shape: Shape) -> tuple[list[str]
     the flash path is TE's thd p2p ring (its bshd figure is swept beside it for comparison).
     A window rules out the p2p ring (TE runs it full-causal only) and vLLM's cascade.
     """
-    mc = get_path(cfg or {}, "policy.megatron_cfg", None)
-    if not isinstance(mc, dict) or not mc.get("enabled", True) or not cfg:
+    policy = as_facts(cfg).policy
+    # An absent ``enabled`` counts as Megatron here: drift replays the engines the section names.
+    if policy is None or not policy.has_megatron_cfg or not (policy.enabled_raw is UNSET or policy.enabled_raw):
         training = [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)]
         rollout = default_rollout(gpu, shape.seq_len)
         return training, [r for r in rollout if not (shape.window is not None and "cascade" in r)]
-    backend = str(mc.get("attention_backend") or "auto")
-    cp = mc.get("context_parallel_size") or 1
-    cp = cp if isinstance(cp, int) and not isinstance(cp, bool) and cp > 0 else 1
-    if mc.get("transformer_impl") == "local":
+    raw = policy.backend_raw
+    backend = str(raw if raw is not UNSET and raw else "auto")
+    cp = policy.context_parallel_size
+    if policy.transformer_impl == "local":
         engines = ["megatron-local"]
     elif backend == "fused" or (backend == "auto" and gpu == "sm90"):
         engines = ["te-fused"]

@@ -1,7 +1,7 @@
 """Pre-flight rules: attention settings that cannot work, caught before any GPU work.
 
 Each rule reads ``PolicyFacts`` (what the policy config and the environment say, already read by
-``plan.read_policy_facts``) and returns ``Finding`` objects with a stable ``Code``. A rule is a
+``facts.read_policy_facts``) and returns ``Finding`` objects with a stable ``Code``. A rule is a
 function registered with ``@rule(Code.X, ...)`` (the codes it raises); ``evaluate`` runs the rules
 in the order they are defined here. Each code's severity and summary are in ``codes.Code``, which
 the README's rule table is generated from.
@@ -10,26 +10,21 @@ the README's rule table is generated from.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, HALF_PRECISION_ONLY, NVTE_BY_BACKEND
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, HALF_PRECISION_ONLY, NVTE_BY_BACKEND
+from nemo_rl_attn_align.preflight.facts import PRECISIONS, TRANSFORMER_IMPLS, UNSET, PolicyFacts, is_count
 from nemo_rl_attn_align.codes import Code, Kind
 from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.limits import shown
 from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES
 from nemo_rl_attn_align.suggest import describe_invalid
 
-#: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
-PRECISIONS = ("float32", "bfloat16", "float16")
 PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 
 MEGATRON_KEY = "policy.megatron_cfg"
 BACKEND_KEY = f"{MEGATRON_KEY}.attention_backend"
 CP_KEY = f"{MEGATRON_KEY}.context_parallel_size"
-#: ``TransformerConfig.transformer_impl`` (megatron-core 0.16: ``Literal['local', 'transformer_engine',
-#: 'inference_optimized']``).
-TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
 #: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
@@ -37,47 +32,6 @@ SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 def finding(code: Code, key: str, value: Any, message: str, fix: str) -> Finding:
     """A ``Finding`` with the code's own severity (from the registry)."""
     return Finding(code.value, code.severity, key, value, message, fix)
-
-
-#: Marks a key that is absent from the config (as opposed to present with value null).
-UNSET = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
-
-
-@dataclass(frozen=True)
-class PolicyFacts:
-    """What the rules need, read once from the policy config and the environment."""
-
-    megatron_enabled: bool
-    backend_raw: Any  # UNSET, None, or the value as written
-    backend: str | None  # a valid AttnBackend name, or None when unset/null/invalid
-    precision_raw: Any
-    pipeline_dtype_raw: Any
-    transformer_impl: str
-    context_parallel_size: int
-    model_name: str | None
-    model_overrides: dict = field(default_factory=dict)
-    #: NVTE_* variable -> (value, where it comes from) as the worker will see it.
-    nvte_env: dict = field(default_factory=dict)
-    #: The values as written (``UNSET`` when absent), for ``_config_values``; the fields above hold
-    #: what the other rules use (a default where the value is unusable, which is then an error).
-    raw: dict = field(default_factory=dict)
-
-    @property
-    def precision(self) -> str | None:
-        """``policy.precision`` when valid, else None."""
-        return self.precision_raw if self.precision_raw in PRECISIONS else None
-
-    @property
-    def effective_backend(self) -> str | None:
-        """The backend in effect: the valid request, Megatron's default when unset, None when invalid."""
-        if self.backend is not None:
-            return self.backend
-        return DEFAULT_BACKEND if self.backend_raw is UNSET or self.backend_raw is None else None
-
-
-def is_count(value: Any) -> bool:
-    """An integer >= 1 as NeMo-RL and Megatron use it (``True`` is Python's 1, so it counts)."""
-    return isinstance(value, int) and value >= 1
 
 
 Rule = Callable[[PolicyFacts], list[Finding]]

@@ -21,7 +21,8 @@ from nemo_rl_attn_align.contract.schema import (
     fields_of,
 )
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.compare.determinism import PROFILES, compare, probe
+from nemo_rl_attn_align.compare.determinism import compare, probe
+from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.errors import Severity
 
 from tests.contract_samples import MANDATE_OF_SAMPLES, SAMPLES, contracts, full_contract

@@ -8,7 +8,8 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
-from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy, read_policy_facts
+from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
+from nemo_rl_attn_align.preflight.facts import read_policy_facts
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.preflight.rules import RULES, rule
 

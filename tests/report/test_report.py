@@ -17,7 +17,8 @@ from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.compare.determinism import PROFILES, probe
+from nemo_rl_attn_align.compare.determinism import probe
+from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,

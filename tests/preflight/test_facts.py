@@ -1,0 +1,174 @@
+"""The recipe facts: one read of a resolved config (a packaged recipe through the real loader, and
+odd values of each section) into what the rules, the preview and drift consume."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.preflight.facts import (
+    UNSET,
+    Fact,
+    GenerationFacts,
+    RecipeFacts,
+    as_facts,
+    read_policy_facts,
+    read_recipe_facts,
+)
+
+from tests.conftest import EXAMPLES
+
+
+def test_a_packaged_recipe_reads_into_facts_with_their_keys():
+    cfg = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml",
+                      ["policy.generation.vllm_cfg.tensor_parallel_size=2", "++policy.megatron_cfg.env_vars.A=1"])
+    facts = read_recipe_facts(cfg, {"NVTE_FLASH_ATTN": "1"})
+    policy = facts.require_policy()
+    assert policy.megatron_enabled and policy.backend == "flash" and policy.precision == "bfloat16"
+    assert policy.tensor_parallel_size.key == "policy.megatron_cfg.tensor_model_parallel_size"
+    assert policy.tensor_parallel_size.value == cfg["policy"]["megatron_cfg"]["tensor_model_parallel_size"]
+    assert policy.env_vars["A"] == "1" and policy.nvte_env == {"NVTE_FLASH_ATTN": ("1", "environment NVTE_FLASH_ATTN")}
+    gen = facts.generation
+    assert gen.is_vllm and gen.tensor_parallel_size == Fact(2, "policy.generation.vllm_cfg.tensor_parallel_size")
+    assert gen.precision == cfg["policy"]["generation"]["vllm_cfg"].get("precision", cfg["policy"]["precision"])
+    assert facts.model_name == cfg["policy"]["model_name"]
+    grpo = cfg["grpo"]
+    assert facts.rollout_batch_size == grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"]
+    assert facts.shape.seq_len == Fact(cfg["policy"]["max_total_sequence_length"], "policy.max_total_sequence_length")
+
+
+def test_facts_are_frozen():
+    facts = read_recipe_facts({"policy": {"model_name": "m"}}, {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        facts.model_name = "other"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        facts.generation.backend = "vllm"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("policy", [None, "policy", 3, ["a"]])
+def test_a_policy_that_is_not_a_mapping_is_reported_when_required(policy):
+    facts = read_recipe_facts({"policy": policy}, {})
+    assert facts.policy is None and not facts.megatron_enabled and facts.generation == GenerationFacts()
+    with pytest.raises(UsageError, match=f"policy is {type(policy).__name__}, not a mapping"):
+        facts.require_policy()
+    with pytest.raises(UsageError, match=f"policy is {type(policy).__name__}, not a mapping"):
+        read_policy_facts(policy, {})
+
+
+@pytest.mark.parametrize("cfg", [None, {}, [], "x"])
+def test_a_config_that_is_no_mapping_reads_as_empty(cfg):
+    facts = read_recipe_facts(cfg, {})
+    assert facts == RecipeFacts(None, GenerationFacts(), facts.shape, policy_raw=None)
+    assert facts.shape.layers == () and facts.shape.seq_len is None and facts.tokenizer is None
+
+
+@pytest.mark.parametrize("megatron_cfg", [None, "flash", 1, [], {"enabled": 0}])
+def test_megatron_off_or_malformed_keeps_the_raw_value_and_defaults(megatron_cfg):
+    policy = read_policy_facts({"megatron_cfg": megatron_cfg}, {})
+    assert not policy.megatron_enabled and policy.raw["megatron_cfg"] == megatron_cfg
+    assert policy.has_megatron_cfg is isinstance(megatron_cfg, dict)
+    assert (policy.tensor_parallel_size.value, policy.apply_rope_fusion, policy.env_vars) == (1, True, {})
+    assert policy.backend_raw is UNSET and policy.effective_backend == "auto"
+
+
+@pytest.mark.parametrize("value,expected", [("yes", True), ("false", True), (1, True), (0, False), (None, False)])
+def test_megatron_enabled_is_read_by_truthiness_as_nemo_rl_does(value, expected):
+    policy = read_policy_facts({"megatron_cfg": {"enabled": value}}, {})
+    assert policy.megatron_enabled is expected and policy.enabled_raw == value
+
+
+def test_odd_megatron_values_keep_what_was_written():
+    mcfg = {"enabled": True, "attention_backend": "Flash", "context_parallel_size": "2", "transformer_impl": "TE",
+            "tensor_model_parallel_size": None, "apply_rope_fusion": "no", "model_overrides": "oops",
+            "env_vars": ["NVTE_FLASH_ATTN=1"]}
+    policy = read_policy_facts({"megatron_cfg": mcfg, "logprob_batch_size": True, "train_micro_batch_size": 4}, {})
+    assert (policy.backend_raw, policy.backend, policy.effective_backend) == ("Flash", None, None)
+    assert (policy.context_parallel_size, policy.raw["context_parallel_size"]) == (1, "2")
+    assert (policy.transformer_impl, policy.raw["transformer_impl"]) == ("transformer_engine", "TE")
+    assert policy.tensor_parallel_size.value is None  # present and null: the engine's default, not NeMo-RL's 1
+    assert policy.apply_rope_fusion is True and policy.logprob_batch_size == 4  # True is no batch size
+    assert policy.model_overrides == {} and policy.raw["model_overrides"] == "oops"
+    assert policy.env_vars == {} and policy.nvte_env == {} and policy.raw["env_vars"] == ["NVTE_FLASH_ATTN=1"]
+
+
+def test_env_vars_overlay_the_environment_for_nvte_and_are_strings_for_the_worker():
+    mcfg = {"enabled": True, "env_vars": {"NVTE_FUSED_ATTN": 0, "NVTE_FLASH_ATTN": None, "N": 2}}
+    policy = read_policy_facts({"megatron_cfg": mcfg}, {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "1"})
+    assert policy.nvte_env == {"NVTE_FUSED_ATTN": ("0", "policy.megatron_cfg.env_vars.NVTE_FUSED_ATTN"),
+                               "NVTE_FLASH_ATTN": ("1", "environment NVTE_FLASH_ATTN")}
+    assert policy.env_vars == {"NVTE_FUSED_ATTN": "0", "NVTE_FLASH_ATTN": "None", "N": "2"}
+
+
+@pytest.mark.parametrize("generation", [None, "vllm", 5, {"backend": "hf"}])
+def test_generation_that_is_not_vllm(generation):
+    gen = read_recipe_facts({"policy": {"generation": generation}}, {}).generation
+    assert not gen.is_vllm
+    if not isinstance(generation, dict):
+        assert gen == GenerationFacts()
+
+
+def test_generation_values_as_written_or_the_engine_default():
+    cfg = {"policy": {"precision": "bfloat16", "generation": {
+        "backend": "vllm", "vllm_cfg": {"kv_cache_dtype": None, "enable_prefix_caching": "on", "env_vars": {"X": 1}},
+        "vllm_kwargs": {"block_size": 32, "enable_chunked_prefill": False, "max_num_seqs": 8}}}}
+    gen = read_recipe_facts(cfg, {}).generation
+    assert gen.precision == "bfloat16"  # vllm_cfg.precision absent: policy.precision
+    assert gen.kv_cache_dtype == Fact(None, "policy.generation.vllm_cfg.kv_cache_dtype")
+    assert gen.enable_prefix_caching.value == "on" and gen.tensor_parallel_size.value == 1
+    assert (gen.block_size, gen.enable_chunked_prefill, gen.max_num_seqs, gen.attention_backend) == (32, False, 8, None)
+    assert gen.env_vars == {"X": "1"}
+    odd = {"policy": {"generation": {"backend": "vllm", "vllm_cfg": "x", "vllm_kwargs": 3}}}
+    gen = read_recipe_facts(odd, {}).generation
+    assert gen.is_vllm and gen.kv_cache_dtype.value == "auto" and gen.enable_chunked_prefill is True
+    assert gen.precision is None and gen.env_vars == {}
+
+
+def test_shape_layers_in_priority_order_with_their_sections():
+    cfg = {"attention_align": {"drift": {"heads": 4}}, "policy": {
+        "megatron_cfg": {"model_overrides": {"num_query_groups": 2, "window_size": [127, 0]}},
+        "hf_config_overrides": {"head_dim": 64, "sliding_window": 128, "hidden_size": 256}}}
+    layers = read_recipe_facts(cfg, {}).shape.layers
+    assert [layer.key for layer in layers] == [
+        "attention_align.drift", "policy.megatron_cfg.model_overrides", "policy.hf_config_overrides"]
+    assert layers[0].value == {"heads": 4}
+    assert layers[1].value["kv_heads"] == 2 and layers[1].value["window"] == 127
+    assert layers[2].value == {"heads": None, "kv_heads": None, "head_dim": 64, "window": 127, "hidden": 256}
+
+
+@pytest.mark.parametrize("window_size,sliding,expected", [
+    (-1, 0, (None, None)), ([], None, (None, None)), ((-1, 0), 1, (None, 0)), (None, True, (None, True))])
+def test_shape_windows_are_left_windows(window_size, sliding, expected):
+    cfg = {"policy": {"megatron_cfg": {"model_overrides": {"window_size": window_size}},
+                      "hf_config_overrides": {"sliding_window": sliding}}}
+    layers = read_recipe_facts(cfg, {}).shape.layers
+    assert (layers[0].value["window"], layers[1].value["window"]) == expected
+
+
+def test_shape_sections_that_are_not_dicts_are_no_layers():
+    cfg = {"attention_align": {"drift": "big"}, "policy": {"megatron_cfg": {"model_overrides": [1]},
+                                                           "hf_config_overrides": None}}
+    assert read_recipe_facts(cfg, {}).shape.layers == ()
+
+
+def test_tokenizer_and_batch_size_fall_back_or_stay_unset():
+    facts = read_recipe_facts({"policy": {"model_name": "m", "tokenizer": {"name": ""}},
+                               "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": True}}, {})
+    assert facts.tokenizer == "m" and facts.rollout_batch_size is None
+
+
+def test_as_facts_reads_a_config_once_and_passes_facts_through():
+    facts = read_recipe_facts({"policy": {}}, {})
+    assert as_facts(facts) is facts
+    assert as_facts({"policy": {"model_name": "m"}}, {}).model_name == "m"
+
+
+def test_the_facts_module_imports_only_stdlib_and_plugin_leaves():
+    code = ("import sys\nimport nemo_rl_attn_align.preflight.facts\n"
+            "print(' '.join(m for m in ('torch', 'omegaconf', 'yaml', 'megatron') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == ""
