@@ -131,7 +131,7 @@ def predict_training(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Map
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
     b.configured("rope_fusion", facts.apply_rope_fusion,
                  "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
-    _from_config(b, "physical_batch", facts.logprob_batch_size, "policy.logprob_batch_size")
+    _from_config(b, "physical_batch", facts.physical_batch.value, facts.physical_batch.key)
     # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
     b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
     b.configured("deterministic", bool(overrides.get("deterministic_mode")), "model_overrides.deterministic_mode")
@@ -174,9 +174,9 @@ def predict_rollout(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapp
     invariant = vllm_batch_invariant(env)
     b = ContractBuilder("rollout", "preview-rollout")
     _identity(b, recipe, model)
-    dtype = _dtype(gen.precision)
+    dtype = _dtype(gen.precision.value)
     if dtype is not None:
-        b.configured("dtype", dtype, "policy.generation.vllm_cfg.precision")
+        b.configured("dtype", dtype, gen.precision.key)
     backend = gen.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
     if backend:
         _from_config(b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)")

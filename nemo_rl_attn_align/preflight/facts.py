@@ -51,6 +51,15 @@ class Fact:
     key: str
 
 
+def _first_positive(section: Mapping[str, Any], prefix: str, *names: str) -> Fact:
+    """The first of ``names`` in ``section`` holding a positive int, with its key; else None at the first."""
+    for name in names:
+        value = _positive(section.get(name))
+        if value is not None:
+            return Fact(value, f"{prefix}.{name}")
+    return Fact(None, f"{prefix}.{names[0]}")
+
+
 def _get(node: Any, key: str) -> Any:
     return node.get(key, UNSET) if isinstance(node, dict) else UNSET
 
@@ -98,8 +107,8 @@ class PolicyFacts:
     tensor_parallel_size: Fact = Fact(1, "policy.megatron_cfg.tensor_model_parallel_size")
     #: ``apply_rope_fusion`` when a bool, else NeMo-RL's default true.
     apply_rope_fusion: bool = True
-    #: ``logprob_batch_size``, else ``train_micro_batch_size``, when a positive int.
-    logprob_batch_size: int | None = None
+    #: ``logprob_batch_size``, else ``train_micro_batch_size``, when a positive int; the key it came from.
+    physical_batch: Fact = Fact(None, "policy.logprob_batch_size")
     #: ``policy.megatron_cfg.env_vars`` as the worker gets them.
     env_vars: Mapping[str, str] = field(default_factory=dict)
     #: ``policy.megatron_cfg.enabled`` as written (``UNSET`` when absent).
@@ -180,8 +189,7 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         tensor_parallel_size=Fact(mcfg.get("tensor_model_parallel_size", 1),
                                   "policy.megatron_cfg.tensor_model_parallel_size"),
         apply_rope_fusion=fusion if isinstance(fusion, bool) else True,
-        logprob_batch_size=(_positive(policy_cfg.get("logprob_batch_size"))
-                            or _positive(policy_cfg.get("train_micro_batch_size"))),
+        physical_batch=_first_positive(policy_cfg, "policy", "logprob_batch_size", "train_micro_batch_size"),
         env_vars=_env_vars(_get(megatron_cfg, "env_vars")),
         enabled_raw=_get(megatron_cfg, "enabled"),
     )
@@ -196,8 +204,8 @@ class GenerationFacts:
     A value is as written, or vLLM's / NeMo-RL's default where the key is absent; None when unset."""
 
     backend: Any = None
-    #: ``vllm_cfg.precision`` when present, else ``policy.precision``.
-    precision: Any = None
+    #: ``vllm_cfg.precision`` when present, else ``policy.precision`` (the key says which).
+    precision: Fact = Fact(None, f"{_VLLM_CFG}.precision")
     kv_cache_dtype: Fact = Fact("auto", f"{_VLLM_CFG}.kv_cache_dtype")
     tensor_parallel_size: Fact = Fact(1, f"{_VLLM_CFG}.tensor_parallel_size")
     enable_prefix_caching: Fact = Fact(None, f"{_VLLM_CFG}.enable_prefix_caching")
@@ -224,7 +232,8 @@ def read_generation_facts(cfg: Any) -> GenerationFacts:
     vcfg, kwargs = _mapping(gen, "vllm_cfg"), _mapping(gen, "vllm_kwargs")
     return GenerationFacts(
         backend=gen.get("backend"),
-        precision=vcfg.get("precision", _at(cfg, "policy.precision")),
+        precision=(Fact(vcfg["precision"], f"{_VLLM_CFG}.precision") if "precision" in vcfg
+                   else Fact(_at(cfg, "policy.precision"), "policy.precision")),
         kv_cache_dtype=Fact(vcfg.get("kv_cache_dtype", "auto"), f"{_VLLM_CFG}.kv_cache_dtype"),
         tensor_parallel_size=Fact(vcfg.get("tensor_parallel_size", 1), f"{_VLLM_CFG}.tensor_parallel_size"),
         enable_prefix_caching=Fact(vcfg.get("enable_prefix_caching"), f"{_VLLM_CFG}.enable_prefix_caching"),

@@ -206,3 +206,17 @@ def test_unusable_batch_counts_leave_batch_size_pending(prompts):
     cfg["grpo"]["num_prompts_per_step"] = prompts
     training = preview_binding(cfg, load_settings(cfg), environ={}).training
     assert training["batch_size"].provenance is Provenance.PENDING
+
+
+def test_a_source_names_the_key_its_value_came_from():
+    """``physical_batch`` falls back to train_micro_batch_size, the rollout dtype to policy.precision:
+    the source says which key was read."""
+    cfg = load_config(GRPO)
+    del cfg["policy"]["logprob_batch_size"], cfg["policy"]["generation"]["vllm_cfg"]["precision"]
+    training, rollout = predict_training(cfg, {}), predict_rollout(cfg, {})
+    assert training["physical_batch"].source == "policy.train_micro_batch_size"
+    assert training["physical_batch"].value == cfg["policy"]["train_micro_batch_size"]
+    assert rollout["dtype"].source == "policy.precision"
+    cfg = load_config(GRPO)
+    assert predict_training(cfg, {})["physical_batch"].source == "policy.logprob_batch_size"
+    assert predict_rollout(cfg, {})["dtype"].source == "policy.generation.vllm_cfg.precision"

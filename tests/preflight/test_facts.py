@@ -35,7 +35,7 @@ def test_a_packaged_recipe_reads_into_facts_with_their_keys():
     assert policy.env_vars["A"] == "1" and policy.nvte_env == {"NVTE_FLASH_ATTN": ("1", "environment NVTE_FLASH_ATTN")}
     gen = facts.generation
     assert gen.is_vllm and gen.tensor_parallel_size == Fact(2, "policy.generation.vllm_cfg.tensor_parallel_size")
-    assert gen.precision == cfg["policy"]["generation"]["vllm_cfg"].get("precision", cfg["policy"]["precision"])
+    assert gen.precision == Fact(cfg["policy"]["generation"]["vllm_cfg"]["precision"], "policy.generation.vllm_cfg.precision")
     assert facts.model_name == cfg["policy"]["model_name"]
     grpo = cfg["grpo"]
     assert facts.rollout_batch_size == grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"]
@@ -91,7 +91,10 @@ def test_odd_megatron_values_keep_what_was_written():
     assert (policy.context_parallel_size, policy.raw["context_parallel_size"]) == (1, "2")
     assert (policy.transformer_impl, policy.raw["transformer_impl"]) == ("transformer_engine", "TE")
     assert policy.tensor_parallel_size.value is None  # present and null: the engine's default, not NeMo-RL's 1
-    assert policy.apply_rope_fusion is True and policy.logprob_batch_size == 4  # True is no batch size
+    assert policy.apply_rope_fusion is True  # True is no batch size: the next key is read, and named
+    assert policy.physical_batch == Fact(4, "policy.train_micro_batch_size")
+    assert read_policy_facts({"logprob_batch_size": 2}, {}).physical_batch == Fact(2, "policy.logprob_batch_size")
+    assert read_policy_facts({}, {}).physical_batch == Fact(None, "policy.logprob_batch_size")
     assert policy.model_overrides == {} and policy.raw["model_overrides"] == "oops"
     assert policy.env_vars == {} and policy.nvte_env == {} and policy.raw["env_vars"] == ["NVTE_FLASH_ATTN=1"]
 
@@ -117,7 +120,9 @@ def test_generation_values_as_written_or_the_engine_default():
         "backend": "vllm", "vllm_cfg": {"kv_cache_dtype": None, "enable_prefix_caching": "on", "env_vars": {"X": 1}},
         "vllm_kwargs": {"block_size": 32, "enable_chunked_prefill": False, "max_num_seqs": 8}}}}
     gen = read_recipe_facts(cfg, {}).generation
-    assert gen.precision == "bfloat16"  # vllm_cfg.precision absent: policy.precision
+    assert gen.precision == Fact("bfloat16", "policy.precision")  # vllm_cfg.precision absent
+    cfg["policy"]["generation"]["vllm_cfg"]["precision"] = "fp8"
+    assert read_recipe_facts(cfg, {}).generation.precision == Fact("fp8", "policy.generation.vllm_cfg.precision")
     assert gen.kv_cache_dtype == Fact(None, "policy.generation.vllm_cfg.kv_cache_dtype")
     assert gen.enable_prefix_caching.value == "on" and gen.tensor_parallel_size.value == 1
     assert (gen.block_size, gen.enable_chunked_prefill, gen.max_num_seqs, gen.attention_backend) == (32, False, 8, None)
@@ -125,7 +130,7 @@ def test_generation_values_as_written_or_the_engine_default():
     odd = {"policy": {"generation": {"backend": "vllm", "vllm_cfg": "x", "vllm_kwargs": 3}}}
     gen = read_recipe_facts(odd, {}).generation
     assert gen.is_vllm and gen.kv_cache_dtype.value == "auto" and gen.enable_chunked_prefill is True
-    assert gen.precision is None and gen.env_vars == {}
+    assert gen.precision == Fact(None, "policy.precision") and gen.env_vars == {}
 
 
 def test_shape_layers_in_priority_order_with_their_sections():
