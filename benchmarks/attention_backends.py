@@ -32,14 +32,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (stdlib-only modules below)
 
-from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND  # noqa: E402
-from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND  # noqa: E402
+from nemo_rl_attn_align.preflight.backend import (
+    NVTE_BY_BACKEND,
+    TE_CLASS_BY_BACKEND,
+)
 
 TE_BACKENDS = ("flash", "fused", "unfused")
 BACKENDS = (*TE_BACKENDS, "reference")
@@ -112,7 +115,9 @@ def missing_requirements(backends: Sequence[str]) -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device (torch.cuda.is_available() is False): run it on a GPU node"
     if set(backends) & set(TE_BACKENDS) and importlib.util.find_spec("transformer_engine") is None:
-        return "Transformer Engine is not installed: pip install transformer_engine[pytorch], or pass --backends reference"
+        return (
+            "Transformer Engine is not installed: pip install transformer_engine[pytorch], or pass --backends reference"
+        )
     return None
 
 
@@ -144,7 +149,7 @@ def reference_attend(batch: int, seq: int) -> Callable:
     from nemo_rl_attn_align.reference.attention import reference_attention
 
     def attend(q, k, v):
-        packed = [x.reshape(batch * seq, *x.shape[2:]) for x in (q, k, v)]   # thd, one sequence per batch row
+        packed = [x.reshape(batch * seq, *x.shape[2:]) for x in (q, k, v)]  # thd, one sequence per batch row
         cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=q.device)
         return reference_attention(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu)[0].view(batch, seq, -1)
 
@@ -153,6 +158,7 @@ def reference_attend(batch: int, seq: int) -> Callable:
 
 def timed_steps(attend: Callable, inputs: Sequence[Any], grad_out) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """``(forward, forward_backward)`` of ``attend`` on ``inputs`` (leaves that require grad)."""
+
     def forward_backward():
         for x in inputs:
             x.grad = None
@@ -167,9 +173,13 @@ def measure(backend: str, args: argparse.Namespace, seq: int) -> dict[str, Any]:
 
     gen = torch.Generator(device="cuda").manual_seed(seq)
     shape = lambda h: (args.batch, seq, h, args.head_dim)  # noqa: E731 - bshd
-    q, k, v = (torch.randn(shape(h), device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
-               for h in (args.heads, args.kv_heads, args.kv_heads))
-    grad_out = torch.randn(args.batch, seq, args.heads * args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = (
+        torch.randn(shape(h), device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+        for h in (args.heads, args.kv_heads, args.kv_heads)
+    )
+    grad_out = torch.randn(
+        args.batch, seq, args.heads * args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen
+    )
     if backend == "reference":
         attend, observe = reference_attend(args.batch, seq), (lambda: {})
     else:
@@ -177,15 +187,21 @@ def measure(backend: str, args: argparse.Namespace, seq: int) -> dict[str, Any]:
 
         from nemo_rl_attn_align.hosts import te_readback
 
-        attend = te.DotProductAttention(args.heads, args.head_dim, num_gqa_groups=args.kv_heads, qkv_format="bshd",
-                                        attn_mask_type="causal")
+        attend = te.DotProductAttention(
+            args.heads, args.head_dim, num_gqa_groups=args.kv_heads, qkv_format="bshd", attn_mask_type="causal"
+        )
         observe = lambda: te_readback.observe([attend])  # noqa: E731
     forward, forward_backward = timed_steps(attend, (q, k, v), grad_out)
     fwd = cuda_median_ms(forward, args.warmup, args.iters)
-    selected = observe()                                   # TE's choice is known after the first forward
+    selected = observe()  # TE's choice is known after the first forward
     both = cuda_median_ms(forward_backward, args.warmup, args.iters)
-    return {"fwd_ms": fwd, "fwd_bwd_ms": both, "te_selected": selected.get("backend"),
-            "detail": selected.get("detail"), "note": ""}
+    return {
+        "fwd_ms": fwd,
+        "fwd_bwd_ms": both,
+        "te_selected": selected.get("backend"),
+        "detail": selected.get("detail"),
+        "note": "",
+    }
 
 
 def run_worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -197,11 +213,15 @@ def run_worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     for seq in args.seqs:
         try:
             rows[str(seq)] = measure(backend, args, seq)
-        except Exception as exc:  # noqa: BLE001 - e.g. OOM or no backend: the table says which
+        except Exception as exc:
             rows[str(seq)] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
         torch.cuda.empty_cache()
-    return {"backend": backend, "device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-            "rows": rows}
+    return {
+        "backend": backend,
+        "device": torch.cuda.get_device_name(),
+        "capability": list(torch.cuda.get_device_capability()),
+        "rows": rows,
+    }
 
 
 def spawn(backend: str, argv: Sequence[str]) -> dict[str, Any]:
@@ -211,8 +231,12 @@ def spawn(backend: str, argv: Sequence[str]) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "worker.json"
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", backend, "--worker-out", str(out)],
-                              env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", backend, "--worker-out", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             return {"backend": backend, "error": f"worker exited {proc.returncode}: {tail[0][:300]}", "rows": {}}
@@ -230,10 +254,19 @@ def build_rows(results: Sequence[dict[str, Any]], args: argparse.Namespace, peak
         for seq in args.seqs:
             measured = result.get("rows", {}).get(str(seq), {"error": result.get("error", "not measured")})
             fwd_flops = attention_flops(args.batch, seq, args.heads, args.head_dim, True, "fwd")
-            row: dict[str, Any] = {"backend": backend, "seq": seq, "fwd_ms": measured.get("fwd_ms"),
-                                   "fwd_bwd_ms": measured.get("fwd_bwd_ms"), "te_selected": measured.get("te_selected"),
-                                   "error": measured.get("error"), "note": measured.get("note", "")}
-            for label, ms, flops in (("fwd", row["fwd_ms"], fwd_flops), ("fwd_bwd", row["fwd_bwd_ms"], fwd_flops * FWD_BWD_FACTOR)):
+            row: dict[str, Any] = {
+                "backend": backend,
+                "seq": seq,
+                "fwd_ms": measured.get("fwd_ms"),
+                "fwd_bwd_ms": measured.get("fwd_bwd_ms"),
+                "te_selected": measured.get("te_selected"),
+                "error": measured.get("error"),
+                "note": measured.get("note", ""),
+            }
+            for label, ms, flops in (
+                ("fwd", row["fwd_ms"], fwd_flops),
+                ("fwd_bwd", row["fwd_bwd_ms"], fwd_flops * FWD_BWD_FACTOR),
+            ):
                 tflops = flops / (ms * 1e-3) / 1e12 if ms else None
                 row[f"{label}_tflops"] = tflops
                 row[f"{label}_fraction_of_peak"] = tflops / peak if tflops is not None and peak else None
@@ -254,18 +287,42 @@ def render(doc: dict[str, Any]) -> str:
     def pct(fraction):
         return num(None if fraction is None else 100 * fraction, ".1f")
 
-    headers = ["backend", "seq", "TE selected", "fwd ms", "fwd TFLOP/s", "fwd %peak", "fwd+bwd ms", "fwd+bwd TFLOP/s", "fwd+bwd %peak", "note"]
-    table = [[r["backend"], str(r["seq"]), r["te_selected"] or "-", num(r["fwd_ms"], ".3f"), num(r["fwd_tflops"], ".1f"),
-              pct(r["fwd_fraction_of_peak"]), num(r["fwd_bwd_ms"], ".3f"), num(r["fwd_bwd_tflops"], ".1f"),
-              pct(r["fwd_bwd_fraction_of_peak"]),
-              r["error"] or r["note"]] for r in doc["rows"]]
+    headers = [
+        "backend",
+        "seq",
+        "TE selected",
+        "fwd ms",
+        "fwd TFLOP/s",
+        "fwd %peak",
+        "fwd+bwd ms",
+        "fwd+bwd TFLOP/s",
+        "fwd+bwd %peak",
+        "note",
+    ]
+    table = [
+        [
+            r["backend"],
+            str(r["seq"]),
+            r["te_selected"] or "-",
+            num(r["fwd_ms"], ".3f"),
+            num(r["fwd_tflops"], ".1f"),
+            pct(r["fwd_fraction_of_peak"]),
+            num(r["fwd_bwd_ms"], ".3f"),
+            num(r["fwd_bwd_tflops"], ".1f"),
+            pct(r["fwd_bwd_fraction_of_peak"]),
+            r["error"] or r["note"],
+        ]
+        for r in doc["rows"]
+    ]
     shape = doc["shape"]
-    return "\n".join([
-        f"{doc['device']} (sm{''.join(map(str, doc['capability']))}), {doc['peak_source']}",
-        f"BF16, causal, batch {shape['batch']}, {shape['heads']} q heads / {shape['kv_heads']} kv heads, head dim {shape['head_dim']}; "
-        f"median of {shape['iters']} after {shape['warmup']} warm-up; {doc['flop_convention']}",
-        format_table(headers, table),
-    ])
+    return "\n".join(
+        [
+            f"{doc['device']} (sm{''.join(map(str, doc['capability']))}), {doc['peak_source']}",
+            f"BF16, causal, batch {shape['batch']}, {shape['heads']} q heads / {shape['kv_heads']} kv heads, head dim {shape['head_dim']}; "
+            f"median of {shape['iters']} after {shape['warmup']} warm-up; {doc['flop_convention']}",
+            format_table(headers, table),
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -284,14 +341,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = [spawn(backend, argv) for backend in args.backends]
     device = next((r["device"] for r in results if "device" in r), "unknown GPU")
     capability = next((r["capability"] for r in results if "capability" in r), [])
-    peak, peak_source = (args.peak_tflops, f"{args.peak_tflops:g} TFLOP/s dense BF16 (--peak-tflops)") if args.peak_tflops else dense_bf16_peak(device)
+    peak, peak_source = (
+        (args.peak_tflops, f"{args.peak_tflops:g} TFLOP/s dense BF16 (--peak-tflops)")
+        if args.peak_tflops
+        else dense_bf16_peak(device)
+    )
     doc = {
         "device": device,
         "capability": capability,
         "peak_bf16_dense_tflops": peak,
         "peak_source": peak_source,
-        "shape": {"batch": args.batch, "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-                  "dtype": "bf16", "causal": True, "layout": "bshd", "warmup": args.warmup, "iters": args.iters},
+        "shape": {
+            "batch": args.batch,
+            "heads": args.heads,
+            "kv_heads": args.kv_heads,
+            "head_dim": args.head_dim,
+            "dtype": "bf16",
+            "causal": True,
+            "layout": "bshd",
+            "warmup": args.warmup,
+            "iters": args.iters,
+        },
         "flop_convention": "FlashAttention benchmark: fwd 4*b*s^2*h*d/2 (causal), fwd+bwd 3.5x fwd",
         "versions": library_versions(),
         "rows": build_rows(results, args, peak),

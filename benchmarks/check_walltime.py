@@ -42,9 +42,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
     check_cmd = [*console_script(), "check", str(EXAMPLE)]
-    commands = {"python -c pass": [sys.executable, "-c", "pass"],
-                "import omegaconf": [sys.executable, "-c", "import omegaconf, yaml"],
-                "check (example)": check_cmd}
+    commands = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "import omegaconf": [sys.executable, "-c", "import omegaconf, yaml"],
+        "check (example)": check_cmd,
+    }
     times = {name: [] for name in commands}
     warm = subprocess.run(check_cmd, capture_output=True, text=True)  # warms the file cache once
     if warm.returncode != 0:
@@ -56,9 +58,13 @@ def main() -> int:
     base, floor, check = (statistics.median(times[n]) for n in commands)
     print(f"runs: {args.runs} each, interleaved; command: {' '.join(check_cmd)}")
     for name in commands:
-        print(f"{name:>16}: median {statistics.median(times[name]) * 1e3:7.1f} ms  min {min(times[name]) * 1e3:7.1f} ms")
+        print(
+            f"{name:>16}: median {statistics.median(times[name]) * 1e3:7.1f} ms  min {min(times[name]) * 1e3:7.1f} ms"
+        )
     print(f"{'check - pass':>16}: {(check - base) * 1e3:7.1f} ms   ratio check/pass: {check / base:.1f}x")
-    print(f"{'check - floor':>16}: {(check - floor) * 1e3:7.1f} ms   (the floor: interpreter + omegaconf + yaml imports)")
+    print(
+        f"{'check - floor':>16}: {(check - floor) * 1e3:7.1f} ms   (the floor: interpreter + omegaconf + yaml imports)"
+    )
     print(f"target: check <= 100 ms median -> {'met' if check <= 0.1 else 'NOT met'}")
     return 0
 

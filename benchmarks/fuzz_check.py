@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nemo_rl_attn_align.config.examples import default_example_path  # noqa: E402
-
 from nemo_rl_attn_align.config.loader import load_config  # noqa: E402
 from nemo_rl_attn_align.errors import UsageError  # noqa: E402
 from tests import hostile_inputs as hi  # noqa: E402
@@ -58,9 +57,15 @@ def one_case(args: tuple[int, int]) -> dict:
     (a failure of the harness itself is reported as such, apart from the plugin's)."""
     try:
         return _one_case(*args)
-    except Exception as err:  # noqa: BLE001
-        return {"index": args[1], "exit": "harness", "problems": [f"harness: {type(err).__name__}: {str(err)[:200]}"],
-                "wrong_accept": None, "changes": {}, "overrides": None}
+    except Exception as err:
+        return {
+            "index": args[1],
+            "exit": "harness",
+            "problems": [f"harness: {type(err).__name__}: {str(err)[:200]}"],
+            "wrong_accept": None,
+            "changes": {},
+            "overrides": None,
+        }
 
 
 def _one_case(seed: int, index: int) -> dict:
@@ -77,8 +82,14 @@ def _one_case(seed: int, index: int) -> dict:
             path, overrides = Path(tmp) / "c.yaml", []
             hi.write_config(path, cfg)
         outcome = hi.run_check(path, overrides, as_json=as_json)
-        result = {"index": index, "exit": outcome.exit_code, "problems": outcome.problems, "wrong_accept": None,
-                  "changes": {k: repr(v)[:80] for k, v in changes.items()}, "overrides": bool(overrides)}
+        result = {
+            "index": index,
+            "exit": outcome.exit_code,
+            "problems": outcome.problems,
+            "wrong_accept": None,
+            "changes": {k: repr(v)[:80] for k, v in changes.items()},
+            "overrides": bool(overrides),
+        }
         if outcome.exit_code == 0:
             try:
                 resolved = load_config(path, overrides)
@@ -112,14 +123,23 @@ def fuzz(n: int, seed: int, jobs: int) -> dict:
     tracebacks = [p for p in problems if any(x.startswith("traceback") for x in p["problems"])]
     harness = [p for p in problems if p["exit"] == "harness"]
     problems = [p for p in problems if p["exit"] != "harness"]
-    summary = {"configs": n, "seed": seed, "seconds": round(elapsed, 1), "exit_codes": {str(k): v for k, v in sorted(exits.items(), key=str)},
-               "tracebacks": len(tracebacks), "output_problems": len(problems) - len(tracebacks), "wrong_accepts": len(wrong),
-               "harness_failures": len(harness),
-               "examples": {"problems": problems[:20], "wrong_accepts": wrong[:20]}}
+    summary = {
+        "configs": n,
+        "seed": seed,
+        "seconds": round(elapsed, 1),
+        "exit_codes": {str(k): v for k, v in sorted(exits.items(), key=str)},
+        "tracebacks": len(tracebacks),
+        "output_problems": len(problems) - len(tracebacks),
+        "wrong_accepts": len(wrong),
+        "harness_failures": len(harness),
+        "examples": {"problems": problems[:20], "wrong_accepts": wrong[:20]},
+    }
     print(f"fuzz: {n} configs (seed {seed}) in {elapsed:.0f} s; exit codes {summary['exit_codes']}")
-    print(f"  tracebacks: {summary['tracebacks']}; other output problems: {summary['output_problems']}; "
-          f"wrong accepts: {summary['wrong_accepts']}; "
-          f"harness failures: {len(harness)}")
+    print(
+        f"  tracebacks: {summary['tracebacks']}; other output problems: {summary['output_problems']}; "
+        f"wrong accepts: {summary['wrong_accepts']}; "
+        f"harness failures: {len(harness)}"
+    )
     for item in (problems + wrong)[:10]:
         print(f"  e.g. #{item['index']}: {item['problems'] or item['wrong_accept']} <- {item['changes']}")
     return summary
@@ -156,15 +176,19 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
     # Big files are written in pieces: this process must stay small, since a child's peak RSS
     # (wait4) starts from the parent's size at fork.
     _write_pieces(tmp / "string50m.yaml", ["a: '", *["x" * (1 << 20)] * 50, "'\n"])
-    _write_pieces(tmp / "keys4m.yaml", ("".join(f"k{i}: {i}\n" for i in range(j, j + 100_000)) for j in range(0, 4_200_000, 100_000)))
+    _write_pieces(
+        tmp / "keys4m.yaml",
+        ("".join(f"k{i}: {i}\n" for i in range(j, j + 100_000)) for j in range(0, 4_200_000, 100_000)),
+    )
     _write_pieces(tmp / "report_big.json", ["[", *["0," * (1 << 20)] * 40, "0]"])
     files = {
-        "bomb6.yaml": _alias_bomb(6), "bomb9.yaml": _alias_bomb(9),
+        "bomb6.yaml": _alias_bomb(6),
+        "bomb9.yaml": _alias_bomb(9),
         "deep.yaml": "a: " + "[" * 100_000 + "]" * 100_000 + "\n",
         "deep_block.yaml": "".join(" " * i + f"k{i}:\n" for i in range(2000)),
         "deep_block_small.yaml": "".join(" " * i + f"k{i}:\n" for i in range(200)),
         "recursive.yaml": "a: &a [*a]\n",
-        "newline_key.yaml": f"defaults: {ex}\nattention_align:\n  \"bad\\nkey\": 1\n",
+        "newline_key.yaml": f'defaults: {ex}\nattention_align:\n  "bad\\nkey": 1\n',
         "huge_value.yaml": f"defaults: {ex}\nattention_align:\n  on_mismatch: '{'v' * 200_000}'\n",
         "report_v1.0.json": json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": 1.0}),
         "report_true.json": json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": True}),
@@ -202,9 +226,22 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         ("check: override value 5000 brackets deep", [*CLI, "check", ex, "++a=" + "[" * 5000 + "]" * 5000], bad),
         ("check: key with a newline", [*CLI, "check", str(tmp / "newline_key.yaml")], bad),
         ("check: 200 KB value", [*CLI, "check", str(tmp / "huge_value.yaml")], bad),
-        ("check --json: 200 KB value", [*CLI, "check", "--json", str(tmp / "huge_value.yaml")], {"exit": 2, "lines": 2}),
-        ("check: unknown cp_comm_type with CP 2", [*CLI, "check", ex, "++policy.megatron_cfg.context_parallel_size=2",
-                                                  "++policy.megatron_cfg.model_overrides.cp_comm_type=bogus"], {"exit": 1}),
+        (
+            "check --json: 200 KB value",
+            [*CLI, "check", "--json", str(tmp / "huge_value.yaml")],
+            {"exit": 2, "lines": 2},
+        ),
+        (
+            "check: unknown cp_comm_type with CP 2",
+            [
+                *CLI,
+                "check",
+                ex,
+                "++policy.megatron_cfg.context_parallel_size=2",
+                "++policy.megatron_cfg.model_overrides.cp_comm_type=bogus",
+            ],
+            {"exit": 1},
+        ),
         ("report: /dev/zero", [*CLI, "report", "/dev/zero"], bad),
         ("report: FIFO", [*CLI, "report", str(tmp / "fifo")], bad),
         ("report: symlink loop", [*CLI, "report", str(tmp / "loop_a")], bad),
@@ -214,10 +251,26 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         ("report: JSON 500k levels deep", [*CLI, "report", str(tmp / "report_deep.json")], bad),
         ("report: 80 MB report", [*CLI, "report", str(tmp / "report_big.json")], bad),
         ("report: bad records listed as unreadable", [*CLI, "report", str(records)], {"exit": 0, "unreadable": 6}),
-        ("drift: --out under a file", [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", str(tmp / "afile" / "sub")], bad),
-        ("drift: --out is a file", [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", str(tmp / "afile")], bad),
-        ("drift: --out uncreatable (/proc)", [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", "/proc/x/y"], bad),
-        ("drift: --out component of 300 chars", [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", str(tmp / ("o" * 300))], bad),
+        (
+            "drift: --out under a file",
+            [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", str(tmp / "afile" / "sub")],
+            bad,
+        ),
+        (
+            "drift: --out is a file",
+            [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", str(tmp / "afile")],
+            bad,
+        ),
+        (
+            "drift: --out uncreatable (/proc)",
+            [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", "/proc/x/y"],
+            bad,
+        ),
+        (
+            "drift: --out component of 300 chars",
+            [*CLI, "drift", "--heads", "2", "--head-dim", "8", "--out", str(tmp / ("o" * 300))],
+            bad,
+        ),
     ]
 
 
@@ -234,7 +287,14 @@ def _run_measured(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str,
         err.seek(0)
         code = os.waitstatus_to_exitcode(status)
         cpu = usage.ru_utime + usage.ru_stime
-        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace"), elapsed, usage.ru_maxrss / 1024, cpu
+        return (
+            code,
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+            elapsed,
+            usage.ru_maxrss / 1024,
+            cpu,
+        )
 
 
 def _in_process_ms(argv: list[str]) -> float:
@@ -248,7 +308,7 @@ def _in_process_ms(argv: list[str]) -> float:
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
-            cli_main(argv[len(CLI):])
+            cli_main(argv[len(CLI) :])
         except SystemExit:
             pass
     return (time.perf_counter() - start) * 1e3
@@ -277,16 +337,32 @@ def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
             if "unreadable" in want:
                 ok = ok and f"unreadable: {want['unreadable']}" in text
             ok = ok and cpu < timeout_note and mb < memory_mb  # CPU time: wall time depends on the machine's load
-            rows.append({"case": name, "exit": code, "lines": lines, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3),
-                         "in_process_ms": round(in_process, 1), "peak_mb": round(mb, 1),
-                         "ok": ok, "output": (err or out).strip().splitlines()[0][:160] if text.strip() else ""})
-        print(f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s wall, {baseline[5]:.3f} s CPU, {baseline[4]:.1f} MB")
+            rows.append(
+                {
+                    "case": name,
+                    "exit": code,
+                    "lines": lines,
+                    "seconds": round(seconds, 3),
+                    "cpu_s": round(cpu, 3),
+                    "in_process_ms": round(in_process, 1),
+                    "peak_mb": round(mb, 1),
+                    "ok": ok,
+                    "output": (err or out).strip().splitlines()[0][:160] if text.strip() else "",
+                }
+            )
+        print(
+            f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s wall, {baseline[5]:.3f} s CPU, {baseline[4]:.1f} MB"
+        )
     print(f"{'case':<46} {'exit':>4} {'lines':>5} {'wall s':>6} {'cpu s':>6} {'in-proc ms':>10} {'MB':>6}  ok  output")
     for r in rows:
-        print(f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} {r['in_process_ms']:>10.1f} {r['peak_mb']:>6.1f}  "
-              f"{'yes' if r['ok'] else 'NO '} {r['output']}")
-    print(f"{sum(r['ok'] for r in rows)}/{len(rows)} cases as expected (exit, one line, < {timeout_note} s CPU, < {memory_mb} MB); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(
+            f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} {r['in_process_ms']:>10.1f} {r['peak_mb']:>6.1f}  "
+            f"{'yes' if r['ok'] else 'NO '} {r['output']}"
+        )
+    print(
+        f"{sum(r['ok'] for r in rows)}/{len(rows)} cases as expected (exit, one line, < {timeout_note} s CPU, < {memory_mb} MB); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     return rows
 
 

@@ -37,7 +37,9 @@ def best_of(fn, repeat: int) -> float:
 def sdpa_thd(q, k, v):
     """Causal GQA SDPA on ``[S, H, D]`` tensors (as views ``[1, H, S, D]``), output ``[S, Hq, D]``."""
     qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k, v))
-    return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+    return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)[0].transpose(
+        0, 1
+    )
 
 
 def reference_out(q, k, v):
@@ -63,8 +65,10 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {args.repeat}, causal, GQA")
-    print(f"{'shape':34s} {'dtype':9s} {'sdpa s':>8s} {'reference s':>12s} {'ratio':>6s}  target <= {TARGET}x"
-          f"  {'sdpa f+b s':>10s} {'ref f+b s':>10s} {'f+b ratio':>9s}")
+    print(
+        f"{'shape':34s} {'dtype':9s} {'sdpa s':>8s} {'reference s':>12s} {'ratio':>6s}  target <= {TARGET}x"
+        f"  {'sdpa f+b s':>10s} {'ref f+b s':>10s} {'f+b ratio':>9s}"
+    )
     worst, worst_both = 0.0, 0.0
     for label, seq, heads, kv_heads, dim in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
@@ -80,9 +84,13 @@ def main() -> int:
             b_ref = best_of(forward_backward(reference_out, (q, k, v), grad_out), args.repeat)
             ratio, ratio_both = t_ref / t_sdpa, b_ref / b_sdpa
             worst, worst_both = max(worst, ratio), max(worst_both, ratio_both)
-            print(f"{label:34s} {str(dtype)[6:]:9s} {t_sdpa:8.3f} {t_ref:12.3f} {ratio:6.2f}  {'ok' if ratio <= TARGET else 'OVER':15s}"
-                  f"  {b_sdpa:10.3f} {b_ref:10.3f} {ratio_both:9.2f}")
-    print(f"worst forward ratio {worst:.2f} (target {TARGET}); worst forward+backward ratio {worst_both:.2f} (no target)")
+            print(
+                f"{label:34s} {str(dtype)[6:]:9s} {t_sdpa:8.3f} {t_ref:12.3f} {ratio:6.2f}  {'ok' if ratio <= TARGET else 'OVER':15s}"
+                f"  {b_sdpa:10.3f} {b_ref:10.3f} {ratio_both:9.2f}"
+            )
+    print(
+        f"worst forward ratio {worst:.2f} (target {TARGET}); worst forward+backward ratio {worst_both:.2f} (no target)"
+    )
     return 0
 
 

@@ -27,7 +27,12 @@ def make_venv(path: Path, with_plugin: bool) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     if with_plugin:
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True).stdout.strip()
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         Path(site, "_nemo_rl_attn_align_src.pth").write_text(f"{REPO}\n")  # sorts before the import line's file
         Path(site, "nemo_rl_attn_align.pth").write_text((REPO / "nemo_rl_attn_align.pth").read_text())
     return python
@@ -40,7 +45,9 @@ def wall_ms(python: Path, env: dict) -> float:
 
 
 def plugin_import_us(python: Path, env: dict) -> dict[str, int]:
-    out = subprocess.run([str(python), "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+        [str(python), "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True, check=True
+    ).stderr
     selfs = {}
     for line in out.splitlines():
         parts = [p.strip() for p in line.split("|")]

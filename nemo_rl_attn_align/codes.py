@@ -12,7 +12,6 @@ Adding a code: one member here; a rule code also needs its rule in ``preflight/r
 from __future__ import annotations
 
 import enum
-from typing import Union
 
 from nemo_rl_attn_align.errors import Severity
 
@@ -38,95 +37,227 @@ class Code(str, enum.Enum):
     that say when it varies (``severity`` is then None and ``severity_text`` gives the words)."""
 
     # --- preflight rules (README "Rules") ----------------------------------------------------
-    CONFIG_VALUE_INVALID = ("CONFIG_VALUE_INVALID", RULE, ERROR, "a key the rules read has a value NeMo-RL or "
-                            "Megatron rejects (wrong type, out of range, broken structure).")
-    FLAG_NOT_BOOLEAN = ("FLAG_NOT_BOOLEAN", RULE, WARNING, "a Megatron flag is not true/false; Megatron reads it "
-                        "by truthiness (1, 'false', 'no' are on).")
-    ATTN_BACKEND_INVALID = ("ATTN_BACKEND_INVALID", RULE, ERROR, "attention_backend is not one of flash, fused, "
-                            "unfused, local, auto (exact, lower case).")
-    ATTN_BACKEND_NULL = ("ATTN_BACKEND_NULL", RULE, WARNING, "attention_backend: null; NeMo-RL treats it as unset, "
-                         "so Megatron's default (auto) applies.")
-    PRECISION_INVALID = ("PRECISION_INVALID", RULE, ERROR, "policy.precision or megatron_cfg.pipeline_dtype is not "
-                         "float32, bfloat16 or float16.")
-    FLASH_REQUIRES_HALF_PRECISION = ("FLASH_REQUIRES_HALF_PRECISION", RULE, ERROR, "flash with policy.precision "
-                                     "float32: TE's FlashAttention runs only fp16/bf16 and fails at the first forward.")
-    FUSED_REQUIRES_HALF_PRECISION = ("FUSED_REQUIRES_HALF_PRECISION", RULE, ERROR, "fused with policy.precision "
-                                     "float32: TE's FusedAttention (cuDNN) runs only fp16/bf16/fp8.")
-    PRECISION_OVERRIDE_IGNORED = ("PRECISION_OVERRIDE_IGNORED", RULE, WARNING, "model_overrides sets "
-                                  "params_dtype/bf16/fp16, which NeMo-RL overwrites from policy.precision.")
-    LOCAL_REQUIRES_LOCAL_SPEC = ("LOCAL_REQUIRES_LOCAL_SPEC", RULE, ERROR, "local needs megatron_cfg.transformer_impl: "
-                                 "local; with the TE layer spec TE is left no backend.")
-    LOCAL_NO_CONTEXT_PARALLEL = ("LOCAL_NO_CONTEXT_PARALLEL", RULE, ERROR, "transformer_impl local with "
-                                 "context_parallel_size > 1: Megatron's own DotProductAttention asserts CP is "
-                                 "TE-only.")
-    BACKEND_IGNORED_BY_LOCAL_SPEC = ("BACKEND_IGNORED_BY_LOCAL_SPEC", RULE, WARNING, "flash/fused/unfused/auto with "
-                                     "transformer_impl local: Megatron's own attention runs, TE's backends are not "
-                                     "used.")
-    UNFUSED_NO_CONTEXT_PARALLEL = ("UNFUSED_NO_CONTEXT_PARALLEL", RULE, ERROR, "unfused with "
-                                   "context_parallel_size > 1: TE disables UnfusedDotProductAttention under CP.")
-    FP32_CONTEXT_PARALLEL_NO_BACKEND = ("FP32_CONTEXT_PARALLEL_NO_BACKEND", RULE, ERROR, "float32 with "
-                                        "context_parallel_size > 1 on TE: only Unfused runs FP32 and it has no CP.")
-    FLASH_UNSUPPORTED_SOFTMAX = ("FLASH_UNSUPPORTED_SOFTMAX", RULE, ERROR, "flash with a non-vanilla softmax (gpt-oss "
-                                 "learnable sinks): TE disables FlashAttention (NeMo-RL #1685).")
-    BATCH_INVARIANT_REQUIRES_FLASH = ("BATCH_INVARIANT_REQUIRES_FLASH", RULE, ERROR, "batch_invariant_mode with a "
-                                      "backend other than flash: TransformerConfig asserts flash.")
-    BATCH_INVARIANT_REQUIRES_BF16 = ("BATCH_INVARIANT_REQUIRES_BF16", RULE, ERROR,
-                                     "batch_invariant_mode needs policy.precision bfloat16.")
-    BATCH_INVARIANT_NO_CONTEXT_PARALLEL = ("BATCH_INVARIANT_NO_CONTEXT_PARALLEL", RULE, ERROR,
-                                           "batch_invariant_mode needs context_parallel_size 1.")
-    MODEL_OVERRIDE_CONFLICT = ("MODEL_OVERRIDE_CONFLICT", RULE, ERROR, "model_overrides repeats a first-class "
-                               "attention key; NeMo-RL rejects it at worker start.")
-    NVTE_ENV_CONFLICT = ("NVTE_ENV_CONFLICT", RULE, ERROR, "NVTE_* in the environment or megatron_cfg.env_vars "
-                         "disagrees with what Megatron sets; its assert fails at model build.")
-    NVTE_ENV_DISCARDED = ("NVTE_ENV_DISCARDED", RULE, WARNING, "NVTE_* set while attention_backend is set: NeMo-RL "
-                          "removes it before the model is built, so it has no effect.")
-    BACKEND_WITHOUT_MEGATRON = ("BACKEND_WITHOUT_MEGATRON", RULE, WARNING, "attention_backend set while "
-                                "megatron_cfg.enabled is not truthy: it has no effect.")
+    CONFIG_VALUE_INVALID = (
+        "CONFIG_VALUE_INVALID",
+        RULE,
+        ERROR,
+        "a key the rules read has a value NeMo-RL or Megatron rejects (wrong type, out of range, broken structure).",
+    )
+    FLAG_NOT_BOOLEAN = (
+        "FLAG_NOT_BOOLEAN",
+        RULE,
+        WARNING,
+        "a Megatron flag is not true/false; Megatron reads it by truthiness (1, 'false', 'no' are on).",
+    )
+    ATTN_BACKEND_INVALID = (
+        "ATTN_BACKEND_INVALID",
+        RULE,
+        ERROR,
+        "attention_backend is not one of flash, fused, unfused, local, auto (exact, lower case).",
+    )
+    ATTN_BACKEND_NULL = (
+        "ATTN_BACKEND_NULL",
+        RULE,
+        WARNING,
+        "attention_backend: null; NeMo-RL treats it as unset, so Megatron's default (auto) applies.",
+    )
+    PRECISION_INVALID = (
+        "PRECISION_INVALID",
+        RULE,
+        ERROR,
+        "policy.precision or megatron_cfg.pipeline_dtype is not float32, bfloat16 or float16.",
+    )
+    FLASH_REQUIRES_HALF_PRECISION = (
+        "FLASH_REQUIRES_HALF_PRECISION",
+        RULE,
+        ERROR,
+        "flash with policy.precision float32: TE's FlashAttention runs only fp16/bf16 and fails at the first forward.",
+    )
+    FUSED_REQUIRES_HALF_PRECISION = (
+        "FUSED_REQUIRES_HALF_PRECISION",
+        RULE,
+        ERROR,
+        "fused with policy.precision float32: TE's FusedAttention (cuDNN) runs only fp16/bf16/fp8.",
+    )
+    PRECISION_OVERRIDE_IGNORED = (
+        "PRECISION_OVERRIDE_IGNORED",
+        RULE,
+        WARNING,
+        "model_overrides sets params_dtype/bf16/fp16, which NeMo-RL overwrites from policy.precision.",
+    )
+    LOCAL_REQUIRES_LOCAL_SPEC = (
+        "LOCAL_REQUIRES_LOCAL_SPEC",
+        RULE,
+        ERROR,
+        "local needs megatron_cfg.transformer_impl: local; with the TE layer spec TE is left no backend.",
+    )
+    LOCAL_NO_CONTEXT_PARALLEL = (
+        "LOCAL_NO_CONTEXT_PARALLEL",
+        RULE,
+        ERROR,
+        "transformer_impl local with "
+        "context_parallel_size > 1: Megatron's own DotProductAttention asserts CP is "
+        "TE-only.",
+    )
+    BACKEND_IGNORED_BY_LOCAL_SPEC = (
+        "BACKEND_IGNORED_BY_LOCAL_SPEC",
+        RULE,
+        WARNING,
+        "flash/fused/unfused/auto with "
+        "transformer_impl local: Megatron's own attention runs, TE's backends are not "
+        "used.",
+    )
+    UNFUSED_NO_CONTEXT_PARALLEL = (
+        "UNFUSED_NO_CONTEXT_PARALLEL",
+        RULE,
+        ERROR,
+        "unfused with context_parallel_size > 1: TE disables UnfusedDotProductAttention under CP.",
+    )
+    FP32_CONTEXT_PARALLEL_NO_BACKEND = (
+        "FP32_CONTEXT_PARALLEL_NO_BACKEND",
+        RULE,
+        ERROR,
+        "float32 with context_parallel_size > 1 on TE: only Unfused runs FP32 and it has no CP.",
+    )
+    FLASH_UNSUPPORTED_SOFTMAX = (
+        "FLASH_UNSUPPORTED_SOFTMAX",
+        RULE,
+        ERROR,
+        "flash with a non-vanilla softmax (gpt-oss learnable sinks): TE disables FlashAttention (NeMo-RL #1685).",
+    )
+    BATCH_INVARIANT_REQUIRES_FLASH = (
+        "BATCH_INVARIANT_REQUIRES_FLASH",
+        RULE,
+        ERROR,
+        "batch_invariant_mode with a backend other than flash: TransformerConfig asserts flash.",
+    )
+    BATCH_INVARIANT_REQUIRES_BF16 = (
+        "BATCH_INVARIANT_REQUIRES_BF16",
+        RULE,
+        ERROR,
+        "batch_invariant_mode needs policy.precision bfloat16.",
+    )
+    BATCH_INVARIANT_NO_CONTEXT_PARALLEL = (
+        "BATCH_INVARIANT_NO_CONTEXT_PARALLEL",
+        RULE,
+        ERROR,
+        "batch_invariant_mode needs context_parallel_size 1.",
+    )
+    MODEL_OVERRIDE_CONFLICT = (
+        "MODEL_OVERRIDE_CONFLICT",
+        RULE,
+        ERROR,
+        "model_overrides repeats a first-class attention key; NeMo-RL rejects it at worker start.",
+    )
+    NVTE_ENV_CONFLICT = (
+        "NVTE_ENV_CONFLICT",
+        RULE,
+        ERROR,
+        "NVTE_* in the environment or megatron_cfg.env_vars "
+        "disagrees with what Megatron sets; its assert fails at model build.",
+    )
+    NVTE_ENV_DISCARDED = (
+        "NVTE_ENV_DISCARDED",
+        RULE,
+        WARNING,
+        "NVTE_* set while attention_backend is set: NeMo-RL removes it before the model is built, so it has no effect.",
+    )
+    BACKEND_WITHOUT_MEGATRON = (
+        "BACKEND_WITHOUT_MEGATRON",
+        RULE,
+        WARNING,
+        "attention_backend set while megatron_cfg.enabled is not truthy: it has no effect.",
+    )
 
     # --- binding (docs/report-schema.md "Codes") ---------------------------------------------
     IDENTITY_MISMATCH = ("ATTN_IDENTITY_MISMATCH", BINDING, ERROR, "an identity field differs between the sides")
     SEMANTIC_SIDES_DIFFER = ("ATTN_SEMANTIC_SIDES_DIFFER", BINDING, ERROR, "a semantic field differs between the sides")
     SEMANTIC_MANDATE = ("ATTN_SEMANTIC_MANDATE", BINDING, ERROR, "a side's semantic field differs from the mandate")
-    DTYPE_DIFFERENCE_ALLOWED = ("ATTN_DTYPE_DIFFERENCE_ALLOWED", BINDING, INFO,
-                                "dtype differs, allowed by `allow_dtype_difference`")
-    RECORDED_DIFFERENCE = ("ATTN_RECORDED_DIFFERENCE", BINDING, INFO,
-                           "a recorded field differs (listed, never rejected)")
+    DTYPE_DIFFERENCE_ALLOWED = (
+        "ATTN_DTYPE_DIFFERENCE_ALLOWED",
+        BINDING,
+        INFO,
+        "dtype differs, allowed by `allow_dtype_difference`",
+    )
+    RECORDED_DIFFERENCE = (
+        "ATTN_RECORDED_DIFFERENCE",
+        BINDING,
+        INFO,
+        "a recorded field differs (listed, never rejected)",
+    )
     UNOBSERVABLE = ("ATTN_UNOBSERVABLE", BINDING, WARNING, "a field has no runtime readback on a side: not comparable")
-    PENDING = ("ATTN_PENDING", BINDING, WARNING,
-               "a field is known only once the engines run (previews): not comparable")
+    PENDING = (
+        "ATTN_PENDING",
+        BINDING,
+        WARNING,
+        "a field is known only once the engines run (previews): not comparable",
+    )
 
     # --- determinism -------------------------------------------------------------------------
-    DETERMINISM_BLOCKING = ("DET_BLOCKING_MISMATCH", DETERMINISM, ERROR, "NCCL_ALGO, NCCL_PROTO or "
-                            "CUBLAS_WORKSPACE_CONFIG means different things on the two sides")
-    DETERMINISM_RECORDED = ("DET_RECORDED_DIFFERENCE", DETERMINISM, INFO,
-                            "another determinism variable or torch flag differs")
-    DETERMINISM_EQUIVALENT = ("DET_EQUIVALENT", DETERMINISM, INFO, "different values with the same meaning "
-                              "(e.g. `:4096:8` and `:16:8`, unset and the default)")
+    DETERMINISM_BLOCKING = (
+        "DET_BLOCKING_MISMATCH",
+        DETERMINISM,
+        ERROR,
+        "NCCL_ALGO, NCCL_PROTO or CUBLAS_WORKSPACE_CONFIG means different things on the two sides",
+    )
+    DETERMINISM_RECORDED = (
+        "DET_RECORDED_DIFFERENCE",
+        DETERMINISM,
+        INFO,
+        "another determinism variable or torch flag differs",
+    )
+    DETERMINISM_EQUIVALENT = (
+        "DET_EQUIVALENT",
+        DETERMINISM,
+        INFO,
+        "different values with the same meaning (e.g. `:4096:8` and `:16:8`, unset and the default)",
+    )
     DETERMINISM_NOT_PROBED = ("DET_NOT_PROBED", DETERMINISM, INFO, "a side's torch flags were not read")
 
     # --- report ------------------------------------------------------------------------------
     WORKER_DIVERGES = ("REPORT_WORKER_DIVERGES", REPORT, ERROR, "a worker disagrees with the first worker of its side")
     WORKER_MISSING = ("REPORT_WORKER_MISSING", REPORT, WARNING, "an expected worker wrote no record")
-    RECORD_UNREADABLE = ("REPORT_RECORD_UNREADABLE", REPORT, WARNING,
-                         "a worker record or host detail could not be read")
-    SIDE_MISSING = ("REPORT_SIDE_MISSING", REPORT,
-                    "warning (error with `attention_align.strict: true` when the config says how many workers "
-                    "the side starts)", "no worker of a side wrote a record")
-    SIDE_ABSENT = ("REPORT_SIDE_ABSENT", REPORT, INFO, "the run has no such side by design (e.g. SFT: no rollout "
-                   "side); the binding is not applicable")
-    WORKER_FINDING = ("REPORT_WORKER_FINDING", REPORT, WARNING, "a worker's hook found a difference between request "
-                      "and reality (e.g. the attention backend Transformer Engine ran)")
+    RECORD_UNREADABLE = (
+        "REPORT_RECORD_UNREADABLE",
+        REPORT,
+        WARNING,
+        "a worker record or host detail could not be read",
+    )
+    SIDE_MISSING = (
+        "REPORT_SIDE_MISSING",
+        REPORT,
+        "warning (error with `attention_align.strict: true` when the config says how many workers the side starts)",
+        "no worker of a side wrote a record",
+    )
+    SIDE_ABSENT = (
+        "REPORT_SIDE_ABSENT",
+        REPORT,
+        INFO,
+        "the run has no such side by design (e.g. SFT: no rollout side); the binding is not applicable",
+    )
+    WORKER_FINDING = (
+        "REPORT_WORKER_FINDING",
+        REPORT,
+        WARNING,
+        "a worker's hook found a difference between request "
+        "and reality (e.g. the attention backend Transformer Engine ran)",
+    )
 
     # --- preset ------------------------------------------------------------------------------
-    PRESET_REFUSED = ("ALIGN_PRESET_REFUSED", PRESET, ERROR, "`attention_align.preset: aligned` left a mismatch: "
-                      "removing it takes a change the preset never makes (parallel layout, rollout precision) or "
-                      "no setting removes it; the finding says which")
+    PRESET_REFUSED = (
+        "ALIGN_PRESET_REFUSED",
+        PRESET,
+        ERROR,
+        "`attention_align.preset: aligned` left a mismatch: "
+        "removing it takes a change the preset never makes (parallel layout, rollout precision) or "
+        "no setting removes it; the finding says which",
+    )
 
     _kind: Kind
-    _severity: Union[Severity, str]
+    _severity: Severity | str
     _summary: str
 
-    def __new__(cls, value: str, kind: Kind, severity: Union[Severity, str], summary: str) -> "Code":
+    def __new__(cls, value: str, kind: Kind, severity: Severity | str, summary: str) -> Code:
         member = str.__new__(cls, value)
         member._value_ = value
         member._kind = kind

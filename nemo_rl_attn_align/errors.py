@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from nemo_rl_attn_align.limits import shown, shown_text
 
@@ -45,8 +46,10 @@ def strict_json(value: Any) -> Any:
 def format_finding(finding: Mapping[str, Any]) -> str:
     """One human-readable line for a finding in its dict form (``Finding.to_dict()``); long values
     are cut and control characters escaped, so it stays one readable line."""
-    return (f"{finding['severity']} {finding['code']}: {shown_text(str(finding['key']))}={shown(finding['value'])}: "
-            f"{shown_text(str(finding['message']), 1000)} Fix: {shown_text(str(finding['fix']), 1000)}")
+    return (
+        f"{finding['severity']} {finding['code']}: {shown_text(str(finding['key']))}={shown(finding['value'])}: "
+        f"{shown_text(str(finding['message']), 1000)} Fix: {shown_text(str(finding['fix']), 1000)}"
+    )
 
 
 #: How every error the plugin raises inside a host process names its origin.

@@ -37,14 +37,19 @@ class InputRefused(ValueError):
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO (named pipe)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
         if test(mode):
             return name
     return "special file"
 
 
-def read_text(path: "os.PathLike[str] | str", limit: int, what: str) -> str:
+def read_text(path: os.PathLike[str] | str, limit: int, what: str) -> str:
     """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes.
 
     Opens without blocking (a FIFO never hangs), refuses anything but a regular file and any file
@@ -91,7 +96,7 @@ def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     """``repr(value)`` on one line, cut to ``limit`` characters (its full length said) for error lines."""
     try:
         text = repr(value)
-    except Exception as err:  # noqa: BLE001 - e.g. an int too long for repr
+    except Exception as err:
         text = f"<{type(value).__name__}: {type(err).__name__}>"
     return shown_text(text, limit)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def did_you_mean(value: str, choices: Sequence[str], aliases: Mapping[str, str] | None = None) -> str | None:
@@ -12,7 +13,11 @@ def did_you_mean(value: str, choices: Sequence[str], aliases: Mapping[str, str] 
     if aliases and lowered in aliases:
         return aliases[lowered]
     for name in choices:
-        if lowered == name.lower() or lowered.startswith(name.lower()) or (len(lowered) >= 3 and name.lower().startswith(lowered)):
+        if (
+            lowered == name.lower()
+            or lowered.startswith(name.lower())
+            or (len(lowered) >= 3 and name.lower().startswith(lowered))
+        ):
             return name
     close = difflib.get_close_matches(lowered, [c.lower() for c in choices], n=1, cutoff=0.6)
     if not close:

@@ -48,8 +48,11 @@ def updated(text: str, names: tuple[str, ...]) -> str:
 
 def stale(root: Path = REPO) -> list[str]:
     """The files under ``root`` whose tables differ from the registry."""
-    return [name for name, tables in FILES.items()
-            if updated((root / name).read_text(), tables) != (root / name).read_text()]
+    return [
+        name
+        for name, tables in FILES.items()
+        if updated((root / name).read_text(), tables) != (root / name).read_text()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,14 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
     args = parser.parse_args(argv)
     if Path(codes.__file__).resolve().parent.parent != REPO:
-        print(f"imports nemo_rl_attn_align from {Path(codes.__file__).parent}, not from {REPO}; "
-              f"run it with PYTHONPATH={REPO}", file=sys.stderr)
+        print(
+            f"imports nemo_rl_attn_align from {Path(codes.__file__).parent}, not from {REPO}; "
+            f"run it with PYTHONPATH={REPO}",
+            file=sys.stderr,
+        )
         return 2
     differ = stale()
     if args.check:
         for name in differ:
-            print(f"{name}: a code table differs from nemo_rl_attn_align/codes.py; "
-                  "run python scripts/update_code_tables.py", file=sys.stderr)
+            print(
+                f"{name}: a code table differs from nemo_rl_attn_align/codes.py; "
+                "run python scripts/update_code_tables.py",
+                file=sys.stderr,
+            )
         return 1 if differ else 0
     for name in differ:
         path = REPO / name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
 from nemo_rl_attn_align.contract.schema import (
     DOWNCASTS,
     DTYPES,
@@ -17,7 +18,6 @@ from nemo_rl_attn_align.contract.schema import (
     REDUCTION_ORDERS,
     Provenance,
 )
-from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
 
 SAMPLES = {
     "architecture": ("Qwen2ForCausalLM", "LlamaForCausalLM"),
@@ -31,7 +31,10 @@ SAMPLES = {
     "layer_windows": ([None, None], [4095, None]),
     "logit_softcapping": (None, 50.0),
     "rope_type": ("default", "yarn"),
-    "rope_parameters": ({"theta": 1000000.0, "partial_rotary_factor": 1.0}, {"theta": 10000.0, "partial_rotary_factor": 1.0}),
+    "rope_parameters": (
+        {"theta": 1000000.0, "partial_rotary_factor": 1.0},
+        {"theta": 10000.0, "partial_rotary_factor": 1.0},
+    ),
     "vocab_size": (151936, 151665),
     "tokenizer": ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
     "batch_size": (512, 256),
@@ -63,11 +66,14 @@ SAMPLES = {
 }
 
 #: The mandate the first sample values meet exactly.
-MANDATE_OF_SAMPLES = {name: SAMPLES[name][0] for name in ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")}
+MANDATE_OF_SAMPLES = {
+    name: SAMPLES[name][0] for name in ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")
+}
 
 
-def full_contract(side: str = "training", worker_id: str = "w0", provenance: Provenance = Provenance.OBSERVED,
-                  **changes: FieldValue) -> AttentionContract:
+def full_contract(
+    side: str = "training", worker_id: str = "w0", provenance: Provenance = Provenance.OBSERVED, **changes: FieldValue
+) -> AttentionContract:
     """A contract with every field at its first sample value, then ``changes`` applied."""
     b = ContractBuilder(side, worker_id)
     for name, (value, _) in SAMPLES.items():
@@ -78,15 +84,19 @@ def full_contract(side: str = "training", worker_id: str = "w0", provenance: Pro
 
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
-_json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63), st.floats(allow_nan=False, allow_infinity=False), _text)
-_json = st.recursive(_json_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3), max_leaves=6)
-_pos = st.integers(1, 2 ** 40)
+_json_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False, allow_infinity=False), _text
+)
+_json = st.recursive(
+    _json_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3), max_leaves=6
+)
+_pos = st.integers(1, 2**40)
 
 _BY_NAME = {
     "softmax_scale": st.floats(width=32, allow_nan=False, allow_infinity=False),
     "causal": st.booleans(),
-    "sliding_window": st.one_of(st.none(), st.integers(0, 2 ** 31)),
-    "layer_windows": st.lists(st.one_of(st.none(), st.integers(0, 2 ** 31)), min_size=1, max_size=4),
+    "sliding_window": st.one_of(st.none(), st.integers(0, 2**31)),
+    "layer_windows": st.lists(st.one_of(st.none(), st.integers(0, 2**31)), min_size=1, max_size=4),
     "logit_softcapping": st.one_of(st.none(), st.floats(min_value=0.125, max_value=1024.0, width=32)),
     "rope_parameters": st.dictionaries(_text, _json, max_size=4),
     "versions": st.dictionaries(_text, _json, max_size=4),
@@ -96,8 +106,10 @@ _BY_NAME = {
     "downcast": st.sampled_from(DOWNCASTS),
     "dtype": st.sampled_from(DTYPES),
     "backend": st.one_of(_text, st.dictionaries(_text, _text, max_size=3)),
-    "split_kv_policy": st.one_of(st.sampled_from(("none", "heuristic")),
-                                 st.builds(lambda k, n: f"{k}:{n}", st.sampled_from(("fixed_count", "fixed_size")), _pos)),
+    "split_kv_policy": st.one_of(
+        st.sampled_from(("none", "heuristic")),
+        st.builds(lambda k, n: f"{k}:{n}", st.sampled_from(("fixed_count", "fixed_size")), _pos),
+    ),
     "kv_cache_dtype": st.one_of(st.none(), _text),
     "prefix_caching": st.one_of(st.none(), st.booleans()),
     "cp_layout": st.sampled_from(("none", "load_balanced", "contiguous")),

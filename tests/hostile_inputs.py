@@ -19,7 +19,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -38,12 +38,42 @@ NVTE = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 _M = "policy.megatron_cfg"
 _MO = f"{_M}.model_overrides"
 _A = "attention_align"
-_ODD = [None, "", " ", [], {}, [1], {"a": 1}, 1.5, -1, 0, True, False, float("nan"), float("inf"), "line\nbreak", "x" * 3000]
+_ODD = [
+    None,
+    "",
+    " ",
+    [],
+    {},
+    [1],
+    {"a": 1},
+    1.5,
+    -1,
+    0,
+    True,
+    False,
+    float("nan"),
+    float("inf"),
+    "line\nbreak",
+    "x" * 3000,
+]
 
 #: dotted key -> values to draw (valid ones, near misses, wrong types, broken structure).
 POOLS: dict[str, list] = {
     f"{_M}.enabled": [True, False, UNSET],
-    f"{_M}.attention_backend": [*BACKENDS, None, UNSET, "Flash", " flash", "flash_attn", "FLASH", 1, True, [], {"a": 1}, "x" * 3000],
+    f"{_M}.attention_backend": [
+        *BACKENDS,
+        None,
+        UNSET,
+        "Flash",
+        " flash",
+        "flash_attn",
+        "FLASH",
+        1,
+        True,
+        [],
+        {"a": 1},
+        "x" * 3000,
+    ],
     "policy.precision": [*PRECISIONS, "bf16", "fp32", "BFLOAT16", "half", 16, True, None, [], "bfloat16\n"],
     f"{_M}.pipeline_dtype": [*PRECISIONS, UNSET, "bf16", None, 1, {}],
     f"{_M}.transformer_impl": [*IMPLS, UNSET, "TE", "te", "Local", "", None, 1, True, ["local"]],
@@ -55,8 +85,18 @@ POOLS: dict[str, list] = {
     f"{_MO}.attention_backend": [UNSET, UNSET, "fused"],
     f"{_MO}.deterministic_mode": [UNSET, True, 1, "x"],
     f"{_M}.model_overrides": [UNSET, None, {}, "oops", 5, [], [1], True],
-    f"{_M}.env_vars": [UNSET, None, {}, {"NVTE_FLASH_ATTN": "0"}, {"NVTE_FUSED_ATTN": 1}, {"NVTE_UNFUSED_ATTN": "1"},
-                       {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "1"}, "NVTE_FLASH_ATTN=1", ["a"], 5],
+    f"{_M}.env_vars": [
+        UNSET,
+        None,
+        {},
+        {"NVTE_FLASH_ATTN": "0"},
+        {"NVTE_FUSED_ATTN": 1},
+        {"NVTE_UNFUSED_ATTN": "1"},
+        {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "1"},
+        "NVTE_FLASH_ATTN=1",
+        ["a"],
+        5,
+    ],
     _M: [UNSET, "flash", 1, [], None],
     "policy.model_name": ["Qwen/Qwen3-8B", "openai/gpt-oss-20b", "", 7, None, ["x"]],
     f"{_A}.on_mismatch": [UNSET, "error", "warn", "record", "Warn", "", None, 1, True],
@@ -120,7 +160,7 @@ def _is_int_count(value: Any) -> bool:
     return isinstance(value, int) and value >= 1  # True is Python's 1, as Megatron's arithmetic sees it
 
 
-def rejection(cfg: dict) -> Optional[str]:
+def rejection(cfg: dict) -> str | None:
     """Why NeMo-RL, Megatron, Transformer Engine or the attention_align schema reject ``cfg``
     (a resolved config), or None when no rule of theirs modelled here does. Megatron counts as
     enabled when ``megatron_cfg.enabled`` is truthy, as NeMo-RL's ``bool(...get("enabled", False))``
@@ -148,7 +188,7 @@ def rejection(cfg: dict) -> Optional[str]:
     return _megatron_rejection(mcfg, precision)
 
 
-def _megatron_rejection(mcfg: dict, precision: Any) -> Optional[str]:
+def _megatron_rejection(mcfg: dict, precision: Any) -> str | None:
     pipeline = mcfg.get("pipeline_dtype", UNSET)
     if not is_unset(pipeline) and not (isinstance(pipeline, str) and pipeline in PRECISIONS):
         return "pipeline_dtype not in NeMo-RL's dtype_map"
@@ -207,7 +247,7 @@ def _megatron_rejection(mcfg: dict, precision: Any) -> Optional[str]:
     return None
 
 
-def _attention_align_rejection(cfg: dict) -> Optional[str]:
+def _attention_align_rejection(cfg: dict) -> str | None:
     block = cfg.get(_A, UNSET)
     if block is None or is_unset(block):
         return None
@@ -223,7 +263,11 @@ def _attention_align_rejection(cfg: dict) -> Optional[str]:
     for flag in ("allow_dtype_difference", "strict"):
         if flag in block and not isinstance(block[flag], bool):
             return flag
-    if "report_dir" in block and block["report_dir"] is not None and not (isinstance(block["report_dir"], str) and block["report_dir"].strip()):
+    if (
+        "report_dir" in block
+        and block["report_dir"] is not None
+        and not (isinstance(block["report_dir"], str) and block["report_dir"].strip())
+    ):
         return "report_dir"
     mandate = block.get("mandate", {})
     if not isinstance(mandate, dict):
@@ -262,7 +306,7 @@ class Outcome:
     exit_code: Any
     stdout: str
     stderr: str
-    exception: Optional[BaseException] = None
+    exception: BaseException | None = None
     problems: list = field(default_factory=list)
 
 
@@ -277,7 +321,7 @@ def run_check(path: Path, overrides: list[str] = (), as_json: bool = False) -> O
             code = cli_main(argv)
         except SystemExit as exc:  # argparse
             code = exc.code
-        except BaseException as exc:  # noqa: BLE001 - what a user would see as a traceback
+        except BaseException as exc:
             code, exception = None, exc
     outcome = Outcome(code, out.getvalue(), err.getvalue(), exception)
     outcome.problems = output_problems(outcome, as_json)
@@ -328,7 +372,11 @@ def hydra_literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else ("inf" if value == math.inf else ("-inf" if value == -math.inf else repr(value)))
+        return (
+            "nan"
+            if math.isnan(value)
+            else ("inf" if value == math.inf else ("-inf" if value == -math.inf else repr(value)))
+        )
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):

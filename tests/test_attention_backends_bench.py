@@ -62,9 +62,13 @@ def test_command_line_defaults_and_refusals(bench, capsys):
     args = bench.parse_args([])
     assert (args.seqs, args.batch, args.heads, args.kv_heads, args.head_dim) == ([1024, 4096, 8192], 1, 32, 8, 128)
     assert args.backends == ["flash", "fused", "unfused", "reference"] and args.worker is None
-    for argv, says in ((["--heads", "30"], "multiple of --kv-heads"), (["--seqs", "1024", "0"], "--seqs must be positive"),
-                       (["--iters", "0"], "--iters must be at least 1"), (["--backends", "sdpa"], "invalid choice"),
-                       (["--worker", "flash"], "--worker needs --worker-out")):
+    for argv, says in (
+        (["--heads", "30"], "multiple of --kv-heads"),
+        (["--seqs", "1024", "0"], "--seqs must be positive"),
+        (["--iters", "0"], "--iters must be at least 1"),
+        (["--backends", "sdpa"], "invalid choice"),
+        (["--worker", "flash"], "--worker needs --worker-out"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             bench.parse_args(argv)
         assert exit_info.value.code == 2 and says in capsys.readouterr().err
@@ -77,9 +81,17 @@ def measured(backend, **rows):
 def test_rows_carry_tflops_fraction_and_what_te_ran(bench):
     args = Namespace(seqs=[1024, 4096], batch=1, heads=32, kv_heads=8, head_dim=128)
     results = [
-        measured("flash", **{"1024": {"fwd_ms": 0.05, "fwd_bwd_ms": 0.25, "te_selected": "FlashAttention", "note": ""},
-                             "4096": {"error": "OutOfMemoryError: CUDA out of memory"}}),
-        measured("fused", **{"1024": {"fwd_ms": 0.04, "fwd_bwd_ms": 0.2, "te_selected": "UnfusedDotProductAttention", "note": ""}}),
+        measured(
+            "flash",
+            **{
+                "1024": {"fwd_ms": 0.05, "fwd_bwd_ms": 0.25, "te_selected": "FlashAttention", "note": ""},
+                "4096": {"error": "OutOfMemoryError: CUDA out of memory"},
+            },
+        ),
+        measured(
+            "fused",
+            **{"1024": {"fwd_ms": 0.04, "fwd_bwd_ms": 0.2, "te_selected": "UnfusedDotProductAttention", "note": ""}},
+        ),
         measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": 20.0, "te_selected": None, "note": ""}}),
         {"backend": "unfused", "error": "worker exited 1: ImportError: no TE", "rows": {}},
     ]
@@ -102,11 +114,20 @@ def test_rows_carry_tflops_fraction_and_what_te_ran(bench):
 
 def test_table_shows_every_row(bench):
     args = Namespace(seqs=[1024], batch=1, heads=32, kv_heads=8, head_dim=128)
-    results = [measured("flash", **{"1024": {"fwd_ms": 0.05, "fwd_bwd_ms": 0.25, "te_selected": "FlashAttention", "note": ""}}),
-               measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": 20.0, "te_selected": None, "note": ""}})]
-    doc = {"device": "NVIDIA H200", "capability": [9, 0], "peak_source": "H200: 989 TFLOP/s dense BF16",
-           "shape": {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "warmup": 3, "iters": 10},
-           "flop_convention": "FlashAttention benchmark", "rows": bench.build_rows(results, args, 989.0)}
+    results = [
+        measured(
+            "flash", **{"1024": {"fwd_ms": 0.05, "fwd_bwd_ms": 0.25, "te_selected": "FlashAttention", "note": ""}}
+        ),
+        measured("reference", **{"1024": {"fwd_ms": 5.0, "fwd_bwd_ms": 20.0, "te_selected": None, "note": ""}}),
+    ]
+    doc = {
+        "device": "NVIDIA H200",
+        "capability": [9, 0],
+        "peak_source": "H200: 989 TFLOP/s dense BF16",
+        "shape": {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "warmup": 3, "iters": 10},
+        "flop_convention": "FlashAttention benchmark",
+        "rows": bench.build_rows(results, args, 989.0),
+    }
     lines = bench.render(doc).splitlines()
     assert lines[0] == "NVIDIA H200 (sm90), H200: 989 TFLOP/s dense BF16"
     assert "fwd+bwd TFLOP/s" in lines[2] and set(lines[3]) <= {"-", " "}
@@ -131,9 +152,9 @@ def test_reference_step_is_the_references_forward_and_backward(bench):
     assert out.shape == (batch, seq, 64) and out.requires_grad and q.grad is None
     forward_backward()
     grads = [x.grad.clone() for x in (q, k, v)]
-    forward_backward()                                           # grads are reset, not accumulated
+    forward_backward()  # grads are reset, not accumulated
     assert all(torch.equal(x.grad, g) for x, g in zip((q, k, v), grads))
-    for b in range(batch):                                       # each batch row is its own causal sequence
+    for b in range(batch):  # each batch row is its own causal sequence
         leaves = [x[b].detach().clone().requires_grad_() for x in (q, k, v)]
         alone, _ = reference_attention(*leaves)
         alone.backward(grad_out[b].view(seq, 4, 16))
@@ -146,8 +167,11 @@ def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the refusal is for machines without it")
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == ["attention_backends: cannot run here: no CUDA device "
-                                        "(torch.cuda.is_available() is False): run it on a GPU node"]
+    assert proc.stderr.splitlines() == [
+        "attention_backends: cannot run here: no CUDA device (torch.cuda.is_available() is False): run it on a GPU node"
+    ]
     assert not out.exists()

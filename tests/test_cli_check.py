@@ -16,8 +16,14 @@ MISMATCH = str(EXAMPLES / "grpo_math_1B_megatron_flash_mismatch.yaml")
 
 
 def check(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "check", *args],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "check", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_example_passes_and_shows_flash_mapping():
@@ -97,8 +103,9 @@ def test_check_imports_neither_torch_nor_megatron_nor_the_other_commands():
 
 
 def test_help_still_lists_every_command():
-    proc = subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "--help"], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
     assert proc.returncode == 0
     assert all(name in proc.stdout for name in ("check", "report", "drift", "run", "examples"))
 
@@ -122,9 +129,12 @@ def test_failing_preview_with_on_mismatch_error_exits_1():
 
 
 def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():
-    proc = check(MISMATCH, "++attention_align.on_mismatch=error",
-                 "++policy.generation.vllm_cfg.env_vars={VLLM_BATCH_INVARIANT:'1'}",
-                 "++policy.megatron_cfg.env_vars={CUBLAS_WORKSPACE_CONFIG:':4096:8'}")
+    proc = check(
+        MISMATCH,
+        "++attention_align.on_mismatch=error",
+        "++policy.generation.vllm_cfg.env_vars={VLLM_BATCH_INVARIANT:'1'}",
+        "++policy.megatron_cfg.env_vars={CUBLAS_WORKSPACE_CONFIG:':4096:8'}",
+    )
     assert proc.returncode == 0, proc.stdout
     assert "binding preview ('pending' = known once the engines run): incomparable" in proc.stdout
 

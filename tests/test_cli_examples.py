@@ -10,8 +10,9 @@ import nemo_rl_attn_align
 
 
 def examples(*args):
-    return subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "examples", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "examples", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_lists_every_packaged_recipe_by_absolute_path():
@@ -26,8 +27,9 @@ def test_one_name_prints_its_path_and_checks():
     proc = examples("grpo_math_1B_megatron_flash")  # ".yaml" may be left out
     path = proc.stdout.strip()
     assert proc.returncode == 0 and path.endswith("grpo_math_1B_megatron_flash.yaml")
-    checked = subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "check", path],
-                             capture_output=True, text=True, timeout=60)
+    checked = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "check", path], capture_output=True, text=True, timeout=60
+    )
     assert checked.returncode == 0 and "preset aligned" in checked.stdout
 
 

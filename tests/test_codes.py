@@ -57,8 +57,12 @@ def test_values_and_names_are_the_released_ones():
 
 
 def test_every_code_attribute_used_in_the_package_is_registered():
-    used = {(name, node.attr) for name, tree in _trees().items() for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Code"}
+    used = {
+        (name, node.attr)
+        for name, tree in _trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Code"
+    }
     assert len(used) > 30  # the scan sees the users
     assert [f"{name}: Code.{attr}" for name, attr in sorted(used) if attr not in Code.__members__] == []
 
@@ -70,8 +74,12 @@ def test_no_code_is_written_as_a_bare_string_and_no_other_code_enum_exists():
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and node.name == "Code" and name != f"{PACKAGE}.codes":
                 enums.append(name)
-            if (name != f"{PACKAGE}.codes" and isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and (node.value in values or CODE_SHAPED.fullmatch(node.value))):
+            if (
+                name != f"{PACKAGE}.codes"
+                and isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and (node.value in values or CODE_SHAPED.fullmatch(node.value))
+            ):
                 bare.append(f"{name}:{node.lineno}: {node.value!r} (write Code.X.value)")
     assert enums == [] and bare == []
 
@@ -90,7 +98,8 @@ def test_markdown_table_has_one_row_per_code_of_the_kinds():
     lines = table.splitlines()
     assert lines[:2] == ["| code | severity | what |", "|---|---|---|"]
     assert [re.match(r"\| `([A-Z0-9_]+)` \|", line).group(1) for line in lines[2:]] == [
-        code.value for code in Code if code.kind in (Kind.DETERMINISM, Kind.PRESET)]
+        code.value for code in Code if code.kind in (Kind.DETERMINISM, Kind.PRESET)
+    ]
 
 
 def test_the_docs_tables_are_the_registrys():
@@ -106,7 +115,9 @@ def test_the_docs_tables_are_the_registrys():
 def test_the_script_rewrites_a_stale_table_and_refuses_a_missing_marker():
     script = _script()
     text = (REPO / "README.md").read_text()
-    stale = text.replace(f"| `{Code.FLAG_NOT_BOOLEAN.value}` | warning |", f"| `{Code.FLAG_NOT_BOOLEAN.value}` | error |")
+    stale = text.replace(
+        f"| `{Code.FLAG_NOT_BOOLEAN.value}` | warning |", f"| `{Code.FLAG_NOT_BOOLEAN.value}` | error |"
+    )
     assert stale != text and script.updated(stale, ("rule",)) == text
     with pytest.raises(ValueError, match="codes:rule"):
         script.updated(text.replace("<!-- /codes:rule -->", ""), ("rule",))

@@ -60,12 +60,18 @@ def test_aliases_within_the_limit_still_load(tmp_path):
     assert load_config(path)["other"] == {"x": 1, "y": [1, 2]}
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("a: &a [*a]\n", "refers to its own anchor"),
-    ("a: " + "[" * 5000 + "]" * 5000 + "\n", f"deeper than {limits.MAX_NESTING} levels"),
-    ("".join(" " * i + f"k{i}:\n" for i in range(100)), f"deeper than {limits.MAX_NESTING} levels"),
-    ("".join(f"k{i}: {i}\n" for i in range(limits.MAX_CONFIG_NODES)), f"more than {limits.MAX_CONFIG_NODES} values"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("a: &a [*a]\n", "refers to its own anchor"),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", f"deeper than {limits.MAX_NESTING} levels"),
+        ("".join(" " * i + f"k{i}:\n" for i in range(100)), f"deeper than {limits.MAX_NESTING} levels"),
+        (
+            "".join(f"k{i}: {i}\n" for i in range(limits.MAX_CONFIG_NODES)),
+            f"more than {limits.MAX_CONFIG_NODES} values",
+        ),
+    ],
+)
 def test_structure_limits(tmp_path, text, expected):
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -100,21 +106,33 @@ def test_defaults_chain_is_bounded(tmp_path):
     assert f"more than {limits.MAX_DEFAULTS_FILES} files" in usage_error(tmp_path / "c0.yaml")
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("++" + ".".join(["a"] * 600) + "=1", "600 levels"),
-    ("++a=" + "[" * 100 + "]" * 100, f"deeper than {limits.MAX_NESTING} levels"),
-    ("++a=" + "x" * (limits.MAX_OVERRIDE_CHARS + 1), "over the limit"),
-    ("++policy.megatron_cfg.model_overrides=[] ++policy.megatron_cfg.model_overrides.cp_comm_type=a2a", "cannot be applied"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("++" + ".".join(["a"] * 600) + "=1", "600 levels"),
+        ("++a=" + "[" * 100 + "]" * 100, f"deeper than {limits.MAX_NESTING} levels"),
+        ("++a=" + "x" * (limits.MAX_OVERRIDE_CHARS + 1), "over the limit"),
+        (
+            "++policy.megatron_cfg.model_overrides=[] ++policy.megatron_cfg.model_overrides.cp_comm_type=a2a",
+            "cannot be applied",
+        ),
+    ],
+)
 def test_override_limits(override, expected):
     assert expected in usage_error(EXAMPLE, override.split(" "))
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("policy.megatron_cfg={a:1}", "policy.megatron_cfg is in the config but this value cannot replace it"),
-    ("policy.megatron_cfg.enabled.x=1", "policy.megatron_cfg.enabled holds a value, not a mapping"),
-    ("policy.megatron_cfg.nope=1", "policy.megatron_cfg.nope is not in the config; write ++policy.megatron_cfg.nope=VALUE"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("policy.megatron_cfg={a:1}", "policy.megatron_cfg is in the config but this value cannot replace it"),
+        ("policy.megatron_cfg.enabled.x=1", "policy.megatron_cfg.enabled holds a value, not a mapping"),
+        (
+            "policy.megatron_cfg.nope=1",
+            "policy.megatron_cfg.nope is not in the config; write ++policy.megatron_cfg.nope=VALUE",
+        ),
+    ],
+)
 def test_override_hints_match_what_is_in_the_config(override, expected):
     assert expected in usage_error(EXAMPLE, [override])
 
@@ -134,19 +152,32 @@ def test_error_lines_cut_huge_values_and_escape_newlines(tmp_path, capsys):
 
 
 def test_check_json_never_prints_nan(capsys):
-    code, out, _ = run_cli(capsys, "check", "--json", str(EXAMPLE), "++policy.megatron_cfg.attention_backend=nan",
-                           "++policy.megatron_cfg.model_overrides.softmax_scale=inf")
+    code, out, _ = run_cli(
+        capsys,
+        "check",
+        "--json",
+        str(EXAMPLE),
+        "++policy.megatron_cfg.attention_backend=nan",
+        "++policy.megatron_cfg.model_overrides.softmax_scale=inf",
+    )
     doc = strict_json_loads(out)
     assert code == 1 and doc["plan"]["requested"] == "nan"
 
 
 def test_unknown_cp_comm_type_under_cp_is_a_finding_not_a_traceback(capsys):
-    code, out, _ = run_cli(capsys, "check", "--json", str(EXAMPLE), "++policy.megatron_cfg.context_parallel_size=2",
-                           "++policy.megatron_cfg.model_overrides.cp_comm_type=bogus")
+    code, out, _ = run_cli(
+        capsys,
+        "check",
+        "--json",
+        str(EXAMPLE),
+        "++policy.megatron_cfg.context_parallel_size=2",
+        "++policy.megatron_cfg.model_overrides.cp_comm_type=bogus",
+    )
     doc = json.loads(out)
     assert code == 1
     assert [f["key"] for f in doc["plan"]["findings"] if f["code"] == "CONFIG_VALUE_INVALID"] == [
-        "policy.megatron_cfg.model_overrides.cp_comm_type"]
+        "policy.megatron_cfg.model_overrides.cp_comm_type"
+    ]
 
 
 @pytest.mark.parametrize("value", ["true", "'32'", "2.0", "0"])
@@ -162,6 +193,7 @@ def test_report_dir_is_normalised(capsys, tmp_path):
 
 # --- records and reports -------------------------------------------------------------------------
 
+
 def detail(**extra) -> str:
     return json.dumps({"kind": "nemo-rl-attn-align/host-detail", "side": "training", "worker_id": "w", **extra})
 
@@ -170,11 +202,17 @@ def test_bad_record_files_are_listed_as_unreadable_and_the_rest_goes_on(tmp_path
     good = write_worker_record(tmp_path, full_contract("training", "policy-rank0"))
     hosts = tmp_path / "hosts"
     hosts.mkdir()
-    for name, text in {"peers": detail(peers=5), "findings7": detail(findings=7), "oops": detail(findings="oops"),
-                       "peer_int": detail(peers=[1])}.items():
+    for name, text in {
+        "peers": detail(peers=5),
+        "findings7": detail(findings=7),
+        "oops": detail(findings="oops"),
+        "peer_int": detail(peers=[1]),
+    }.items():
         (hosts / f"training--{name}.json").write_text(text)
     (tmp_path / "workers" / "training--deep.json").write_text("[" * 100_000 + "]" * 100_000)
-    (tmp_path / "workers" / "training--version.json").write_text(json.dumps({"kind": "nemo-rl-attn-align/worker", "schema_version": 1.0}))
+    (tmp_path / "workers" / "training--version.json").write_text(
+        json.dumps({"kind": "nemo-rl-attn-align/worker", "schema_version": 1.0})
+    )
     (tmp_path / "workers" / "training--big.json").write_text(" " * (limits.MAX_RECORD_BYTES + 1))
     os.mkfifo(tmp_path / "workers" / "training--fifo.json")
     (tmp_path / "workers" / "training--zero.json").symlink_to("/dev/zero")
@@ -184,11 +222,14 @@ def test_bad_record_files_are_listed_as_unreadable_and_the_rest_goes_on(tmp_path
     assert all("\n" not in item["error"] for item in records["unreadable"])
 
 
-@pytest.mark.parametrize("text, expected", [
-    (json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": 1.0}), "schema_version 1.0"),
-    (json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": True}), "schema_version True"),
-    ("[" * 100_000 + "]" * 100_000, "nests deeper"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": 1.0}), "schema_version 1.0"),
+        (json.dumps({"kind": "nemo-rl-attn-align/report", "schema_version": True}), "schema_version True"),
+        ("[" * 100_000 + "]" * 100_000, "nests deeper"),
+    ],
+)
 def test_report_file_limits(tmp_path, text, expected):
     path = tmp_path / "r.json"
     path.write_text(text)
@@ -198,7 +239,9 @@ def test_report_file_limits(tmp_path, text, expected):
 
 @pytest.mark.parametrize("kind", ["fifo", "dev", "loop", "long"])
 def test_report_refuses_unreadable_paths_at_once(tmp_path, capsys, kind):
-    path = {"fifo": tmp_path / "fifo", "dev": "/dev/zero", "loop": tmp_path / "loop", "long": tmp_path / ("r" * 300)}[kind]
+    path = {"fifo": tmp_path / "fifo", "dev": "/dev/zero", "loop": tmp_path / "loop", "long": tmp_path / ("r" * 300)}[
+        kind
+    ]
     if kind == "fifo":
         os.mkfifo(path)
     if kind == "loop":
@@ -229,20 +272,27 @@ def test_stale_temp_files_are_ignored_and_removed_when_old(tmp_path):
 
 # --- drift --out ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("out, expected", [
-    ("afile", "is a file"),
-    ("afile/sub", "afile is a file"),
-    ("o" * 300, "over the file system's limit"),
-    ("/proc/x/y", "cannot be created in /proc"),
-])
+
+@pytest.mark.parametrize(
+    "out, expected",
+    [
+        ("afile", "is a file"),
+        ("afile/sub", "afile is a file"),
+        ("o" * 300, "over the file system's limit"),
+        ("/proc/x/y", "cannot be created in /proc"),
+    ],
+)
 def test_drift_out_is_checked_before_the_sweep(tmp_path, capsys, out, expected):
     (tmp_path / "afile").write_text("x")
     target = out if out.startswith("/") else str(tmp_path / out)
-    code, stdout, err = run_cli(capsys, "drift", "--heads", "2", "--head-dim", "8", "--seq-len", "16", "--no-progress", "--out", target)
+    code, stdout, err = run_cli(
+        capsys, "drift", "--heads", "2", "--head-dim", "8", "--seq-len", "16", "--no-progress", "--out", target
+    )
     assert code == 2 and stdout == "" and expected in err and err.count("\n") == 1
 
 
 # --- the environment the driver hands to workers --------------------------------------------------
+
 
 @pytest.mark.parametrize("raw", ["[" * 100_000, '{"strict": "false", "report_dir": 5}', "null", "\x00"])
 def test_worker_settings_from_a_hostile_environment_fall_back_to_defaults(raw):

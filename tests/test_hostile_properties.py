@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.config.examples import default_example_path
-
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
 
@@ -30,10 +29,19 @@ BASE.pop("defaults", None)
 
 #: Arbitrary JSON-like values beyond the pools: scalars of every type (NaN and infinities too),
 #: odd strings, small nested lists and mappings.
-_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
-                     st.sampled_from(["2", "2.0", "true", "yes", "flash", "bfloat16", "p2p", "x\ny"]))
-ARBITRARY = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                         max_leaves=5)
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=8),
+    st.sampled_from(["2", "2.0", "true", "yes", "flash", "bfloat16", "p2p", "x\ny"]),
+)
+ARBITRARY = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=5,
+)
 
 
 def _change(key: str):
@@ -86,6 +94,7 @@ def test_any_override_text(text):
 
 def test_the_oracle_rejects_what_the_issue_found_accepted():
     """The oracle itself: each wrong verdict of issue 12 is a rejection (so the properties can fail)."""
+
     def with_(**changes):
         cfg = copy.deepcopy(BASE)
         for key, value in changes.items():

@@ -8,21 +8,29 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import Severity, UsageError
-from nemo_rl_attn_align.preflight.plan import build_plan
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from nemo_rl_attn_align.preflight.facts import PRECISIONS
+from nemo_rl_attn_align.preflight.plan import build_plan
 
 from .conftest import EXAMPLES
 
 BASE = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
     st.sampled_from(BACKEND_NAMES + PRECISIONS + ("Flash", "FLASH", "flash_attn", " flash", "bf16", "fp32", "")),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def _plan_with(backend=..., precision=...):
@@ -66,8 +74,10 @@ def test_any_precision_value_is_accepted_only_when_exactly_valid(value):
 def test_values_written_to_real_yaml_files(tmp_path_factory, value):
     """Through a real file: OmegaConf's typing of the value, then the rules."""
     path = tmp_path_factory.mktemp("p") / "c.yaml"
-    child = {"defaults": str(EXAMPLES / "grpo_math_1B_megatron_flash.yaml"),
-             "policy": {"megatron_cfg": {"attention_backend": value}}}
+    child = {
+        "defaults": str(EXAMPLES / "grpo_math_1B_megatron_flash.yaml"),
+        "policy": {"megatron_cfg": {"attention_backend": value}},
+    }
     try:
         path.write_text(OmegaConf.to_yaml(OmegaConf.create(child)))
     except Exception:  # a value OmegaConf itself cannot hold (e.g. odd keys): nothing to test
@@ -94,8 +104,12 @@ def _assert_verdict(plan, value):
 @given(st.text(max_size=20))
 def test_any_override_text_is_usage_error_or_checked(text):
     try:
-        plan = build_plan(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml",
-                                      [f"++policy.megatron_cfg.attention_backend={text}"]), {})
+        plan = build_plan(
+            load_config(
+                EXAMPLES / "grpo_math_1B_megatron_flash.yaml", [f"++policy.megatron_cfg.attention_backend={text}"]
+            ),
+            {},
+        )
     except UsageError as err:
         assert "\n" not in str(err)
         return

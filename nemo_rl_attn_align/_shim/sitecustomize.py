@@ -44,7 +44,7 @@ def _activate():
         from nemo_rl_attn_align.hosts import bootstrap
 
         bootstrap.activate("shim")
-    except Exception as exc:  # noqa: BLE001 - a worker must start even if the plugin cannot
+    except Exception as exc:
         first = (str(exc).splitlines() or [""])[0][:200]
         sys.stderr.write(f"nemo-rl-attn-align: shim could not activate ({type(exc).__name__}: {first})\n")
 

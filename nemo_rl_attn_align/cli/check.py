@@ -13,8 +13,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
@@ -30,10 +31,17 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--full", action="store_true", help="show every field of the binding preview")
-    parser.add_argument("--fix", action="store_true",
-                        help="print the smallest list of Hydra overrides that makes the binding preview pass")
-    parser.add_argument("args", nargs="*", metavar="CONFIG [OVERRIDES...]",
-                        help="the YAML file, then Hydra-style overrides: a.b=v, ++a.b=v (new key), ~a.b (delete)")
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="print the smallest list of Hydra overrides that makes the binding preview pass",
+    )
+    parser.add_argument(
+        "args",
+        nargs="*",
+        metavar="CONFIG [OVERRIDES...]",
+        help="the YAML file, then Hydra-style overrides: a.b=v, ++a.b=v (new key), ~a.b (delete)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -50,14 +58,16 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
     return Path(tokens[0]), list(tokens[1:])
 
 
-def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool = False, fix: bool = False) -> dict[str, Any]:
+def evaluate(
+    config_path: Path, overrides: list[str], environ=None, full: bool = False, fix: bool = False
+) -> dict[str, Any]:
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass. The JSON-ready dict ``--json`` prints."""
     from nemo_rl_attn_align.config.loader import load_config
+    from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.contract.preview import preview_binding
     from nemo_rl_attn_align.preflight.plan import build_plan
     from nemo_rl_attn_align.preflight.preset import align
-    from nemo_rl_attn_align.contract.preview import preview_binding
-    from nemo_rl_attn_align.config.settings import load_settings
 
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
@@ -75,8 +85,11 @@ def evaluate(config_path: Path, overrides: list[str], environ=None, full: bool =
         "config": str(config_path),
         "overrides": overrides,
         "plan": plan.to_dict(),
-        "attention_align": {"settings": settings.to_dict(), **preview_dict,
-                            "preset": alignment.to_dict() if alignment is not None else None},
+        "attention_align": {
+            "settings": settings.to_dict(),
+            **preview_dict,
+            "preset": alignment.to_dict() if alignment is not None else None,
+        },
         "fix": _fix(alignment.config if alignment is not None else cfg, preview_of) if fix else None,
         "preview_text": preview.render() if full else _short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
@@ -94,12 +107,19 @@ def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
     if alignment.refusal is not None:
         return {"overrides": [], "changes": [], "none_because": alignment.refusal.line()}
     changes = minimal(cfg, alignment, preview_of)
-    return {"overrides": [c.override() for c in changes], "changes": [c.to_dict() for c in changes], "none_because": None}
+    return {
+        "overrides": [c.override() for c in changes],
+        "changes": [c.to_dict() for c in changes],
+        "none_because": None,
+    }
 
 
 #: What a failed binding does to the run, by ``attention_align.on_mismatch``.
-CONSEQUENCE = {"error": "the run stops at start", "warn": "the run warns and goes on",
-               "record": "the run only records it in the report"}
+CONSEQUENCE = {
+    "error": "the run stops at start",
+    "warn": "the run warns and goes on",
+    "record": "the run only records it in the report",
+}
 
 
 def _short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
@@ -116,7 +136,9 @@ def _short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
         failing = [f for f in binding["findings"] if f["severity"] == "error"]
         lines += [f"  {format_finding({**f, 'severity': label})}" for f in failing]
         if failing:
-            lines.append("  (check --fix lists the overrides that remove these; attention_align.preset: aligned applies them)")
+            lines.append(
+                "  (check --fix lists the overrides that remove these; attention_align.preset: aligned applies them)"
+            )
         lines.append("  (--full shows every field)")
     lines += [f"  note: {note}" for note in preview["notes"]]
     return "\n".join(lines)
@@ -162,9 +184,14 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append(f"attention_backend: {requested} -> {plan['attn_backend'] or 'invalid'} ({plan['source']})")
         lines.append(f"precision: {plan['precision'] or 'invalid'}")
         if plan["nvte"]:
-            lines.append("NVTE set by Megatron at model build: " + " ".join(f"{k}={v}" for k, v in plan["nvte"].items()))
+            lines.append(
+                "NVTE set by Megatron at model build: " + " ".join(f"{k}={v}" for k, v in plan["nvte"].items())
+            )
         existing = plan["nvte_existing"]
-        lines.append("NVTE already set: " + (", ".join(f"{k}={shown_text(v['value'])} ({v['source']})" for k, v in existing.items()) or "none"))
+        lines.append(
+            "NVTE already set: "
+            + (", ".join(f"{k}={shown_text(v['value'])} ({v['source']})" for k, v in existing.items()) or "none")
+        )
     lines.extend(format_finding(f) for f in plan["findings"])
     lines.extend(_preset_lines(result["attention_align"]["preset"]))
     lines.append(result["preview_text"])
@@ -197,7 +224,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.json:
-        print(json.dumps(strict_json({k: v for k, v in result.items() if k != "preview_text"}), indent=2, allow_nan=False))
+        print(
+            json.dumps(strict_json({k: v for k, v in result.items() if k != "preview_text"}), indent=2, allow_nan=False)
+        )
     else:
         print(render_text(result))
     return result["exit_code"]

@@ -35,31 +35,59 @@ def register(subparsers) -> None:
         "|d out|, |d lse| (abs and ulps) and per-token logprob drift for every (training, rollout) pair. "
         "With no CONFIG, uses the packaged example grpo_math_1B_megatron_flash.yaml.",
     )
-    p.add_argument("args", nargs="*", metavar="CONFIG [OVERRIDES...]",
-                   help="the NeMo-RL YAML, then Hydra-style overrides (a.b=v, ++a.b=v, ~a.b)")
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="CONFIG [OVERRIDES...]",
+        help="the NeMo-RL YAML, then Hydra-style overrides (a.b=v, ++a.b=v, ~a.b)",
+    )
     shape = p.add_argument_group("attention shape (each overrides the config)")
     shape.add_argument("--heads", type=int, help="query heads")
     shape.add_argument("--kv-heads", type=int, help="KV heads (query groups)")
     shape.add_argument("--head-dim", type=int, help="head dim")
     shape.add_argument("--window", type=int, help="left sliding window in tokens (FlashAttention convention)")
-    shape.add_argument("--seq-len", type=int, help="sequence length (default: policy.max_total_sequence_length, else 1024)")
-    p.add_argument("--dtypes", default=",".join(drift_shape.DEFAULT_DTYPES),
-                   help=f"comma list of {', '.join(drift_shape.DTYPE_NAMES)} (default: all)")
-    p.add_argument("--gpu", default=drift_shape.DEFAULT_GPU,
-                   help=f"GPU generation the run will use, one of {', '.join(drift_shape.GPU_NAMES)}: selects "
-                   f"the engines' paths (default {drift_shape.DEFAULT_GPU}, what NeMo-RL's recipes target)")
-    p.add_argument("--training", action="append", metavar="ENGINE",
-                   help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: what the config runs on --gpu: "
-                   "policy.megatron_cfg attention_backend, transformer_impl and context_parallel_size)")
-    p.add_argument("--rollout", action="append", metavar="ENGINE",
-                   help="a rollout engine, repeatable, e.g. vllm-fa3:chunk=256,cascade=512 "
-                   "(default: vLLM's path on --gpu: FA3 on sm90, FA2 on sm80)")
+    shape.add_argument(
+        "--seq-len", type=int, help="sequence length (default: policy.max_total_sequence_length, else 1024)"
+    )
+    p.add_argument(
+        "--dtypes",
+        default=",".join(drift_shape.DEFAULT_DTYPES),
+        help=f"comma list of {', '.join(drift_shape.DTYPE_NAMES)} (default: all)",
+    )
+    p.add_argument(
+        "--gpu",
+        default=drift_shape.DEFAULT_GPU,
+        help=f"GPU generation the run will use, one of {', '.join(drift_shape.GPU_NAMES)}: selects "
+        f"the engines' paths (default {drift_shape.DEFAULT_GPU}, what NeMo-RL's recipes target)",
+    )
+    p.add_argument(
+        "--training",
+        action="append",
+        metavar="ENGINE",
+        help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: what the config runs on --gpu: "
+        "policy.megatron_cfg attention_backend, transformer_impl and context_parallel_size)",
+    )
+    p.add_argument(
+        "--rollout",
+        action="append",
+        metavar="ENGINE",
+        help="a rollout engine, repeatable, e.g. vllm-fa3:chunk=256,cascade=512 "
+        "(default: vLLM's path on --gpu: FA3 on sm90, FA2 on sm80)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
-    p.add_argument("--vocab", type=int, default=drift_shape.DEFAULT_VOCAB,
-                   help=f"vocabulary of the random LM head (default {drift_shape.DEFAULT_VOCAB})")
-    p.add_argument("--out", type=Path, default=None,
-                   help="directory for drift-report.json and drift-heatmap.png "
-                        "(default: the config's report dir, <logger.log_dir>/attention_align)")
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=drift_shape.DEFAULT_VOCAB,
+        help=f"vocabulary of the random LM head (default {drift_shape.DEFAULT_VOCAB})",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory for drift-report.json and drift-heatmap.png "
+        "(default: the config's report dir, <logger.log_dir>/attention_align)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG heatmap")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -70,24 +98,31 @@ def _prepare(args: argparse.Namespace):
     """Everything checked before any numeric work: (config path, overrides, shape, dtypes, engines)."""
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
     from nemo_rl_attn_align.config.loader import load_config
-    from nemo_rl_attn_align.errors import UsageError
     from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.errors import UsageError
     from nemo_rl_attn_align.preflight.facts import read_recipe_facts
 
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
     settings = load_settings(cfg)
     args.out = check_out_dir(Path(settings.report_dir) if args.out is None else args.out)
-    flags = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-             "window": args.window, "seq_len": args.seq_len}
+    flags = {
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "window": args.window,
+        "seq_len": args.seq_len,
+    }
     facts = read_recipe_facts(cfg)
     shape = drift_shape.resolve_shape(facts, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
     gpu = drift_shape.parse_gpu(args.gpu)
     default_training, default_rollout = drift_shape.default_engines(facts, gpu, shape)
     if importlib.util.find_spec("torch") is None:
-        raise UsageError("drift needs torch, which is not installed. Fix: pip install torch "
-                         "(or pip install 'nemo-rl-attn-align[mcore]').")
+        raise UsageError(
+            "drift needs torch, which is not installed. Fix: pip install torch "
+            "(or pip install 'nemo-rl-attn-align[mcore]')."
+        )
     from nemo_rl_attn_align.drift import sweep as drift
 
     training = drift.parse_materializers(args.training or default_training, "--training")
@@ -124,21 +159,26 @@ def check_out_dir(out: Path) -> Path:
             raise UsageError(f"--out {shown_path(out)} cannot be created: {shown_path(probe)} is a broken link. {fix}")
         longest = max((part for part in out.parts), key=lambda part: len(os.fsencode(part)), default="")
         if len(os.fsencode(longest)) > _name_max(probe):
-            raise UsageError(f"--out {shown_path(out)}: a path component is {len(os.fsencode(longest))} bytes, "
-                             f"over the file system's limit of {_name_max(probe)}. {fix}")
+            raise UsageError(
+                f"--out {shown_path(out)}: a path component is {len(os.fsencode(longest))} bytes, "
+                f"over the file system's limit of {_name_max(probe)}. {fix}"
+            )
         try:  # a real test, leaving nothing behind: os.access does not know every file system's rules
             os.rmdir(tempfile.mkdtemp(prefix=".drift-out-check-", dir=probe))
         except OSError as err:
-            raise UsageError(f"--out {shown_path(out)} cannot be created in {shown_path(probe)}: {err.strerror or err}. {fix}") from None
+            raise UsageError(
+                f"--out {shown_path(out)} cannot be created in {shown_path(probe)}: {err.strerror or err}. {fix}"
+            ) from None
     except (OSError, ValueError) as err:  # name too long, NUL in the path, symlink loop
-        raise UsageError(f"--out {shown_path(out)} is not usable: {getattr(err, 'strerror', None) or err}. {fix}") from None
+        raise UsageError(
+            f"--out {shown_path(out)} is not usable: {getattr(err, 'strerror', None) or err}. {fix}"
+        ) from None
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``drift``; returns the exit code."""
     from nemo_rl_attn_align.errors import UsageError
-
     from nemo_rl_attn_align.limits import shown_text
 
     try:
@@ -149,8 +189,16 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.drift import sweep as drift
     from nemo_rl_attn_align.report.store import atomic_write_json
 
-    result = drift.run_sweep(shape, dtypes, training, rollout, seed=args.seed, vocab=args.vocab, gpu=gpu,
-                             progress=drift.Progress(0, enabled=not args.no_progress))
+    result = drift.run_sweep(
+        shape,
+        dtypes,
+        training,
+        rollout,
+        seed=args.seed,
+        vocab=args.vocab,
+        gpu=gpu,
+        progress=drift.Progress(0, enabled=not args.no_progress),
+    )
     result = {"config": str(config_path), "overrides": overrides, **result}
     try:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -163,8 +211,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plot:
         result["heatmap"] = drift.write_heatmap(result, args.out / HEATMAP_NAME)
         if result["heatmap"] is None:
-            print("note: matplotlib is not installed (pip install 'nemo-rl-attn-align[plot]'); no heatmap written",
-                  file=sys.stderr)
+            print(
+                "note: matplotlib is not installed (pip install 'nemo-rl-attn-align[plot]'); no heatmap written",
+                file=sys.stderr,
+            )
     atomic_write_json(report, result)
     if args.json:
         print(json.dumps(result))

@@ -20,7 +20,9 @@ def register(subparsers) -> None:
         description="Print the absolute path of a packaged example recipe, for --config of NeMo-RL's "
         "run_grpo.py / run_sft.py or for check. Without NAME, list every example.",
     )
-    parser.add_argument("name", nargs="?", metavar="NAME", help="an example file name, e.g. grpo_math_1B_megatron_flash.yaml")
+    parser.add_argument(
+        "name", nargs="?", metavar="NAME", help="an example file name, e.g. grpo_math_1B_megatron_flash.yaml"
+    )
     parser.set_defaults(handler=run)
 
 

@@ -42,8 +42,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNREADABLE
     except (KeyError, TypeError, AttributeError, ValueError) as err:
-        print(f"error: {shown_path(args.path)}: the report is malformed ({type(err).__name__}: {shown_text(str(err))}); "
-              "it was not written by this version of nemo-rl-attn-align", file=sys.stderr)
+        print(
+            f"error: {shown_path(args.path)}: the report is malformed ({type(err).__name__}: {shown_text(str(err))}); "
+            "it was not written by this version of nemo-rl-attn-align",
+            file=sys.stderr,
+        )
         return EXIT_UNREADABLE
     print(text)
     return EXIT_FAILED if doc["verdict"] == "fail" else EXIT_OK

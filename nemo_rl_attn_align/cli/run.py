@@ -23,8 +23,12 @@ def register(subparsers) -> None:
         help="run a command with the plugin active in it and in every Python process it starts",
         description=__doc__.split("\n\n", 1)[1].replace("``", ""),
     )
-    parser.add_argument("--report-dir", help="where workers write their records (default: attention_align.report_dir from the config)")
-    parser.add_argument("--strict", action="store_true", help="stop the run when a layout is not recognised or a read-back differs")
+    parser.add_argument(
+        "--report-dir", help="where workers write their records (default: attention_align.report_dir from the config)"
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="stop the run when a layout is not recognised or a read-back differs"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     parser.set_defaults(handler=run)
 
@@ -60,6 +64,9 @@ def run(args) -> int:
     try:
         os.execvpe(command[0], command, env)
     except OSError as err:
-        print(f"error: cannot run {command[0]!r}: {err.strerror}. Fix: check the command and PATH ({EXAMPLE})", file=sys.stderr)
+        print(
+            f"error: cannot run {command[0]!r}: {err.strerror}. Fix: check the command and PATH ({EXAMPLE})",
+            file=sys.stderr,
+        )
         return 2
     return 0  # pragma: no cover - execvpe does not return

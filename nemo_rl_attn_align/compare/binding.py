@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, fields as dataclass_fields
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
+from typing import Any, Protocol
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
@@ -80,11 +82,11 @@ class Mandate:
     has no default here; ``settings.load_settings`` fills it from ``policy.precision``.
     """
 
-    merge_rule: Optional[str] = "online_softmax_lse"
-    reduction_order: Optional[str] = "kv_index"
-    acc_dtype: Optional[str] = "fp32"
-    downcast: Optional[str] = "final_write"
-    dtype: Optional[str] = None
+    merge_rule: str | None = "online_softmax_lse"
+    reduction_order: str | None = "kv_index"
+    acc_dtype: str | None = "fp32"
+    downcast: str | None = "final_write"
+    dtype: str | None = None
 
     def __post_init__(self):
         for item in dataclass_fields(self):
@@ -95,15 +97,15 @@ class Mandate:
                 except ContractError as err:
                     raise ContractError(f"mandate {err}") from None
 
-    def demand(self, name: str) -> Optional[str]:
+    def demand(self, name: str) -> str | None:
         """The demanded value of semantic field ``name`` (``None``: no demand)."""
         return getattr(self, name)
 
-    def to_dict(self) -> dict[str, Optional[str]]:
+    def to_dict(self) -> dict[str, str | None]:
         return {item.name: getattr(self, item.name) for item in dataclass_fields(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Mandate":
+    def from_dict(cls, data: Mapping[str, Any]) -> Mandate:
         return cls(**dict(data))
 
 
@@ -129,7 +131,7 @@ class FieldResult:
     name: str
     tier: Tier
     status: Status
-    code: Optional[Code]
+    code: Code | None
     training: FieldValue
     rollout: FieldValue
     demand: Any
@@ -151,12 +153,14 @@ class FieldResult:
 def _not_comparable(name, tier, t, r, demand) -> FieldResult:
     unknown = [(side, fv) for side, fv in (("training", t), ("rollout", r)) if not fv.known]
     pending = all(fv.provenance is Provenance.PENDING for _, fv in unknown)
-    why = "; ".join(f"{side} is {fv.provenance.value}" + (f" ({fv.source})" if fv.source else "") for side, fv in unknown)
+    why = "; ".join(
+        f"{side} is {fv.provenance.value}" + (f" ({fv.source})" if fv.source else "") for side, fv in unknown
+    )
     code = Code.PENDING if pending else Code.UNOBSERVABLE
     return FieldResult(name, tier, Status.NOT_COMPARABLE, code, t, r, demand, f"{name}: not comparable: {why}")
 
 
-def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Optional[Mandate], allow_dtype: bool) -> FieldResult:
+def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Mandate | None, allow_dtype: bool) -> FieldResult:
     tier = field_spec(name).tier
     demand = mandate.demand(name) if (mandate is not None and tier is Tier.SEMANTIC) else None
     both_known = t.known and r.known
@@ -166,13 +170,30 @@ def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Optional[Manda
         if same_value(t.value, r.value):
             return FieldResult(name, tier, Status.MATCH, None, t, r, None, f"{name}: {t.value!r} on both sides")
         if tier is Tier.RECORDED:
-            return FieldResult(name, tier, Status.DIFFERENT, Code.RECORDED_DIFFERENCE, t, r, None,
-                               f"{name}: training {t.value!r}, rollout {r.value!r} (recorded)")
-        return FieldResult(name, tier, Status.MISMATCH, Code.IDENTITY_MISMATCH, t, r, None,
-                           f"{name}: training {t.value!r} != rollout {r.value!r}")
+            return FieldResult(
+                name,
+                tier,
+                Status.DIFFERENT,
+                Code.RECORDED_DIFFERENCE,
+                t,
+                r,
+                None,
+                f"{name}: training {t.value!r}, rollout {r.value!r} (recorded)",
+            )
+        return FieldResult(
+            name,
+            tier,
+            Status.MISMATCH,
+            Code.IDENTITY_MISMATCH,
+            t,
+            r,
+            None,
+            f"{name}: training {t.value!r} != rollout {r.value!r}",
+        )
     # semantic: a known side that breaks the mandate fails even when the other side is unknown
     against_mandate = [
-        (side, fv) for side, fv in (("training", t), ("rollout", r))
+        (side, fv)
+        for side, fv in (("training", t), ("rollout", r))
         if demand is not None and fv.known and not same_value(fv.value, demand)
     ]
     sides_differ = both_known and not same_value(t.value, r.value)
@@ -180,17 +201,41 @@ def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Optional[Manda
         if not both_known:
             return _not_comparable(name, tier, t, r, demand)
         if sides_differ or against_mandate:
-            return FieldResult(name, tier, Status.ALLOWED, Code.DTYPE_DIFFERENCE_ALLOWED, t, r, demand,
-                               f"dtype: training {t.value!r}, rollout {r.value!r}, mandate {demand!r}: "
-                               "difference allowed (allow_dtype_difference)")
+            return FieldResult(
+                name,
+                tier,
+                Status.ALLOWED,
+                Code.DTYPE_DIFFERENCE_ALLOWED,
+                t,
+                r,
+                demand,
+                f"dtype: training {t.value!r}, rollout {r.value!r}, mandate {demand!r}: "
+                "difference allowed (allow_dtype_difference)",
+            )
         return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"dtype: {t.value!r} on both sides")
     if against_mandate:
         broken = ", ".join(f"{side} {fv.value!r}" for side, fv in against_mandate)
-        return FieldResult(name, tier, Status.MISMATCH, Code.SEMANTIC_MANDATE, t, r, demand,
-                           f"{name}: {broken}, but the mandate demands {demand!r}")
+        return FieldResult(
+            name,
+            tier,
+            Status.MISMATCH,
+            Code.SEMANTIC_MANDATE,
+            t,
+            r,
+            demand,
+            f"{name}: {broken}, but the mandate demands {demand!r}",
+        )
     if sides_differ:
-        return FieldResult(name, tier, Status.MISMATCH, Code.SEMANTIC_SIDES_DIFFER, t, r, demand,
-                           f"{name}: training {t.value!r} != rollout {r.value!r}")
+        return FieldResult(
+            name,
+            tier,
+            Status.MISMATCH,
+            Code.SEMANTIC_SIDES_DIFFER,
+            t,
+            r,
+            demand,
+            f"{name}: training {t.value!r} != rollout {r.value!r}",
+        )
     if not both_known:
         return _not_comparable(name, tier, t, r, demand)
     return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"{name}: {t.value!r} on both sides")
@@ -219,9 +264,9 @@ class BindingReport:
     training_worker: str
     rollout_worker: str
     results: tuple[FieldResult, ...]
-    mandate: Optional[Mandate]
+    mandate: Mandate | None
     allow_dtype_difference: bool
-    determinism: Optional[DeterminismView] = None
+    determinism: DeterminismView | None = None
 
     def result(self, name: str) -> FieldResult:
         """The result for field ``name``."""
@@ -296,10 +341,10 @@ class BindingReport:
 def bind(
     training: AttentionContract,
     rollout: AttentionContract,
-    mandate: Optional[Mandate] = None,
+    mandate: Mandate | None = None,
     *,
     allow_dtype_difference: bool = False,
-    determinism: Optional[DeterminismView] = None,
+    determinism: DeterminismView | None = None,
 ) -> BindingReport:
     """Bind ``training`` to ``rollout`` under ``mandate`` (``None``: no semantic demand, the sides
     must still agree). ``determinism`` (from ``determinism.compare``) joins the verdict: a blocking
@@ -308,7 +353,5 @@ def bind(
         if not isinstance(contract, AttentionContract):
             raise TypeError(f"{label} must be an AttentionContract, got {type(contract).__name__}")
     order = fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC) + fields_of(Tier.RECORDED)
-    results = tuple(
-        _bind_field(name, training[name], rollout[name], mandate, allow_dtype_difference) for name in order
-    )
+    results = tuple(_bind_field(name, training[name], rollout[name], mandate, allow_dtype_difference) for name in order)
     return BindingReport(training.worker_id, rollout.worker_id, results, mandate, allow_dtype_difference, determinism)

@@ -26,8 +26,9 @@ import enum
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.errors import Finding
@@ -110,14 +111,14 @@ class Meaning:
     value: Any
     note: str = ""
 
-    def same(self, other: "Meaning") -> bool:
+    def same(self, other: Meaning) -> bool:
         return (self.kind, self.value) == (other.kind, other.value)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "value": self.value, "note": self.note}
 
 
-def _nccl_set(env: Mapping[str, Optional[str]], name: str, elements, collective: str) -> Meaning:
+def _nccl_set(env: Mapping[str, str | None], name: str, elements, collective: str) -> Meaning:
     raw = env.get(name)
     try:
         enabled = set(parse_nccl_list(raw or "", elements)[collective])
@@ -133,18 +134,18 @@ def _nccl_set(env: Mapping[str, Optional[str]], name: str, elements, collective:
     return Meaning(f"{name.lower()}[{collective}]", sorted(enabled), note)
 
 
-def nccl_algorithms(env: Mapping[str, Optional[str]], collective: str = "allreduce") -> Meaning:
+def nccl_algorithms(env: Mapping[str, str | None], collective: str = "allreduce") -> Meaning:
     """Algorithms NCCL may use for ``collective`` under ``env`` (NCCL_ALGO, NCCL_COLLNET_ENABLE,
     NCCL_NVLS_ENABLE together)."""
     return _nccl_set(env, "NCCL_ALGO", NCCL_ALGORITHMS, _collective(collective))
 
 
-def nccl_protocols(env: Mapping[str, Optional[str]], collective: str = "allreduce") -> Meaning:
+def nccl_protocols(env: Mapping[str, str | None], collective: str = "allreduce") -> Meaning:
     """Protocols NCCL may use for ``collective`` under ``env`` (LL128 only where the platform allows)."""
     return _nccl_set(env, "NCCL_PROTO", NCCL_PROTOCOLS, _collective(collective))
 
 
-def cublas_workspace(raw: Optional[str]) -> Meaning:
+def cublas_workspace(raw: str | None) -> Meaning:
     """``deterministic`` for ``:4096:8`` / ``:16:8``; ``fixed_custom`` for another well-formed
     config (torch's deterministic check rejects it); ``invalid``; ``not_guaranteed`` when unset."""
     if raw is None:
@@ -156,7 +157,7 @@ def cublas_workspace(raw: Optional[str]) -> Meaning:
     return Meaning("cublas", "invalid", "not of the form :SIZE:COUNT")
 
 
-def collective_for(*tp_sizes: Any) -> Optional[str]:
+def collective_for(*tp_sizes: Any) -> str | None:
     """The collective that reduces the compared tensor: ``allreduce`` when a side splits its
     layers over more than one tensor-parallel rank, else ``None`` (no collective reduces it)."""
     return "allreduce" if any(isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 for tp in tp_sizes) else None
@@ -181,10 +182,12 @@ def _torch_flags(torch: Any) -> dict[str, Any]:
         "float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
         "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
         "cudnn_conv_fp32_precision": lambda: torch.backends.cudnn.conv.fp32_precision,
-        "matmul_allow_fp16_reduced_precision_reduction":
-            lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "matmul_allow_bf16_reduced_precision_reduction":
-            lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "matmul_allow_fp16_reduced_precision_reduction": lambda: (
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        ),
+        "matmul_allow_bf16_reduced_precision_reduction": lambda: (
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        ),
         "deterministic_algorithms": lambda: torch.are_deterministic_algorithms_enabled(),
         "deterministic_algorithms_warn_only": lambda: torch.is_deterministic_algorithms_warn_only_enabled(),
         "cudnn_deterministic": lambda: torch.backends.cudnn.deterministic,
@@ -194,7 +197,7 @@ def _torch_flags(torch: Any) -> dict[str, Any]:
     for name, read in readers.items():
         try:
             value = read()
-        except Exception as err:  # noqa: BLE001 - a missing flag is a fact to record, not a failure
+        except Exception as err:
             value = f"unreadable: {type(err).__name__}: {err}"
         flags[name] = list(value) if isinstance(value, tuple) else value
     return flags
@@ -206,16 +209,19 @@ class DeterminismProbe:
     ``None`` (unset); ``torch`` holds the flags, ``None`` when torch was not probed, and
     ``torch_status`` says why (``probed``, ``not_probed``, ``unavailable: ...``)."""
 
-    env: Mapping[str, Optional[str]]
-    torch: Optional[Mapping[str, Any]]
+    env: Mapping[str, str | None]
+    torch: Mapping[str, Any] | None
     torch_status: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"env": dict(self.env), "torch": dict(self.torch) if self.torch is not None else None,
-                "torch_status": self.torch_status}
+        return {
+            "env": dict(self.env),
+            "torch": dict(self.torch) if self.torch is not None else None,
+            "torch_status": self.torch_status,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DeterminismProbe":
+    def from_dict(cls, data: Mapping[str, Any]) -> DeterminismProbe:
         if not isinstance(data, Mapping) or set(data) != {"env", "torch", "torch_status"}:
             raise ValueError(f"a determinism probe needs env, torch and torch_status, got {data!r}")
         env = data["env"]
@@ -224,7 +230,7 @@ class DeterminismProbe:
         return cls(dict(env), None if data["torch"] is None else dict(data["torch"]), str(data["torch_status"]))
 
 
-def probe(env: Optional[Mapping[str, str]] = None, torch_module: Any = None) -> DeterminismProbe:
+def probe(env: Mapping[str, str] | None = None, torch_module: Any = None) -> DeterminismProbe:
     """Probe ``env`` (default ``os.environ``) and torch's flags.
 
     ``torch_module``: a torch module to read; ``None`` uses the imported torch or imports it
@@ -239,8 +245,8 @@ def probe(env: Optional[Mapping[str, str]] = None, torch_module: Any = None) -> 
         torch_module = sys.modules.get("torch")
         if torch_module is None:
             try:
-                import torch as torch_module  # noqa: PLC0415 - imported only where a probe asks for it
-            except Exception as err:  # noqa: BLE001 - ImportError or a broken install: both are facts
+                import torch as torch_module
+            except Exception as err:
                 return DeterminismProbe(values, None, f"unavailable: {type(err).__name__}: {err}")
     return DeterminismProbe(values, _torch_flags(torch_module), "probed")
 
@@ -265,8 +271,8 @@ class DeterminismEntry:
     training: Any
     rollout: Any
     status: DetStatus
-    training_meaning: Optional[Meaning] = None
-    rollout_meaning: Optional[Meaning] = None
+    training_meaning: Meaning | None = None
+    rollout_meaning: Meaning | None = None
     note: str = ""
     kind: str = "env"  # env: an environment variable (None = unset); torch: a torch flag
 
@@ -288,7 +294,7 @@ class DeterminismEntry:
         }
 
 
-def describe_env_value(raw: Optional[str]) -> str:
+def describe_env_value(raw: str | None) -> str:
     """``unset`` or ``set to 'VALUE'``: how a finding names one side's value."""
     return "unset" if raw is None else f"set to {raw!r}"
 
@@ -323,7 +329,7 @@ class DeterminismDiff:
     """Every watched variable and flag on both sides; ``blocking`` when a blocking one differs in meaning."""
 
     entries: tuple[DeterminismEntry, ...]
-    collective: Optional[str]
+    collective: str | None
     training_torch_status: str
     rollout_torch_status: str
 
@@ -339,23 +345,41 @@ class DeterminismDiff:
         for e in self.entries:
             values = f"training={e.training!r}, rollout={e.rollout!r}"
             if e.status is DetStatus.MISMATCH:
-                out.append(Finding(
-                    Code.DETERMINISM_BLOCKING.value, Code.DETERMINISM_BLOCKING.severity, f"determinism.{e.name}",
-                    values,
-                    f"{e.name} means different things on the two sides ({e.note})",
-                    f"give {e.name} one meaning on both sides (policy.megatron_cfg.env_vars and "
-                    "policy.generation.vllm_cfg.env_vars; vLLM's batch-invariant mode overrides it in its worker)",
-                ))
+                out.append(
+                    Finding(
+                        Code.DETERMINISM_BLOCKING.value,
+                        Code.DETERMINISM_BLOCKING.severity,
+                        f"determinism.{e.name}",
+                        values,
+                        f"{e.name} means different things on the two sides ({e.note})",
+                        f"give {e.name} one meaning on both sides (policy.megatron_cfg.env_vars and "
+                        "policy.generation.vllm_cfg.env_vars; vLLM's batch-invariant mode overrides it in its worker)",
+                    )
+                )
             elif e.status in (DetStatus.DIFFERENT, DetStatus.EQUIVALENT):
                 code = Code.DETERMINISM_RECORDED if e.status is DetStatus.DIFFERENT else Code.DETERMINISM_EQUIVALENT
-                out.append(Finding(code.value, code.severity, f"determinism.{e.name}", values,
-                                   f"{e.name}: {e.note or 'differs (recorded)'}", "none needed: recorded"))
+                out.append(
+                    Finding(
+                        code.value,
+                        code.severity,
+                        f"determinism.{e.name}",
+                        values,
+                        f"{e.name}: {e.note or 'differs (recorded)'}",
+                        "none needed: recorded",
+                    )
+                )
         for side, status in (("training", self.training_torch_status), ("rollout", self.rollout_torch_status)):
             if status != "probed":
-                out.append(Finding(Code.DETERMINISM_NOT_PROBED.value, Code.DETERMINISM_NOT_PROBED.severity,
-                                   f"determinism.{side}.torch", status,
-                                   f"torch flags of the {side} side were not read ({status})",
-                                   "probe inside the worker after its engine started"))
+                out.append(
+                    Finding(
+                        Code.DETERMINISM_NOT_PROBED.value,
+                        Code.DETERMINISM_NOT_PROBED.severity,
+                        f"determinism.{side}.torch",
+                        status,
+                        f"torch flags of the {side} side were not read ({status})",
+                        "probe inside the worker after its engine started",
+                    )
+                )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -368,7 +392,9 @@ class DeterminismDiff:
         }
 
 
-def compare(training: DeterminismProbe, rollout: DeterminismProbe, collective: Optional[str] = "allreduce") -> DeterminismDiff:
+def compare(
+    training: DeterminismProbe, rollout: DeterminismProbe, collective: str | None = "allreduce"
+) -> DeterminismDiff:
     """Compare two probes. ``collective`` is the NCCL collective that reduces the compared tensor
     (``allreduce`` for TP reductions, ``reducescatter`` with sequence parallelism); ``None`` when no
     collective reduces it (TP=1 on both sides): NCCL_ALGO/NCCL_PROTO are then only recorded."""
@@ -378,7 +404,9 @@ def compare(training: DeterminismProbe, rollout: DeterminismProbe, collective: O
     if training.torch is not None and rollout.torch is not None:
         for name in sorted(set(training.torch) | set(rollout.torch)):
             t, r = training.torch.get(name), rollout.torch.get(name)
-            entries.append(DeterminismEntry(name, False, t, r, DetStatus.MATCH if t == r else DetStatus.DIFFERENT, kind="torch"))
+            entries.append(
+                DeterminismEntry(name, False, t, r, DetStatus.MATCH if t == r else DetStatus.DIFFERENT, kind="torch")
+            )
     else:
         known = training.torch if training.torch is not None else rollout.torch
         for name in sorted(known or {}):

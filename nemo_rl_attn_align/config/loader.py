@@ -12,8 +12,9 @@ is not in the file needs ``++key=value``), then resolves every ``${...}`` interp
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Any, cast
 
 from nemo_rl_attn_align.config.yaml_compose import OverLimit, compose_yaml
 from nemo_rl_attn_align.errors import UsageError
@@ -23,15 +24,16 @@ from nemo_rl_attn_align.limits import (
     MAX_NESTING,
     MAX_SHOWN_CHARS,
     InputRefused,
+    first_line,
     read_text,
     shown,
     shown_path,
-    first_line,
     shown_text,
 )
 
 #: Sentinel for ``get_path`` when no default is given.
 MISSING = object()
+
 
 def register_nemo_rl_resolvers() -> None:
     """Register NeMo-RL's OmegaConf resolvers (``add``, ``mul``, ``div``, ``max``) if absent."""
@@ -52,7 +54,9 @@ def _yaml_error(path: Path, err: Exception) -> UsageError:
     mark = getattr(err, "problem_mark", None)
     problem = getattr(err, "problem", None) or (str(err).splitlines() or ["?"])[0]
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
-    return UsageError(f"{shown_path(path)}: YAML syntax error at {where}: {first_line(problem)}. Fix the YAML at that position.")
+    return UsageError(
+        f"{shown_path(path)}: YAML syntax error at {where}: {first_line(problem)}. Fix the YAML at that position."
+    )
 
 
 def _read_config_text(path: Path) -> str:
@@ -65,10 +69,14 @@ def _read_config_text(path: Path) -> str:
     except FileNotFoundError:
         raise UsageError(f"config file {where} does not exist. Fix: pass the path of a NeMo-RL YAML file.") from None
     except UnicodeDecodeError as err:
-        raise UsageError(f"config file {where} is not UTF-8 text ({err.reason} at byte {err.start}). Fix: save it as UTF-8.") from None
+        raise UsageError(
+            f"config file {where} is not UTF-8 text ({err.reason} at byte {err.start}). Fix: save it as UTF-8."
+        ) from None
     except (OSError, ValueError) as err:  # permission, symlink loop, name too long, NUL in the path
         why = getattr(err, "strerror", None) or str(err)
-        raise UsageError(f"config file {where} cannot be opened: {first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML file.") from None
+        raise UsageError(
+            f"config file {where} cannot be opened: {first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML file."
+        ) from None
 
 
 class _LoadState:
@@ -90,21 +98,29 @@ def _load_one(path: Path, state: _LoadState):
     try:
         obj, state.nodes = compose_yaml(text, state.nodes)
         if obj is not None and not isinstance(obj, dict):
-            raise UsageError(f"{shown_path(path)}: the top level is a {type(obj).__name__}, not a mapping. "
-                             "Fix: a NeMo-RL config is a YAML mapping.")
+            raise UsageError(
+                f"{shown_path(path)}: the top level is a {type(obj).__name__}, not a mapping. "
+                "Fix: a NeMo-RL config is a YAML mapping."
+            )
         cfg = OmegaConf.create(obj if obj is not None else {})
     except UsageError:
         raise
     except OverLimit as err:
-        raise UsageError(f"{shown_path(path)}: {err}. Fix: write fewer, flatter values (NeMo-RL's recipes have about 600).") from None
+        raise UsageError(
+            f"{shown_path(path)}: {err}. Fix: write fewer, flatter values (NeMo-RL's recipes have about 600)."
+        ) from None
     except yaml.YAMLError as err:
         raise _yaml_error(path, err) from None
     except RecursionError:
-        raise UsageError(f"{shown_path(path)}: the YAML nests deeper than {MAX_NESTING} levels. Fix: flatten the structure.") from None
+        raise UsageError(
+            f"{shown_path(path)}: the YAML nests deeper than {MAX_NESTING} levels. Fix: flatten the structure."
+        ) from None
     except Exception as err:  # OmegaConf's own grammar errors (e.g. a bad key), int too long, ...
         raise UsageError(f"{shown_path(path)}: {type(err).__name__}: {first_line(err)}. Fix the YAML.") from None
     if not isinstance(cfg, DictConfig):
-        raise UsageError(f"{shown_path(path)}: the top level is a {type(cfg).__name__}, not a mapping. Fix: a NeMo-RL config is a YAML mapping.")
+        raise UsageError(
+            f"{shown_path(path)}: the top level is a {type(cfg).__name__}, not a mapping. Fix: a NeMo-RL config is a YAML mapping."
+        )
     return cfg
 
 
@@ -161,11 +177,15 @@ def _load_with_inheritance(path: Path, chain: tuple[Path, ...], state: _LoadStat
     resolved = _real_path(path)
     if resolved in chain:
         cycle = " -> ".join(shown_path(p) for p in (*chain, resolved))
-        raise UsageError(f"defaults cycle: {shown_text(cycle, 4 * MAX_SHOWN_CHARS)}. Fix: remove one of these `defaults:` entries.")
+        raise UsageError(
+            f"defaults cycle: {shown_text(cycle, 4 * MAX_SHOWN_CHARS)}. Fix: remove one of these `defaults:` entries."
+        )
     state.files.append(resolved)
     if len(state.files) > MAX_DEFAULTS_FILES:
-        raise UsageError(f"{shown_path(path)}: the defaults chain reads more than {MAX_DEFAULTS_FILES} files. "
-                         "Fix: fold some parents together.")
+        raise UsageError(
+            f"{shown_path(path)}: the defaults chain reads more than {MAX_DEFAULTS_FILES} files. "
+            "Fix: fold some parents together."
+        )
     cfg = _load_one(path, state)
     if "defaults" not in cfg:
         return cfg
@@ -195,10 +215,14 @@ def _resolve(cfg) -> dict:
             "Fix: define the referenced key or correct the ${...} expression."
         ) from None
     except RecursionError:
-        raise UsageError("an interpolation refers to itself or nests too deeply. Fix: correct the ${...} expressions.") from None
+        raise UsageError(
+            "an interpolation refers to itself or nests too deeply. Fix: correct the ${...} expressions."
+        ) from None
     except Exception as err:  # a resolver's own error (e.g. div by zero), a value OmegaConf cannot hold
-        raise UsageError(f"interpolation cannot be resolved ({type(err).__name__}: {first_line(err)}). "
-                         "Fix: correct the ${...} expression.") from None
+        raise UsageError(
+            f"interpolation cannot be resolved ({type(err).__name__}: {first_line(err)}). "
+            "Fix: correct the ${...} expression."
+        ) from None
 
 
 def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:

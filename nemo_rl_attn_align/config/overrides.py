@@ -5,7 +5,8 @@ can fail turned into a one-line ``UsageError`` whose fix says what to write inst
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.limits import MAX_NESTING, MAX_OVERRIDE_CHARS, MAX_OVERRIDE_KEY_DEPTH, first_line, shown
@@ -17,18 +18,24 @@ def _check_override_size(text: str) -> None:
     """Refuse an override longer than ``MAX_OVERRIDE_CHARS``, or whose key or value nests deeper than
     ``MAX_NESTING``, before Hydra's recursive parser sees it."""
     if len(text) > MAX_OVERRIDE_CHARS:
-        raise UsageError(f"override {shown(text)} is {len(text)} characters, over the limit of {MAX_OVERRIDE_CHARS}. "
-                         "Fix: put large values in the YAML file.")
+        raise UsageError(
+            f"override {shown(text)} is {len(text)} characters, over the limit of {MAX_OVERRIDE_CHARS}. "
+            "Fix: put large values in the YAML file."
+        )
     key = text.lstrip("+~").split("=", 1)[0]
     if key.count(".") + 1 > MAX_OVERRIDE_KEY_DEPTH:
-        raise UsageError(f"override {shown(text)}: its key has {key.count('.') + 1} levels, over the limit of "
-                         f"{MAX_OVERRIDE_KEY_DEPTH}. Fix: NeMo-RL configs nest a few levels; check the key.")
+        raise UsageError(
+            f"override {shown(text)}: its key has {key.count('.') + 1} levels, over the limit of "
+            f"{MAX_OVERRIDE_KEY_DEPTH}. Fix: NeMo-RL configs nest a few levels; check the key."
+        )
     depth = deepest = 0
     for ch in text:
         depth += (ch in "[{(") - (ch in "]})")
         deepest = max(deepest, depth)
     if deepest > MAX_NESTING:
-        raise UsageError(f"override {shown(text)}: its value nests deeper than {MAX_NESTING} levels. Fix: flatten the value.")
+        raise UsageError(
+            f"override {shown(text)}: its value nests deeper than {MAX_NESTING} levels. Fix: flatten the value."
+        )
 
 
 def apply_overrides(cfg, overrides: Sequence[str]) -> None:
@@ -44,7 +51,9 @@ def apply_overrides(cfg, overrides: Sequence[str]) -> None:
         try:
             parsed = parser.parse_overrides(overrides=[text])
         except Exception as err:  # HydraException; RecursionError and others from the grammar
-            raise UsageError(f"override {shown(text)} is malformed ({first_line(err) or type(err).__name__}). {_USAGE}.") from None
+            raise UsageError(
+                f"override {shown(text)} is malformed ({first_line(err) or type(err).__name__}). {_USAGE}."
+            ) from None
         override = parsed[0]
         if not override.key_or_group:
             raise UsageError(f"override {shown(text)} has no key. {_USAGE}.")
@@ -87,9 +96,15 @@ def _override_hint(cfg, override) -> str:
             return f"write ~{key} (a value after ~{key}= must equal the current one)"
         return f"{key} is not in the config, so there is nothing to delete; drop ~{key}"
     if override.is_add():
-        return f"{key} is already in the config; write {key}=VALUE" if exists else f"check that the parent of {key} is a mapping"
+        return (
+            f"{key} is already in the config; write {key}=VALUE"
+            if exists
+            else f"check that the parent of {key} is a mapping"
+        )
     if exists:
-        return f"{key} is in the config but this value cannot replace it; to add keys inside it, write ++{key}.NAME=VALUE"
+        return (
+            f"{key} is in the config but this value cannot replace it; to add keys inside it, write ++{key}.NAME=VALUE"
+        )
     if override.is_force_add():
         return f"check that the parent of {key} is a mapping and the value is valid"
     return f"{key} is not in the config; write ++{key}=VALUE to add it"

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.config.loader import get_path
@@ -56,11 +57,11 @@ MANDATE_KEYS = ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype
 class DriftSettings:
     """``attention_align.drift``: the attention shape ``drift`` sweeps when the model does not give it."""
 
-    heads: Optional[int] = None
-    kv_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    window: Optional[int] = None
-    seq_len: Optional[int] = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    window: int | None = None
+    seq_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class AlignSettings:
     ``load_settings``)."""
 
     on_mismatch: str = "warn"
-    preset: Optional[str] = None
+    preset: str | None = None
     allow_dtype_difference: bool = False
     strict: bool = False
     report_dir: str = REPORT_SUBDIR
@@ -100,6 +101,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], Any]:
             hint = f" (did you mean {close!r}?)" if close else ""
             raise _Invalid(f"must be one of {', '.join(choices)}{hint}")
         return value
+
     return check
 
 
@@ -120,6 +122,7 @@ def _integer(minimum: int) -> Callable[[Any], Any]:
         if value < minimum:
             raise _Invalid(f"must be {minimum} or more")
         return value
+
     return check
 
 
@@ -137,6 +140,7 @@ def _mandate_value(name: str) -> Callable[[Any], Any]:
             return field_spec(name).validate(value)
         except ContractError as err:
             raise _Invalid(str(err).split(": ", 1)[-1]) from None
+
     return _optional(check)
 
 
@@ -151,13 +155,24 @@ _FIXES = {
 }
 _POSITIVE = _optional(_integer(1))
 #: Each section's keys and how each value is checked (``None``: a nested section).
-_SECTIONS: dict[str, dict[str, Optional[Callable[[Any], Any]]]] = {
-    "": {"on_mismatch": _choice(ON_MISMATCH), "preset": _optional(_choice(PRESETS)),
-         "allow_dtype_difference": _boolean, "strict": _boolean, "report_dir": _optional(_report_dir),
-         "mandate": None, "drift": None},
+_SECTIONS: dict[str, dict[str, Callable[[Any], Any] | None]] = {
+    "": {
+        "on_mismatch": _choice(ON_MISMATCH),
+        "preset": _optional(_choice(PRESETS)),
+        "allow_dtype_difference": _boolean,
+        "strict": _boolean,
+        "report_dir": _optional(_report_dir),
+        "mandate": None,
+        "drift": None,
+    },
     "mandate": {name: _mandate_value(name) for name in MANDATE_KEYS},
-    "drift": {"heads": _POSITIVE, "kv_heads": _POSITIVE, "head_dim": _POSITIVE,
-              "window": _optional(_integer(0)), "seq_len": _POSITIVE},
+    "drift": {
+        "heads": _POSITIVE,
+        "kv_heads": _POSITIVE,
+        "head_dim": _POSITIVE,
+        "window": _optional(_integer(0)),
+        "seq_len": _POSITIVE,
+    },
 }
 
 
@@ -174,7 +189,9 @@ def _read_section(section: str, block: Mapping[Any, Any], errors: list[str]) -> 
         if key not in known:
             close = did_you_mean(key, tuple(known))
             hint = f" (did you mean {_dotted(section, close)}?)" if close else ""
-            errors.append(f"{_dotted(section, key)}: unknown key{hint}. Fix: remove it; known keys here: {', '.join(known)}")
+            errors.append(
+                f"{_dotted(section, key)}: unknown key{hint}. Fix: remove it; known keys here: {', '.join(known)}"
+            )
             continue
         check = known[key]
         if check is None:  # a nested section
@@ -186,8 +203,11 @@ def _read_section(section: str, block: Mapping[Any, Any], errors: list[str]) -> 
         try:
             values[key] = check(value)
         except _Invalid as err:
-            fix = f"set {_dotted(section, key)} to an allowed value, or null for no demand" if section == "mandate" \
+            fix = (
+                f"set {_dotted(section, key)} to an allowed value, or null for no demand"
+                if section == "mandate"
                 else _FIXES[section or key]
+            )
             errors.append(f"{_dotted(section, key)}={shown(value)}: {shown_text(str(err))}. Fix: {fix}.")
     return values
 
@@ -216,11 +236,13 @@ def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
         mandate["dtype"] = _precision_dtype(get_path(cfg, "policy.precision", None))
     if values.get("report_dir") is None:
         log_dir = get_path(cfg, "logger.log_dir", None)
-        values["report_dir"] = os.path.join(log_dir, REPORT_SUBDIR) if isinstance(log_dir, str) and log_dir else REPORT_SUBDIR
+        values["report_dir"] = (
+            os.path.join(log_dir, REPORT_SUBDIR) if isinstance(log_dir, str) and log_dir else REPORT_SUBDIR
+        )
     return AlignSettings(**values, mandate=Mandate(**mandate), drift=DriftSettings(**drift))
 
 
-def _precision_dtype(precision: Any) -> Optional[str]:
+def _precision_dtype(precision: Any) -> str | None:
     """``policy.precision`` as a contract dtype; ``None`` when unset or invalid (an invalid
     precision is the pre-flight rules' finding, not ours)."""
     try:

@@ -67,11 +67,15 @@ def _loader_classes() -> tuple[type, type | None]:
         SafeConstructor.__init__(self)
         Resolver.__init__(self)
 
-    libyaml_loader = type("BoundedOmegaConfCLoader", (_BoundedComposition, CParser, omegaconf_loader), {
-        "__init__": __init__,  # libyaml's events, PyYAML's Python composer (bounded) and constructor
-        "get_single_node": Composer.get_single_node,
-        "compose_document": Composer.compose_document,
-    })
+    libyaml_loader = type(
+        "BoundedOmegaConfCLoader",
+        (_BoundedComposition, CParser, omegaconf_loader),
+        {
+            "__init__": __init__,  # libyaml's events, PyYAML's Python composer (bounded) and constructor
+            "get_single_node": Composer.get_single_node,
+            "compose_document": Composer.compose_document,
+        },
+    )
     return python_loader, libyaml_loader
 
 
@@ -99,7 +103,9 @@ def _expanded_size(root, already: int) -> int:
             sizes[key] = 1 + sum(sizes[id(kid)] for kid in _children(node))
             active.discard(key)
             if already + sizes[key] > MAX_CONFIG_NODES:
-                raise OverLimit(f"the YAML expands to more than {MAX_CONFIG_NODES} values (aliases counted at every use)")
+                raise OverLimit(
+                    f"the YAML expands to more than {MAX_CONFIG_NODES} values (aliases counted at every use)"
+                )
             continue
         if key in sizes:
             continue

@@ -7,8 +7,9 @@ JSON. Stdlib only.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
@@ -33,19 +34,19 @@ class FieldValue:
     source: str = ""
 
     @classmethod
-    def observed(cls, value: Any, source: str = "") -> "FieldValue":
+    def observed(cls, value: Any, source: str = "") -> FieldValue:
         return cls(value, Provenance.OBSERVED, source)
 
     @classmethod
-    def configured(cls, value: Any, source: str = "") -> "FieldValue":
+    def configured(cls, value: Any, source: str = "") -> FieldValue:
         return cls(value, Provenance.CONFIGURED, source)
 
     @classmethod
-    def unobservable(cls, requested: Any = None, source: str = "") -> "FieldValue":
+    def unobservable(cls, requested: Any = None, source: str = "") -> FieldValue:
         return cls(requested, Provenance.UNOBSERVABLE, source)
 
     @classmethod
-    def pending(cls, source: str = "") -> "FieldValue":
+    def pending(cls, source: str = "") -> FieldValue:
         return cls(None, Provenance.PENDING, source)
 
     @property
@@ -57,7 +58,7 @@ class FieldValue:
         return {"value": self.value, "provenance": self.provenance.value, "source": self.source}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "field") -> "FieldValue":
+    def from_dict(cls, data: Mapping[str, Any], where: str = "field") -> FieldValue:
         if not isinstance(data, Mapping) or set(data) != {"value", "provenance", "source"}:
             raise ContractError(f"{where}: expected an object with value, provenance and source, got {data!r}")
         try:
@@ -82,7 +83,9 @@ def _validated(name: str, fv: FieldValue) -> FieldValue:
     if fv.provenance is Provenance.UNOBSERVABLE and fv.value is None:
         return fv
     if fv.known and fv.value is None and not spec.nullable:
-        raise ContractError(f"field {name}: {fv.provenance.value} needs a value; use FieldValue.pending or unobservable")
+        raise ContractError(
+            f"field {name}: {fv.provenance.value} needs a value; use FieldValue.pending or unobservable"
+        )
     return FieldValue(spec.validate(fv.value), fv.provenance, fv.source)
 
 
@@ -133,7 +136,7 @@ class AttentionContract:
         """The value of field ``name`` when it is known (observed or configured), else None."""
         return self[name].value if self[name].known else None
 
-    def replace(self, **changes: FieldValue) -> "AttentionContract":
+    def replace(self, **changes: FieldValue) -> AttentionContract:
         """A copy with some fields replaced (``name=FieldValue``)."""
         for name in changes:
             field_spec(name)
@@ -149,7 +152,7 @@ class AttentionContract:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "AttentionContract":
+    def from_dict(cls, data: Mapping[str, Any]) -> AttentionContract:
         """Inverse of ``to_dict``; any deviation from the schema raises ``ContractError``."""
         if not isinstance(data, Mapping):
             raise ContractError(f"a contract must be a JSON object, got {type(data).__name__}")
@@ -167,7 +170,7 @@ class AttentionContract:
         return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "AttentionContract":
+    def from_json(cls, text: str) -> AttentionContract:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -191,29 +194,33 @@ class ContractBuilder:
     worker_id: str
     _fields: dict[str, FieldValue] = field(default_factory=dict)
 
-    def set(self, name: str, fv: FieldValue) -> "ContractBuilder":
+    def set(self, name: str, fv: FieldValue) -> ContractBuilder:
         """Set field ``name`` to ``fv`` (validated now)."""
         self._fields[name] = _validated(name, fv)
         return self
 
-    def observed(self, name: str, value: Any, source: str = "") -> "ContractBuilder":
+    def observed(self, name: str, value: Any, source: str = "") -> ContractBuilder:
         return self.set(name, FieldValue.observed(value, source))
 
-    def configured(self, name: str, value: Any, source: str = "") -> "ContractBuilder":
+    def configured(self, name: str, value: Any, source: str = "") -> ContractBuilder:
         return self.set(name, FieldValue.configured(value, source))
 
-    def unobservable(self, name: str, requested: Any = None, source: str = "") -> "ContractBuilder":
+    def unobservable(self, name: str, requested: Any = None, source: str = "") -> ContractBuilder:
         return self.set(name, FieldValue.unobservable(requested, source))
 
-    def pending(self, name: str, source: str = "") -> "ContractBuilder":
+    def pending(self, name: str, source: str = "") -> ContractBuilder:
         return self.set(name, FieldValue.pending(source))
 
-    def build(self, unset: Provenance = Provenance.UNOBSERVABLE, unset_source: str = "not recorded") -> AttentionContract:
+    def build(
+        self, unset: Provenance = Provenance.UNOBSERVABLE, unset_source: str = "not recorded"
+    ) -> AttentionContract:
         """The contract; every field not set gets ``unset`` provenance (unobservable or pending)."""
         if unset not in (Provenance.UNOBSERVABLE, Provenance.PENDING):
             raise ContractError("fields left unset can only be unobservable or pending")
         filler = FieldValue(None, unset, unset_source)
-        return AttentionContract(self.side, self.worker_id, {name: self._fields.get(name, filler) for name in FIELD_NAMES})
+        return AttentionContract(
+            self.side, self.worker_id, {name: self._fields.get(name, filler) for name in FIELD_NAMES}
+        )
 
 
 def put_field(builder: ContractBuilder, name: str, value: Any, source: str, how: str = "observed") -> None:

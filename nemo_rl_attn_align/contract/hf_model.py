@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from nemo_rl_attn_align.contract.rope import canonical_rope
 from nemo_rl_attn_align.contract.semantics import hf_left_window
@@ -38,7 +39,7 @@ def hub_cache(environ: Mapping[str, str]) -> Path:
     return Path(home).expanduser() / "hub"
 
 
-def _cached_snapshot(model_name: str, cache: Path) -> Optional[Path]:
+def _cached_snapshot(model_name: str, cache: Path) -> Path | None:
     """``snapshots/<revision>/config.json`` of ``model_name`` in the hub cache: the revision ``refs/main``
     names, else the only snapshot present (several without a ref are ambiguous: None)."""
     repo = cache / ("models--" + model_name.replace("/", "--"))
@@ -50,7 +51,7 @@ def _cached_snapshot(model_name: str, cache: Path) -> Optional[Path]:
     return snapshots[0] if len(snapshots) == 1 else None
 
 
-def find_config(model_name: Any, environ: Optional[Mapping[str, str]] = None) -> Optional[Path]:
+def find_config(model_name: Any, environ: Mapping[str, str] | None = None) -> Path | None:
     """The local ``config.json`` of ``policy.model_name``, or None when it is not on this machine."""
     if not isinstance(model_name, str) or not model_name.strip():
         return None
@@ -66,7 +67,7 @@ def find_config(model_name: Any, environ: Optional[Mapping[str, str]] = None) ->
         return None
 
 
-def load_model_config(model_name: Any, environ: Optional[Mapping[str, str]] = None) -> Optional[HFModelConfig]:
+def load_model_config(model_name: Any, environ: Mapping[str, str] | None = None) -> HFModelConfig | None:
     """The parsed ``config.json`` of ``model_name`` (its ``text_config`` for multimodal models), or
     None when it is absent, too large or not a JSON object (the engines report a broken model)."""
     path = find_config(model_name, environ)
@@ -86,7 +87,7 @@ def load_model_config(model_name: Any, environ: Optional[Mapping[str, str]] = No
     return HFModelConfig(path, config)
 
 
-def _positive_int(value: Any) -> Optional[int]:
+def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -97,8 +98,11 @@ def _rope(hf: Mapping[str, Any]) -> tuple[str, dict]:
     if isinstance(params, Mapping):
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
         plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
-        return canonical_rope(params.get("rope_theta"), params.get("partial_rotary_factor", hf.get("partial_rotary_factor")),
-                              None if plain else scaling)
+        return canonical_rope(
+            params.get("rope_theta"),
+            params.get("partial_rotary_factor", hf.get("partial_rotary_factor")),
+            None if plain else scaling,
+        )
     return canonical_rope(hf.get("rope_theta"), hf.get("partial_rotary_factor"), hf.get("rope_scaling"))
 
 
@@ -115,8 +119,11 @@ def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     architectures = hf.get("architectures")
     if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
         out["architecture"] = architectures[0]
-    for name, key in (("num_layers", "num_hidden_layers"), ("num_attention_heads", "num_attention_heads"),
-                      ("vocab_size", "vocab_size")):
+    for name, key in (
+        ("num_layers", "num_hidden_layers"),
+        ("num_attention_heads", "num_attention_heads"),
+        ("vocab_size", "vocab_size"),
+    ):
         if _positive_int(hf.get(key)):
             out[name] = hf[key]
     if heads:
@@ -138,6 +145,8 @@ def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     elif layers:
         out["layer_windows"] = [left] * layers
     cap = hf.get("attn_logit_softcapping")
-    out["logit_softcapping"] = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+    out["logit_softcapping"] = (
+        float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+    )
     out["rope_type"], out["rope_parameters"] = _rope(hf)
     return out

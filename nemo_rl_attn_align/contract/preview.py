@@ -17,7 +17,8 @@ either the config or those facts.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, NamedTuple, Optional
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
 from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
@@ -51,14 +52,14 @@ _MODEL_OVERRIDE_FIELDS = {
 _VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
 
 
-def _dtype(value: Any) -> Optional[str]:
+def _dtype(value: Any) -> str | None:
     try:
         return normalize_dtype(value) if value is not None else None
     except ContractError:
         return None
 
 
-def _identity(b: ContractBuilder, facts: RecipeFacts, model: Optional[HFModelConfig]) -> None:
+def _identity(b: ContractBuilder, facts: RecipeFacts, model: HFModelConfig | None) -> None:
     """Fields both sides share: causal LM, the tokenizer, the logical batch, and what the model's
     local ``config.json`` fixes (both sides build the model from it); the rest pending."""
     for name in fields_of(Tier.IDENTITY):
@@ -73,12 +74,15 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, model: Optional[HFModelCon
     b.configured("causal", True, "decoder-only LM: causal mask")
     tokenizer = facts.tokenizer
     if isinstance(tokenizer, str) and tokenizer:
-        b.configured("tokenizer", tokenizer, "policy.tokenizer.name (NeMo-RL tokenizes once and feeds token ids to both sides)")
+        b.configured(
+            "tokenizer", tokenizer, "policy.tokenizer.name (NeMo-RL tokenizes once and feeds token ids to both sides)"
+        )
     else:
         b.pending("tokenizer", "policy.tokenizer.name is not set")
     if facts.rollout_batch_size:
-        b.configured("batch_size", facts.rollout_batch_size,
-                     "grpo.num_prompts_per_step x grpo.num_generations_per_prompt")
+        b.configured(
+            "batch_size", facts.rollout_batch_size, "grpo.num_prompts_per_step x grpo.num_generations_per_prompt"
+        )
     else:
         b.pending("batch_size", "known when the first rollout batch is scored")
 
@@ -96,8 +100,9 @@ def absent_sides(cfg: Mapping[str, Any] | RecipeFacts) -> dict[str, str]:
     return absent
 
 
-def predict_training(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapping[str, str]] = None,
-                     model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
+def predict_training(
+    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None, model: HFModelConfig | None = None
+) -> AttentionContract | None:
     """The training contract a Megatron policy worker would record, or ``None`` when
     ``policy.megatron_cfg.enabled`` is not truthy."""
     recipe = as_facts(cfg, environ)
@@ -116,21 +121,34 @@ def predict_training(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Map
     backend = facts.effective_backend
     te_semantics(b, backend, _dtype(facts.precision), cp, comm, preview=True)
     impl = facts.transformer_impl
-    b.configured("engine", "megatron-te" if impl == "transformer_engine" else f"megatron-{impl}", "policy.megatron_cfg.transformer_impl")
+    b.configured(
+        "engine",
+        "megatron-te" if impl == "transformer_engine" else f"megatron-{impl}",
+        "policy.megatron_cfg.transformer_impl",
+    )
     if backend is not None:
-        b.configured("backend", f"AttnBackend.{backend}", "policy.megatron_cfg.attention_backend; TE's actual choice is observed at the first forward")
+        b.configured(
+            "backend",
+            f"AttnBackend.{backend}",
+            "policy.megatron_cfg.attention_backend; TE's actual choice is observed at the first forward",
+        )
     else:
         b.pending("backend", "attention_backend is invalid")
     _from_config(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
-    b.configured("cp_layout", "load_balanced" if cp > 1 else "none", "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r")
+    b.configured(
+        "cp_layout",
+        "load_balanced" if cp > 1 else "none",
+        "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r",
+    )
     if cp > 1:  # an unknown value is the pre-flight rules' CONFIG_VALUE_INVALID; the field is then pending
         _from_config(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
     else:
         b.configured("cp_comm_type", None, "no context parallelism")
     _from_config(b, "tp_size", facts.tensor_parallel_size.value, facts.tensor_parallel_size.key)
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
-    b.configured("rope_fusion", facts.apply_rope_fusion,
-                 "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)")
+    b.configured(
+        "rope_fusion", facts.apply_rope_fusion, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)"
+    )
     _from_config(b, "physical_batch", facts.physical_batch.value, facts.physical_batch.key)
     # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
     b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
@@ -162,8 +180,9 @@ def _worker_env(facts: RecipeFacts, side: str, environ: Mapping[str, str]) -> di
     return {**environ, **extra}
 
 
-def predict_rollout(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapping[str, str]] = None,
-                    model: Optional[HFModelConfig] = None) -> Optional[AttentionContract]:
+def predict_rollout(
+    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None, model: HFModelConfig | None = None
+) -> AttentionContract | None:
     """The rollout contract a vLLM generation worker would record, or ``None`` when
     ``policy.generation.backend`` is not vllm."""
     recipe = as_facts(cfg, environ)
@@ -191,7 +210,11 @@ def predict_rollout(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapp
         b.configured("chunked_prefill_chunk", None, "vllm_kwargs.enable_chunked_prefill: false")
     else:
         _from_config(b, "chunked_prefill_chunk", gen.max_num_batched_tokens, "vllm_kwargs.max_num_batched_tokens")
-    b.configured("mode", "prefill+decode" if chunked is False else "chunked_prefill+decode", "vllm_kwargs.enable_chunked_prefill (vLLM V1 default on)")
+    b.configured(
+        "mode",
+        "prefill+decode" if chunked is False else "chunked_prefill+decode",
+        "vllm_kwargs.enable_chunked_prefill (vLLM V1 default on)",
+    )
     caching = gen.enable_prefix_caching
     if isinstance(caching.value, bool):
         b.configured("prefix_caching", caching.value, caching.key)
@@ -210,8 +233,12 @@ def predict_rollout(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapp
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
 
 
-def predict_determinism(cfg: Mapping[str, Any] | RecipeFacts, environ: Optional[Mapping[str, str]] = None,
-                        training: Optional[AttentionContract] = None, rollout: Optional[AttentionContract] = None):
+def predict_determinism(
+    cfg: Mapping[str, Any] | RecipeFacts,
+    environ: Mapping[str, str] | None = None,
+    training: AttentionContract | None = None,
+    rollout: AttentionContract | None = None,
+):
     """The determinism diff the workers would report, from the config and ``environ``, with the
     problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
     environ = os.environ if environ is None else environ
@@ -233,9 +260,9 @@ class BindingPreview(NamedTuple):
     """What ``check`` shows: both predicted contracts (``None`` where the config has no such side),
     the predicted binding (``None`` unless both exist) and notes on assumptions and problems."""
 
-    training: Optional[AttentionContract]
-    rollout: Optional[AttentionContract]
-    binding: Optional[BindingReport]
+    training: AttentionContract | None
+    rollout: AttentionContract | None
+    binding: BindingReport | None
     notes: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,7 +287,9 @@ class BindingPreview(NamedTuple):
         return "\n".join(lines)
 
 
-def preview_binding(cfg: Mapping[str, Any], settings: Any = None, environ: Optional[Mapping[str, str]] = None) -> BindingPreview:
+def preview_binding(
+    cfg: Mapping[str, Any], settings: Any = None, environ: Mapping[str, str] | None = None
+) -> BindingPreview:
     """Predict both contracts and bind them under ``settings`` (``settings.AlignSettings``; ``None``
     reads them from ``cfg``). ``environ`` is the driver environment the workers inherit
     (default ``os.environ``, as ``plan.build_plan``)."""
@@ -276,15 +305,19 @@ def preview_binding(cfg: Mapping[str, Any], settings: Any = None, environ: Optio
     if model is not None:
         notes.append(f"identity read from {model.path} (local; never fetched)")
     elif training is not None and rollout is not None:
-        notes.append(f"identity pending: policy.model_name={facts.model_name!r} has no config.json "
-                     "on this machine (a local directory or the Hugging Face cache); nothing is downloaded")
+        notes.append(
+            f"identity pending: policy.model_name={facts.model_name!r} has no config.json "
+            "on this machine (a local directory or the Hugging Face cache); nothing is downloaded"
+        )
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
     diff, problems = predict_determinism(facts, environ, training, rollout)
     notes.extend(f"determinism: {p}" for p in problems)
     if vllm_batch_invariant(_worker_env(facts, "rollout", environ)):
-        notes.append(f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
-                     f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning")
+        notes.append(
+            f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
+            f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"
+        )
     mandate: Mandate = settings.to_mandate()
     binding = bind(training, rollout, mandate, allow_dtype_difference=settings.allow_dtype_difference, determinism=diff)
     return BindingPreview(training, rollout, binding, tuple(notes))

@@ -20,7 +20,8 @@ and ``decode_context_parallel_size`` (vLLM >= 0.12; none before), the tokenizer 
 from __future__ import annotations
 
 import enum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
@@ -136,7 +137,9 @@ def requested_backend(vllm_config: Any, environ: Mapping[str, str]) -> tuple[str
     return None, "not requested (vLLM selects by platform)"
 
 
-def rollout_facts(vllm_config: Any, static_forward_context: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+def rollout_facts(
+    vllm_config: Any, static_forward_context: Mapping[str, Any], environ: Mapping[str, str]
+) -> dict[str, Any]:
     """Plain JSON-ready facts about one vLLM worker's attention."""
     from nemo_rl_attn_align.compare.profiles import vllm_batch_invariant
 
@@ -198,10 +201,16 @@ def hf_rope(hf: Any) -> dict[str, Any]:
     if isinstance(params, Mapping):
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
         plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
-        return {"rope_theta": params.get("rope_theta"), "rope_scaling": None if plain else scaling,
-                "partial_rotary_factor": params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))}
-    return {"rope_theta": getattr(hf, "rope_theta", None), "rope_scaling": getattr(hf, "rope_scaling", None),
-            "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None)}
+        return {
+            "rope_theta": params.get("rope_theta"),
+            "rope_scaling": None if plain else scaling,
+            "partial_rotary_factor": params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None)),
+        }
+    return {
+        "rope_theta": getattr(hf, "rope_theta", None),
+        "rope_scaling": getattr(hf, "rope_scaling", None),
+        "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None),
+    }
 
 
 def _sliding_window(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
@@ -213,7 +222,11 @@ def _sliding_window(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
     source = "attention layers' impl.sliding_window"
     how = "observed"
     if not windows or (isinstance(num_layers, int) and len(windows) != num_layers):
-        seen = f"{len(windows)} of {num_layers} attention layers expose impl.sliding_window" if windows else "no attention impl exposes sliding_window"
+        seen = (
+            f"{len(windows)} of {num_layers} attention layers expose impl.sliding_window"
+            if windows
+            else "no attention impl exposes sliding_window"
+        )
         how = "configured"
         if facts.get("hf_layer_windows"):
             windows, source = list(facts["hf_layer_windows"]), f"hf_config.layer_types and sliding_window - 1 ({seen})"
@@ -223,7 +236,9 @@ def _sliding_window(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
             source = f"hf_config.sliding_window - 1 on every layer ({seen})"
     if not windows:
         b.unobservable("layer_windows", None, f"{source}: the number of layers is not known")
-        b.configured("sliding_window", hf_left_window(facts.get("sliding_window"), facts.get("use_sliding_window")), source)
+        b.configured(
+            "sliding_window", hf_left_window(facts.get("sliding_window"), facts.get("use_sliding_window")), source
+        )
         return
     put_field(b, "layer_windows", windows, source, how)
     windowed = sorted({w for w in windows if w is not None})
@@ -239,16 +254,27 @@ def _softcapping(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
     caps = facts.get("layer_soft_caps") or []
     if caps:
         if len(set(caps)) > 1:
-            b.unobservable("logit_softcapping", None, f"attention layers' impl.logits_soft_cap differ: {sorted(set(caps), key=str)}")
+            b.unobservable(
+                "logit_softcapping",
+                None,
+                f"attention layers' impl.logits_soft_cap differ: {sorted(set(caps), key=str)}",
+            )
         else:
             b.observed("logit_softcapping", caps[0], "attention layers' impl.logits_soft_cap (0: none)")
         return
     cap = facts.get("attn_logit_softcapping")
-    put_field(b, "logit_softcapping", cap if cap else None, "hf_config.attn_logit_softcapping (no attention impl exposes logits_soft_cap)", "configured")
+    put_field(
+        b,
+        "logit_softcapping",
+        cap if cap else None,
+        "hf_config.attn_logit_softcapping (no attention impl exposes logits_soft_cap)",
+        "configured",
+    )
 
 
 def _kv_cache_dtype(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
     """The KV-cache dtype in use: the cache tensor's, else ``cache_dtype`` (``auto``: the model dtype)."""
+
     def canonical(value: Any) -> Any:
         try:
             return normalize_dtype(value)
@@ -256,23 +282,48 @@ def _kv_cache_dtype(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
             return value
 
     if facts.get("kv_cache_tensor_dtype"):
-        b.observed("kv_cache_dtype", canonical(facts["kv_cache_tensor_dtype"]), f"attention layer .kv_cache dtype (cache_config.cache_dtype {facts.get('kv_cache_dtype')})")
+        b.observed(
+            "kv_cache_dtype",
+            canonical(facts["kv_cache_tensor_dtype"]),
+            f"attention layer .kv_cache dtype (cache_config.cache_dtype {facts.get('kv_cache_dtype')})",
+        )
         return
     requested = facts.get("kv_cache_dtype")
     if requested == "auto" and facts.get("dtype"):
-        put_field(b, "kv_cache_dtype", canonical(facts["dtype"]), "cache_config.cache_dtype auto: model_config.dtype (no cache tensor seen)", "configured")
+        put_field(
+            b,
+            "kv_cache_dtype",
+            canonical(facts["dtype"]),
+            "cache_config.cache_dtype auto: model_config.dtype (no cache tensor seen)",
+            "configured",
+        )
     else:
-        put_field(b, "kv_cache_dtype", canonical(requested) if requested else None, "cache_config.cache_dtype (no cache tensor seen)", "configured")
+        put_field(
+            b,
+            "kv_cache_dtype",
+            canonical(requested) if requested else None,
+            "cache_config.cache_dtype (no cache tensor seen)",
+            "configured",
+        )
 
 
 def _context_parallel(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
     pcp, dcp = facts.get("prefill_context_parallel_size"), facts.get("decode_context_parallel_size")
     if pcp is None:
-        b.configured("cp_size", 1, "parallel_config has no prefill_context_parallel_size in this vLLM: no context parallelism")
+        b.configured(
+            "cp_size", 1, "parallel_config has no prefill_context_parallel_size in this vLLM: no context parallelism"
+        )
     else:
         put_field(b, "cp_size", pcp, "parallel_config.prefill_context_parallel_size", "configured")
-    put_field(b, "decode_cp_size", dcp if dcp is not None else 1,
-              "parallel_config.decode_context_parallel_size" if dcp is not None else "this vLLM has no decode_context_parallel_size", "configured")
+    put_field(
+        b,
+        "decode_cp_size",
+        dcp if dcp is not None else 1,
+        "parallel_config.decode_context_parallel_size"
+        if dcp is not None
+        else "this vLLM has no decode_context_parallel_size",
+        "configured",
+    )
     if (pcp or 1) == 1:
         b.configured("cp_layout", "none", "cp_size == 1")
         b.configured("cp_comm_type", None, "cp_size == 1")
@@ -281,7 +332,9 @@ def _context_parallel(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
         b.unobservable("cp_comm_type", None, "vLLM's prefill context parallelism has no cp_comm_type")
 
 
-def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping[str, str] | None = None) -> AttentionContract:
+def rollout_contract(
+    facts: Mapping[str, Any], worker_id: str, versions: Mapping[str, str] | None = None
+) -> AttentionContract:
     """The rollout-side contract for one vLLM worker."""
     b = ContractBuilder("rollout", worker_id)
 
@@ -297,7 +350,9 @@ def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping
     put("causal", True, "decoder self-attention", "configured")
     _sliding_window(b, facts)
     _softcapping(b, facts)
-    rope_type, rope_params = canonical_rope(facts.get("rope_theta"), facts.get("partial_rotary_factor"), facts.get("rope_scaling"))
+    rope_type, rope_params = canonical_rope(
+        facts.get("rope_theta"), facts.get("partial_rotary_factor"), facts.get("rope_scaling")
+    )
     put("rope_type", rope_type, "hf_config.rope_scaling")
     put("rope_parameters", rope_params, "hf_config.rope_theta/partial_rotary_factor/rope_scaling")
     put("vocab_size", facts.get("vocab_size"), "hf_config.vocab_size")
@@ -310,15 +365,27 @@ def rollout_contract(facts: Mapping[str, Any], worker_id: str, versions: Mapping
     if distinct:
         put("backend", distinct[0] if len(distinct) == 1 else dict(layers), "attention layers' attn_backend.get_name()")
     else:
-        b.unobservable("backend", facts.get("requested_backend"), "no attention layer with attn_backend in static_forward_context")
+        b.unobservable(
+            "backend", facts.get("requested_backend"), "no attention layer with attn_backend in static_forward_context"
+        )
     put("kv_page_size", facts.get("block_size"), "cache_config.block_size")
     _kv_cache_dtype(b, facts)
     chunked = bool(facts.get("enable_chunked_prefill"))
-    put("chunked_prefill_chunk", facts.get("max_num_batched_tokens") if chunked else None, "scheduler_config.max_num_batched_tokens", "observed" if chunked else "configured")
+    put(
+        "chunked_prefill_chunk",
+        facts.get("max_num_batched_tokens") if chunked else None,
+        "scheduler_config.max_num_batched_tokens",
+        "observed" if chunked else "configured",
+    )
     put("prefix_caching", facts.get("enable_prefix_caching"), "cache_config.enable_prefix_caching")
     put("tp_size", facts.get("tensor_parallel_size"), "parallel_config.tensor_parallel_size")
     _context_parallel(b, facts)
-    put("mode", "chunked_prefill+decode" if chunked else "prefill+decode", "scheduler_config.enable_chunked_prefill", "configured")
+    put(
+        "mode",
+        "chunked_prefill+decode" if chunked else "prefill+decode",
+        "scheduler_config.enable_chunked_prefill",
+        "configured",
+    )
     put("rope_fusion", None, "vLLM has no rope-fusion switch", "configured")
     put("physical_batch", facts.get("max_num_seqs"), "scheduler_config.max_num_seqs", "configured")
     put("batch_invariant", facts.get("batch_invariant"), "VLLM_BATCH_INVARIANT in the worker")

@@ -10,7 +10,8 @@ either onto ``(rope_type, {"theta", "partial_rotary_factor", "scaling"?})``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: Megatron's Llama 3.x scaling constants (``rotary_pos_embedding.py::_apply_scaling`` defaults;
 #: only ``factor`` is configurable there), the values Llama 3.1's HF config also carries.
@@ -23,7 +24,10 @@ def _number(value: Any) -> Any:
 
 def canonical_rope(theta: Any, partial_rotary_factor: Any, scaling: Mapping[str, Any] | None) -> tuple[str, dict]:
     """``(rope_type, parameters)``: plain RoPE is ``"default"`` with no ``scaling`` entry; numbers as floats."""
-    params: dict[str, Any] = {"theta": _number(theta), "partial_rotary_factor": _number(1.0 if partial_rotary_factor is None else partial_rotary_factor)}
+    params: dict[str, Any] = {
+        "theta": _number(theta),
+        "partial_rotary_factor": _number(1.0 if partial_rotary_factor is None else partial_rotary_factor),
+    }
     if not isinstance(scaling, Mapping):
         return "default", {k: v for k, v in params.items() if v is not None}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"

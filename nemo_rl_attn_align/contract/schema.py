@@ -16,8 +16,9 @@ import enum
 import math
 import re
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from nemo_rl_attn_align.suggest import did_you_mean
 
@@ -65,10 +66,23 @@ class Tier(str, enum.Enum):
 # --- value kinds -------------------------------------------------------------------------------
 
 _DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "torch.float": "fp32",
-    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16", "torch.half": "fp16",
-    "fp8": "fp8", "float8": "fp8", "fp8_e4m3": "fp8", "torch.float8_e4m3fn": "fp8",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "torch.float": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "torch.half": "fp16",
+    "fp8": "fp8",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "torch.float8_e4m3fn": "fp8",
 }
 
 #: Canonical dtype spellings used by every dtype field.
@@ -155,7 +169,9 @@ def _kind_positive_fp32(value: Any, where: str) -> float:
 def _kind_layer_windows(value: Any, where: str) -> list:
     """One left window (int >= 0) or null (full attention) per layer, in layer order."""
     if not isinstance(value, (list, tuple)) or not value:
-        raise ContractError(f"{where}: expected a non-empty list of per-layer windows (int >= 0 or null), got {value!r}")
+        raise ContractError(
+            f"{where}: expected a non-empty list of per-layer windows (int >= 0 or null), got {value!r}"
+        )
     return [None if item is None else _kind_non_negative_int(item, f"{where}[{i}]") for i, item in enumerate(value)]
 
 
@@ -196,9 +212,7 @@ _SPLIT_KV_RE = re.compile(r"^(none|heuristic|fixed_count:[1-9][0-9]*|fixed_size:
 
 def _kind_split_kv(value: Any, where: str) -> str:
     if not isinstance(value, str) or not _SPLIT_KV_RE.match(value):
-        raise ContractError(
-            f"{where}: expected none, heuristic, fixed_count:<n> or fixed_size:<tokens>, got {value!r}"
-        )
+        raise ContractError(f"{where}: expected none, heuristic, fixed_count:<n> or fixed_size:<tokens>, got {value!r}")
     return value
 
 
@@ -256,48 +270,204 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("num_attention_heads", _ID, _kind_positive_int, "query heads (whole model, before TP split)", fix=_MODEL_FIX),
     _spec("num_query_groups", _ID, _kind_positive_int, "key/value heads (GQA groups)", fix=_MODEL_FIX),
     _spec("head_dim", _ID, _kind_positive_int, "per-head channels (Megatron kv_channels)", fix=_MODEL_FIX),
-    _spec("softmax_scale", _ID, _kind_fp32, "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, flash-attn: C float)", fix=_MODEL_FIX),
+    _spec(
+        "softmax_scale",
+        _ID,
+        _kind_fp32,
+        "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, flash-attn: C float)",
+        fix=_MODEL_FIX,
+    ),
     _spec("causal", _ID, _kind_bool, "causal mask", fix=_MODEL_FIX),
-    _spec("sliding_window", _ID, _kind_non_negative_int, "left window in tokens as the kernel receives it; null = full attention", nullable=True, fix=_MODEL_FIX),
-    _spec("layer_windows", _ID, _kind_layer_windows, "per layer, in order: the left window the kernel receives (null = full attention); tells interleaved sliding/full layers apart", fix=_MODEL_FIX),
-    _spec("logit_softcapping", _ID, _kind_positive_fp32, "attention logit soft cap c (logits -> c * tanh(logits / c)), as fp32; null = none", nullable=True, fix=_MODEL_FIX),
-    _spec("rope_type", _ID, _kind_str, "rotary embedding type: default, linear, dynamic, yarn, llama3, mrope, none", fix=_MODEL_FIX),
-    _spec("rope_parameters", _ID, _kind_mapping, "rotary parameters: theta, scaling factors, partial rotary fraction", fix=_MODEL_FIX),
-    _spec("vocab_size", _ID, _kind_positive_int, "logical (unpadded) vocabulary the logprobs are taken over", fix=_MODEL_FIX),
-    _spec("tokenizer", _ID, _kind_str, "tokenizer that produced the token ids: sha256 of its files for a local directory (compared by content), else its name", fix="use one tokenizer on both sides (policy.tokenizer.name)"),
-    _spec("batch_size", _ID, _kind_positive_int, "logical batch: sequences whose token logprobs are compared", fix="score the same batch on both sides"),
+    _spec(
+        "sliding_window",
+        _ID,
+        _kind_non_negative_int,
+        "left window in tokens as the kernel receives it; null = full attention",
+        nullable=True,
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "layer_windows",
+        _ID,
+        _kind_layer_windows,
+        "per layer, in order: the left window the kernel receives (null = full attention); tells interleaved sliding/full layers apart",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "logit_softcapping",
+        _ID,
+        _kind_positive_fp32,
+        "attention logit soft cap c (logits -> c * tanh(logits / c)), as fp32; null = none",
+        nullable=True,
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "rope_type",
+        _ID,
+        _kind_str,
+        "rotary embedding type: default, linear, dynamic, yarn, llama3, mrope, none",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "rope_parameters",
+        _ID,
+        _kind_mapping,
+        "rotary parameters: theta, scaling factors, partial rotary fraction",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "vocab_size",
+        _ID,
+        _kind_positive_int,
+        "logical (unpadded) vocabulary the logprobs are taken over",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "tokenizer",
+        _ID,
+        _kind_str,
+        "tokenizer that produced the token ids: sha256 of its files for a local directory (compared by content), else its name",
+        fix="use one tokenizer on both sides (policy.tokenizer.name)",
+    ),
+    _spec(
+        "batch_size",
+        _ID,
+        _kind_positive_int,
+        "logical batch: sequences whose token logprobs are compared",
+        fix="score the same batch on both sides",
+    ),
     # semantic: what the reduction means; must agree with each other and with the mandate
-    _spec("merge_rule", _SEM, _choice(*MERGE_RULES), "how partial results combine: online_softmax_lse (merge (out, lse) partials) or full_softmax (one softmax over the whole row)",
-          fix="use a FlashAttention/FusedAttention-family backend on both sides (unfused and local compute one full softmax), or relax attention_align.mandate.merge_rule"),
-    _spec("reduction_order", _SEM, _choice(*REDUCTION_ORDERS), "order partials are folded: kv_index (by global KV block index, canonical), ring_step (TE CP ring), split_kv (split-KV combine), unspecified",
-          fix="attention_align.preset: aligned (or check --fix) sets it: rollout VLLM_BATCH_INVARIANT=1 in policy.generation.vllm_cfg.env_vars (one KV split); training context_parallel_size 1 (NeMo-RL packs sequences under CP and TE runs packed attention only over its p2p ring); or relax attention_align.mandate.reduction_order"),
-    _spec("acc_dtype", _SEM, _kind_dtype, "dtype of the running (out, lse) accumulators",
-          fix="use kernels that accumulate in the demanded dtype, or relax attention_align.mandate.acc_dtype"),
-    _spec("downcast", _SEM, _choice(*DOWNCASTS), "where the output leaves acc_dtype: final_write (once) or per_partial (each partial before the merge)",
-          fix="per-partial downcasts come from TE context parallelism over a p2p ring (NeMo-RL's packed sequences run no other): use context_parallel_size 1, or relax attention_align.mandate.downcast"),
-    _spec("dtype", _SEM, _kind_dtype, "dtype of Q/K/V and of the attention output",
-          fix="set policy.precision and policy.generation.vllm_cfg.precision to the same dtype, or set attention_align.allow_dtype_difference: true for a deliberate sweep"),
+    _spec(
+        "merge_rule",
+        _SEM,
+        _choice(*MERGE_RULES),
+        "how partial results combine: online_softmax_lse (merge (out, lse) partials) or full_softmax (one softmax over the whole row)",
+        fix="use a FlashAttention/FusedAttention-family backend on both sides (unfused and local compute one full softmax), or relax attention_align.mandate.merge_rule",
+    ),
+    _spec(
+        "reduction_order",
+        _SEM,
+        _choice(*REDUCTION_ORDERS),
+        "order partials are folded: kv_index (by global KV block index, canonical), ring_step (TE CP ring), split_kv (split-KV combine), unspecified",
+        fix="attention_align.preset: aligned (or check --fix) sets it: rollout VLLM_BATCH_INVARIANT=1 in policy.generation.vllm_cfg.env_vars (one KV split); training context_parallel_size 1 (NeMo-RL packs sequences under CP and TE runs packed attention only over its p2p ring); or relax attention_align.mandate.reduction_order",
+    ),
+    _spec(
+        "acc_dtype",
+        _SEM,
+        _kind_dtype,
+        "dtype of the running (out, lse) accumulators",
+        fix="use kernels that accumulate in the demanded dtype, or relax attention_align.mandate.acc_dtype",
+    ),
+    _spec(
+        "downcast",
+        _SEM,
+        _choice(*DOWNCASTS),
+        "where the output leaves acc_dtype: final_write (once) or per_partial (each partial before the merge)",
+        fix="per-partial downcasts come from TE context parallelism over a p2p ring (NeMo-RL's packed sequences run no other): use context_parallel_size 1, or relax attention_align.mandate.downcast",
+    ),
+    _spec(
+        "dtype",
+        _SEM,
+        _kind_dtype,
+        "dtype of Q/K/V and of the attention output",
+        fix="set policy.precision and policy.generation.vllm_cfg.precision to the same dtype, or set attention_align.allow_dtype_difference: true for a deliberate sweep",
+    ),
     # recorded: how it was materialized; every difference is listed, none rejected
     _spec("engine", _REC, _kind_str, "engine: megatron-te, megatron-local, vllm"),
-    _spec("backend", _REC, _kind_backend, "attention backend id (TE FlashAttention/FusedAttention/UnfusedDotProductAttention, vLLM FLASH_ATTN/FLASHINFER/...); a mapping layer -> backend when layers differ"),
-    _spec("reduction_engine", _REC, _kind_str, "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, te_cp_a2a+p2p, fa_split_combine, ..."),
-    _spec("split_kv_policy", _REC, _kind_split_kv, "none, heuristic (kernel picks the split count), fixed_count:<n>, fixed_size:<tokens>"),
-    _spec("kv_page_size", _REC, _kind_positive_int, "paged-KV block size in tokens; null when KV is not paged", nullable=True),
-    _spec("kv_cache_dtype", _REC, _kind_str, "KV-cache dtype (auto, fp8, ...); null when there is no KV cache", nullable=True),
-    _spec("chunked_prefill_chunk", _REC, _kind_positive_int, "chunked-prefill token budget per step; null when prefill is not chunked", nullable=True),
+    _spec(
+        "backend",
+        _REC,
+        _kind_backend,
+        "attention backend id (TE FlashAttention/FusedAttention/UnfusedDotProductAttention, vLLM FLASH_ATTN/FLASHINFER/...); a mapping layer -> backend when layers differ",
+    ),
+    _spec(
+        "reduction_engine",
+        _REC,
+        _kind_str,
+        "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, te_cp_a2a+p2p, fa_split_combine, ...",
+    ),
+    _spec(
+        "split_kv_policy",
+        _REC,
+        _kind_split_kv,
+        "none, heuristic (kernel picks the split count), fixed_count:<n>, fixed_size:<tokens>",
+    ),
+    _spec(
+        "kv_page_size",
+        _REC,
+        _kind_positive_int,
+        "paged-KV block size in tokens; null when KV is not paged",
+        nullable=True,
+    ),
+    _spec(
+        "kv_cache_dtype",
+        _REC,
+        _kind_str,
+        "KV-cache dtype (auto, fp8, ...); null when there is no KV cache",
+        nullable=True,
+    ),
+    _spec(
+        "chunked_prefill_chunk",
+        _REC,
+        _kind_positive_int,
+        "chunked-prefill token budget per step; null when prefill is not chunked",
+        nullable=True,
+    ),
     _spec("prefix_caching", _REC, _kind_bool, "KV prefix caching on; null when there is no KV cache", nullable=True),
     _spec("cp_size", _REC, _kind_positive_int, "context-parallel size"),
-    _spec("decode_cp_size", _REC, _kind_positive_int, "decode context-parallel size (vLLM decode_context_parallel_size); null when the engine does not decode", nullable=True),
-    _spec("cp_layout", _REC, _choice("none", "load_balanced", "contiguous"), "sequence layout over CP ranks (load_balanced: rank r holds chunks r and 2cp-1-r)"),
-    _spec("cp_comm_type", _REC, _choice("p2p", "all_gather", "a2a", "a2a+p2p"), "CP communication; null when cp_size is 1", nullable=True),
+    _spec(
+        "decode_cp_size",
+        _REC,
+        _kind_positive_int,
+        "decode context-parallel size (vLLM decode_context_parallel_size); null when the engine does not decode",
+        nullable=True,
+    ),
+    _spec(
+        "cp_layout",
+        _REC,
+        _choice("none", "load_balanced", "contiguous"),
+        "sequence layout over CP ranks (load_balanced: rank r holds chunks r and 2cp-1-r)",
+    ),
+    _spec(
+        "cp_comm_type",
+        _REC,
+        _choice("p2p", "all_gather", "a2a", "a2a+p2p"),
+        "CP communication; null when cp_size is 1",
+        nullable=True,
+    ),
     _spec("tp_size", _REC, _kind_positive_int, "tensor-parallel size"),
     _spec("mode", _REC, _choice(*MODES), "prefill (full-sequence forward), prefill+decode, chunked_prefill+decode"),
     _spec("rope_fusion", _REC, _kind_bool, "fused RoPE kernel; null when the engine has no such switch", nullable=True),
-    _spec("physical_batch", _REC, _kind_positive_int, "sequences per kernel launch (micro batch, max_num_seqs)", nullable=True),
-    _spec("batch_invariant", _REC, _kind_bool, "batch-invariant mode (Megatron batch_invariant_mode, VLLM_BATCH_INVARIANT)", nullable=True),
-    _spec("deterministic", _REC, _kind_bool, "deterministic mode (Megatron deterministic_mode); null when the engine has none", nullable=True),
-    _spec("flash_attention_version", _REC, _kind_positive_int, "flash-attn major version in use (2, 3, 4)", nullable=True),
-    _spec("versions", _REC, _kind_mapping, "library versions: torch, megatron.core, transformer_engine, vllm, flash_attn, nccl"),
+    _spec(
+        "physical_batch",
+        _REC,
+        _kind_positive_int,
+        "sequences per kernel launch (micro batch, max_num_seqs)",
+        nullable=True,
+    ),
+    _spec(
+        "batch_invariant",
+        _REC,
+        _kind_bool,
+        "batch-invariant mode (Megatron batch_invariant_mode, VLLM_BATCH_INVARIANT)",
+        nullable=True,
+    ),
+    _spec(
+        "deterministic",
+        _REC,
+        _kind_bool,
+        "deterministic mode (Megatron deterministic_mode); null when the engine has none",
+        nullable=True,
+    ),
+    _spec(
+        "flash_attention_version", _REC, _kind_positive_int, "flash-attn major version in use (2, 3, 4)", nullable=True
+    ),
+    _spec(
+        "versions",
+        _REC,
+        _kind_mapping,
+        "library versions: torch, megatron.core, transformer_engine, vllm, flash_attn, nccl",
+    ),
 )
 
 FIELD_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS)

@@ -13,7 +13,8 @@ Facts behind the rules (what the kernels do) are written in the ``source`` of ea
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Optional
+from collections.abc import Callable, Collection
+from typing import Any
 
 from nemo_rl_attn_align.contract.contract import ContractBuilder
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
@@ -24,7 +25,14 @@ RING_COMM_TYPES = ("p2p", "a2a+p2p")
 
 #: vLLM backends that fold (out, lse) tiles with an online softmax and accumulate in fp32.
 VLLM_ONLINE_SOFTMAX_BACKENDS = (
-    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA", "CUTLASS_MLA",
+    "FLASH_ATTN",
+    "FLASHINFER",
+    "TRITON_ATTN",
+    "FLEX_ATTENTION",
+    "FLASH_ATTN_MLA",
+    "FLASHMLA",
+    "TRITON_MLA",
+    "CUTLASS_MLA",
 )
 
 #: The fields ``vllm_semantics`` sets (the rollout's ``dtype`` is the caller's: it is read, not derived).
@@ -40,7 +48,7 @@ def _unknown(b: ContractBuilder, preview: bool) -> Callable[[str, str], Any]:
     return lambda name, why: b.unobservable(name, None, why)
 
 
-def left_window(window: Any) -> Optional[int]:
+def left_window(window: Any) -> int | None:
     """The left window of a ``(left, right)`` pair as flash-attn and TE take it (Megatron's
     ``window_size``, vLLM's ``impl.sliding_window``); None for no pair or a negative left (-1: no window)."""
     if not isinstance(window, (list, tuple)) or len(window) != 2:
@@ -51,7 +59,7 @@ def left_window(window: Any) -> Optional[int]:
     return left
 
 
-def hf_left_window(sliding_window: Any, use_sliding_window: Any = None) -> Optional[int]:
+def hf_left_window(sliding_window: Any, use_sliding_window: Any = None) -> int | None:
     """The kernel's left window for an HF config's ``sliding_window`` (which counts the query itself:
     vLLM passes ``(sliding_window - 1, 0)`` to FlashAttention); None when there is no window."""
     if use_sliding_window is False or isinstance(sliding_window, bool) or not isinstance(sliding_window, int):
@@ -59,7 +67,9 @@ def hf_left_window(sliding_window: Any, use_sliding_window: Any = None) -> Optio
     return sliding_window - 1 if sliding_window > 0 else None
 
 
-def te_semantics(b: ContractBuilder, backend: Optional[str], dtype: Optional[str], cp: int, comm: Any, *, preview: bool) -> None:
+def te_semantics(
+    b: ContractBuilder, backend: str | None, dtype: str | None, cp: int, comm: Any, *, preview: bool
+) -> None:
     """Megatron + TE training: the semantic tier, ``reduction_engine``, ``split_kv_policy`` and the
     KV-cache fields, for an ``AttnBackend`` name, a dtype (``fp32``, ``bf16``, ...), the
     context-parallel size and ``cp_comm_type``. ``None`` backend or dtype: the derived fields are
@@ -78,15 +88,25 @@ def te_semantics(b: ContractBuilder, backend: Optional[str], dtype: Optional[str
     b.configured("dtype", dtype, "policy.precision")
     b.configured("acc_dtype", "fp32", "TE flash/fused kernels and cuBLAS (unfused) accumulate in fp32")
     if backend in ("unfused", "local") or (backend == "auto" and dtype == "fp32"):
-        why = ("auto with float32: TE's only fp32 backend is UnfusedDotProductAttention" if backend == "auto"
-               else f"attention_backend {backend}: one softmax over the materialized score row")
+        why = (
+            "auto with float32: TE's only fp32 backend is UnfusedDotProductAttention"
+            if backend == "auto"
+            else f"attention_backend {backend}: one softmax over the materialized score row"
+        )
         b.configured("merge_rule", "full_softmax", why)
         b.configured("reduction_order", "unspecified", why + "; the softmax row reduction has no KV block order")
         b.configured("downcast", "final_write", why + "; the output is written once")
-        b.configured("reduction_engine", "single_kernel", why + "; no partials to merge (TE and Megatron run it only "
-                     "without context parallelism)")
+        b.configured(
+            "reduction_engine",
+            "single_kernel",
+            why + "; no partials to merge (TE and Megatron run it only without context parallelism)",
+        )
         return
-    b.configured("merge_rule", "online_softmax_lse", f"attention_backend {backend}: TE FlashAttention/FusedAttention fold KV tiles with an online softmax")
+    b.configured(
+        "merge_rule",
+        "online_softmax_lse",
+        f"attention_backend {backend}: TE FlashAttention/FusedAttention fold KV tiles with an online softmax",
+    )
     if cp == 1:
         why = "one kernel pass over the KV in tile order"
         b.configured("reduction_order", "kv_index", why)
@@ -97,17 +117,29 @@ def te_semantics(b: ContractBuilder, backend: Optional[str], dtype: Optional[str
         for name in ("reduction_order", "downcast", "reduction_engine"):
             unknown(name, f"cp_comm_type {comm!r} is not one of {', '.join(CP_COMM_TYPES)}")
         return
-    b.configured("reduction_engine", f"te_cp_{comm}", f"context_parallel_size {cp}, cp_comm_type {comm}: TE's context-parallel attention")
+    b.configured(
+        "reduction_engine",
+        f"te_cp_{comm}",
+        f"context_parallel_size {cp}, cp_comm_type {comm}: TE's context-parallel attention",
+    )
     if comm in RING_COMM_TYPES:
-        b.configured("reduction_order", "ring_step", f"context_parallel_size {cp}, cp_comm_type {comm}: TE merges per-step (out, lse) partials in ring-step order, which depends on rank and cp_size")
-        b.configured("downcast", "per_partial", f"cp_comm_type {comm}: each ring step's kernel writes its partial output in {dtype} before the LSE correction")
+        b.configured(
+            "reduction_order",
+            "ring_step",
+            f"context_parallel_size {cp}, cp_comm_type {comm}: TE merges per-step (out, lse) partials in ring-step order, which depends on rank and cp_size",
+        )
+        b.configured(
+            "downcast",
+            "per_partial",
+            f"cp_comm_type {comm}: each ring step's kernel writes its partial output in {dtype} before the LSE correction",
+        )
     else:
         why = f"cp_comm_type {comm}: the full KV is gathered, one kernel pass"
         b.configured("reduction_order", "kv_index", why)
         b.configured("downcast", "final_write", why + "; fp32 accumulators written once")
 
 
-def vllm_semantics(b: ContractBuilder, backends: Optional[Collection[str]], invariant: bool, *, preview: bool) -> None:
+def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invariant: bool, *, preview: bool) -> None:
     """vLLM rollout: ``VLLM_DERIVED`` for the backends the attention layers run and batch-invariant
     mode (``VLLM_BATCH_INVARIANT``).
 
@@ -117,8 +149,11 @@ def vllm_semantics(b: ContractBuilder, backends: Optional[Collection[str]], inva
     unknown = _unknown(b, preview)
     chosen = None if backends is None else frozenset(backends)
     if chosen is not None and not (chosen and chosen <= set(VLLM_ONLINE_SOFTMAX_BACKENDS)):
-        why = (f"backend {', '.join(sorted(chosen))}: its reduction is not known to this plugin" if chosen
-               else "no attention layer names its backend")
+        why = (
+            f"backend {', '.join(sorted(chosen))}: its reduction is not known to this plugin"
+            if chosen
+            else "no attention layer names its backend"
+        )
         for name in VLLM_DERIVED:
             unknown(name, why)
         return
@@ -128,7 +163,9 @@ def vllm_semantics(b: ContractBuilder, backends: Optional[Collection[str]], inva
     b.configured("downcast", "final_write", "split-KV partials stay fp32 until the output is written once")
     if invariant:
         if chosen is None or chosen == {"FLASH_ATTN"}:
-            why = "VLLM_BATCH_INVARIANT=1: FLASH_ATTN passes num_splits=1" + ("" if chosen else " (FLASH_ATTN assumed: vLLM's batch-invariant backend)")
+            why = "VLLM_BATCH_INVARIANT=1: FLASH_ATTN passes num_splits=1" + (
+                "" if chosen else " (FLASH_ATTN assumed: vLLM's batch-invariant backend)"
+            )
             b.configured("split_kv_policy", "fixed_count:1", why)
             b.configured("reduction_order", "kv_index", why + ": one KV split, tiles folded in KV order")
             b.configured("reduction_engine", "single_kernel", why + ": no split-KV combine")
@@ -136,9 +173,25 @@ def vllm_semantics(b: ContractBuilder, backends: Optional[Collection[str]], inva
             for name in ("split_kv_policy", "reduction_order", "reduction_engine"):
                 unknown(name, f"VLLM_BATCH_INVARIANT=1 with {names}: its split-KV policy is not known to this plugin")
         return
-    b.configured("split_kv_policy", "heuristic", "vLLM fixes no split count (FLASH_ATTN passes num_splits=0): the kernel picks it per launch")
-    b.configured("reduction_order", "split_kv", "decode may split the KV (FlashAttention num_splits heuristic, FlashInfer/Triton split-KV decode); the order depends on the batch")
+    b.configured(
+        "split_kv_policy",
+        "heuristic",
+        "vLLM fixes no split count (FLASH_ATTN passes num_splits=0): the kernel picks it per launch",
+    )
+    b.configured(
+        "reduction_order",
+        "split_kv",
+        "decode may split the KV (FlashAttention num_splits heuristic, FlashInfer/Triton split-KV decode); the order depends on the batch",
+    )
     if chosen == {"FLASH_ATTN"}:
-        b.configured("reduction_engine", "fa_split_combine", "FLASH_ATTN: flash-attn's split-KV combine kernel merges the partials")
+        b.configured(
+            "reduction_engine",
+            "fa_split_combine",
+            "FLASH_ATTN: flash-attn's split-KV combine kernel merges the partials",
+        )
     else:
-        unknown("reduction_engine", f"{names}: the split-KV merge kernel depends on the backend" + (" vLLM picks at engine start" if chosen is None else ""))
+        unknown(
+            "reduction_engine",
+            f"{names}: the split-KV merge kernel depends on the backend"
+            + (" vLLM picks at engine start" if chosen is None else ""),
+        )

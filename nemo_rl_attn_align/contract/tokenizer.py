@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Optional
 
 #: The files hashed, in order of preference: the first group found wins.
 TOKENIZER_FILES = (
@@ -23,7 +22,7 @@ TOKENIZER_FILES = (
 )
 
 
-def tokenizer_identity(name: Optional[str]) -> tuple[Optional[str], str]:
+def tokenizer_identity(name: str | None) -> tuple[str | None, str]:
     """``(identity, how)`` for a tokenizer name or path: ``sha256:<hex>`` of its files for a local
     directory, else the name itself (None for no name); ``how`` says which."""
     if not isinstance(name, str) or not name:

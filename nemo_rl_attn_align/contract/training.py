@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
@@ -62,8 +63,16 @@ MODEL_CONFIG_FIELDS = (
 )
 
 #: Distributions whose versions go into every record (flash-attn 2, 3 and 4 under TE's names for them).
-VERSIONED = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "flash-attn", "flash-attn-3",
-             "flash-attn-4", "nemo-rl")
+VERSIONED = (
+    "torch",
+    "megatron-core",
+    "megatron-bridge",
+    "transformer-engine",
+    "flash-attn",
+    "flash-attn-3",
+    "flash-attn-4",
+    "nemo-rl",
+)
 
 
 def _plain(value: Any) -> Any:
@@ -119,7 +128,11 @@ def megatron_layer_windows(facts: Mapping[str, Any]) -> list[int | None] | None:
     """Per-layer left windows as megatron-core's ``is_layer_window_attention`` decides them from
     ``window_size`` and ``window_attn_skip_freq`` (an int N: every N-th layer, 1-based, is full; a
     list: 1 = windowed); None when the facts do not tell."""
-    layers, window, skip = facts.get("num_layers"), left_window(facts.get("window_size")), facts.get("window_attn_skip_freq")
+    layers, window, skip = (
+        facts.get("num_layers"),
+        left_window(facts.get("window_size")),
+        facts.get("window_attn_skip_freq"),
+    )
     if not isinstance(layers, int) or layers < 1 or "window_size" not in facts:
         return None
     if window is None or skip is None:
@@ -134,11 +147,20 @@ def megatron_layer_windows(facts: Mapping[str, Any]) -> list[int | None] | None:
 def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None, requested: Any, not_read: str) -> None:
     """The flash-attn major TE ran, as its read-back ``seen`` reports it; none when TE ran another backend."""
     if seen is None:
-        b.unobservable("flash_attention_version", requested, f"TE picks the flash-attn version when it selects the backend; {not_read}")
+        b.unobservable(
+            "flash_attention_version",
+            requested,
+            f"TE picks the flash-attn version when it selects the backend; {not_read}",
+        )
     elif seen.get("backend") != "FlashAttention":
         b.observed("flash_attention_version", None, f"{seen.get('source')}: {seen.get('backend')} runs no flash-attn")
     else:
-        put_field(b, "flash_attention_version", seen.get("flash_attention_version"), f"{seen.get('source')} ({seen.get('detail') or 'no version'})")
+        put_field(
+            b,
+            "flash_attention_version",
+            seen.get("flash_attention_version"),
+            f"{seen.get('source')} ({seen.get('detail') or 'no version'})",
+        )
 
 
 def _model_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> None:
@@ -150,14 +172,24 @@ def _model_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> Non
     if facts.get("softmax_scale") is not None:
         put_field(b, "softmax_scale", facts["softmax_scale"], src + "softmax_scale")
     elif facts.get("kv_channels"):
-        put_field(b, "softmax_scale", 1.0 / math.sqrt(facts["kv_channels"]), f"1/sqrt({src}kv_channels) (softmax_scale unset)")
+        put_field(
+            b, "softmax_scale", 1.0 / math.sqrt(facts["kv_channels"]), f"1/sqrt({src}kv_channels) (softmax_scale unset)"
+        )
     put_field(b, "causal", True, "GPTModel causal self-attention mask", "configured")
     if "window_size" in facts:
         b.observed("sliding_window", left_window(facts["window_size"]), f"{src}window_size[0] (-1 or None: no window)")
     else:
         b.unobservable("sliding_window", None, f"{src}window_size not recorded")
-    put_field(b, "layer_windows", megatron_layer_windows(facts), f"{src}window_size and window_attn_skip_freq per layer")
-    put_field(b, "logit_softcapping", None, "megatron-core's TransformerConfig has no attention logit soft capping", "configured")
+    put_field(
+        b, "layer_windows", megatron_layer_windows(facts), f"{src}window_size and window_attn_skip_freq per layer"
+    )
+    put_field(
+        b,
+        "logit_softcapping",
+        None,
+        "megatron-core's TransformerConfig has no attention logit soft capping",
+        "configured",
+    )
     put_field(b, "decode_cp_size", None, "training does not decode", "configured")
     rope_type, rope_params = _rope(facts)
     put_field(b, "rope_type", rope_type, src + "position_embedding_type")
@@ -172,10 +204,20 @@ def _parallel_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> 
     """Parallelism, batch and mode fields; returns the context-parallel size."""
     cp_size = facts.get("context_parallel_size") or 1
     put_field(b, "cp_size", cp_size, src + "context_parallel_size")
-    put_field(b, "cp_comm_type", facts.get("cp_comm_type") if cp_size > 1 else None, src + "cp_comm_type",
-              "configured" if cp_size == 1 else "observed")
-    put_field(b, "cp_layout", "load_balanced" if cp_size > 1 else "none",
-              "TE CP load-balanced sequence split" if cp_size > 1 else "cp_size == 1", "configured")
+    put_field(
+        b,
+        "cp_comm_type",
+        facts.get("cp_comm_type") if cp_size > 1 else None,
+        src + "cp_comm_type",
+        "configured" if cp_size == 1 else "observed",
+    )
+    put_field(
+        b,
+        "cp_layout",
+        "load_balanced" if cp_size > 1 else "none",
+        "TE CP load-balanced sequence split" if cp_size > 1 else "cp_size == 1",
+        "configured",
+    )
     put_field(b, "tp_size", facts.get("tensor_model_parallel_size"), src + "tensor_model_parallel_size")
     put_field(b, "mode", "prefill", "training scores whole sequences", "configured")
     put_field(b, "rope_fusion", facts.get("apply_rope_fusion"), src + "apply_rope_fusion")
@@ -190,8 +232,9 @@ def _parallel_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> 
     return cp_size
 
 
-def _backend_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str, seen: Mapping[str, Any] | None,
-                    not_read: str, cp_size: int) -> None:
+def _backend_fields(
+    b: ContractBuilder, facts: Mapping[str, Any], src: str, seen: Mapping[str, Any] | None, not_read: str, cp_size: int
+) -> None:
     """The backend, engine and dtype, and the semantics they imply (by the rule ``check`` previews with)."""
     requested = facts.get("attention_backend")
     backend = seen["backend"] if seen else TE_CLASS_BY_BACKEND.get(requested) if isinstance(requested, str) else None

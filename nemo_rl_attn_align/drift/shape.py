@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.contract.hf_model import identity_fields, load_model_config
+from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.facts import UNSET, RecipeFacts, as_facts
 
 #: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
@@ -60,8 +60,14 @@ class Shape:
     sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
-                "window": self.window, "seq_len": self.seq_len, "sources": dict(self.sources)}
+        return {
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "window": self.window,
+            "seq_len": self.seq_len,
+            "sources": dict(self.sources),
+        }
 
 
 def builtin_shape(model_name: str | None) -> dict[str, int] | None:
@@ -82,9 +88,17 @@ def _sources(facts: RecipeFacts) -> list[tuple[str, dict]]:
     local = load_model_config(model)
     if local is not None:
         ident = identity_fields(local.config)
-        layers.append((str(local.path), {
-            "heads": ident.get("num_attention_heads"), "kv_heads": ident.get("num_query_groups"),
-            "head_dim": ident.get("head_dim"), "window": ident.get("sliding_window")}))
+        layers.append(
+            (
+                str(local.path),
+                {
+                    "heads": ident.get("num_attention_heads"),
+                    "kv_heads": ident.get("num_query_groups"),
+                    "head_dim": ident.get("head_dim"),
+                    "window": ident.get("sliding_window"),
+                },
+            )
+        )
     table = builtin_shape(model)
     if table:
         layers.append((f"built-in table ({model})", dict(table)))
@@ -116,7 +130,8 @@ def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shap
         known = ", ".join(BUILTIN_MODELS)
         raise UsageError(
             f"policy.model_name={facts.model_name!r}: attention shape unknown (not in the built-in table: {known}). "
-            "Fix: pass --heads N --kv-heads N --head-dim N (and --window N for sliding-window models).")
+            "Fix: pass --heads N --kv-heads N --head-dim N (and --window N for sliding-window models)."
+        )
     heads = _positive_int("heads", picked["heads"], sources["heads"])
     if "kv_heads" not in picked:
         picked["kv_heads"], sources["kv_heads"] = heads, "default (= heads)"
@@ -127,7 +142,9 @@ def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shap
         raise UsageError(f"head dim unknown for heads={heads} ({sources['heads']}). Fix: pass --head-dim N.")
     kv_heads = _positive_int("kv_heads", picked["kv_heads"], sources["kv_heads"])
     if heads % kv_heads:
-        raise UsageError(f"heads={heads} is not a multiple of kv_heads={kv_heads}. Fix: pass matching --heads and --kv-heads.")
+        raise UsageError(
+            f"heads={heads} is not a multiple of kv_heads={kv_heads}. Fix: pass matching --heads and --kv-heads."
+        )
     window = picked.get("window")
     if window is not None:
         window = _positive_int("window", window, sources["window"], allow_zero=True)
@@ -136,8 +153,14 @@ def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shap
     seq_len = picked.get("seq_len", DEFAULT_SEQ_LEN)
     sources.setdefault("seq_len", "default")
     sources.pop("hidden", None)
-    return Shape(heads, kv_heads, _positive_int("head_dim", picked["head_dim"], sources["head_dim"]),
-                 window, _positive_int("seq_len", seq_len, sources["seq_len"]), sources)
+    return Shape(
+        heads,
+        kv_heads,
+        _positive_int("head_dim", picked["head_dim"], sources["head_dim"]),
+        window,
+        _positive_int("seq_len", seq_len, sources["seq_len"]),
+        sources,
+    )
 
 
 def default_rollout(gpu: str, seq_len: int) -> list[str]:
@@ -180,7 +203,7 @@ def default_engines(cfg: dict | RecipeFacts | None, gpu: str, shape: Shape) -> t
         else:
             engines = ["flash"]
     else:
-        engines = []                                         # TE's unfused attention: not replayed
+        engines = []  # TE's unfused attention: not replayed
     rollout = [r for r in default_rollout(gpu, shape.seq_len) if not (shape.window is not None and "cascade" in r)]
     return ["reference", *engines], rollout
 
@@ -197,7 +220,7 @@ def parse_dtypes(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in DTYPE_NAMES]
     if bad or not names:
-        raise UsageError(f"--dtypes {text!r}: unknown dtype {bad[0] if bad else '(empty)'}. Fix: a comma list of {', '.join(DTYPE_NAMES)}.")
+        raise UsageError(
+            f"--dtypes {text!r}: unknown dtype {bad[0] if bad else '(empty)'}. Fix: a comma list of {', '.join(DTYPE_NAMES)}."
+        )
     return names
-
-

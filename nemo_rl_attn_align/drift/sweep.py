@@ -44,7 +44,9 @@ def parse_materializers(specs: list[str], flag: str) -> list[Materializer]:
         try:
             out.append(parse_materializer(spec))
         except ValueError as err:
-            raise UsageError(f"{flag} {spec!r}: {err}. Fix: e.g. {flag} te-p2p:cp=2 or {flag} vllm:chunk=256,splits=4.") from None
+            raise UsageError(
+                f"{flag} {spec!r}: {err}. Fix: e.g. {flag} te-p2p:cp=2 or {flag} vllm:chunk=256,splits=4."
+            ) from None
     return out
 
 
@@ -55,27 +57,33 @@ def check_materializers(mats: list[Materializer], shape: Shape, gpu: str = DEFAU
         engine = ENGINES[m.engine]
         if gpu not in engine.gpus:
             other = "vllm" if m.engine == "vllm-fa3" else "vllm-fa3" if m.engine == "vllm" else "another engine"
-            raise UsageError(f"{m.name}: replays {', '.join(engine.gpus)} only, not --gpu {gpu}. "
-                             f"Fix: pass --gpu {engine.gpus[0]} or use {other}.")
+            raise UsageError(
+                f"{m.name}: replays {', '.join(engine.gpus)} only, not --gpu {gpu}. "
+                f"Fix: pass --gpu {engine.gpus[0]} or use {other}."
+            )
         cp = m.options.get("cp")
         if m.engine.startswith("te-") and cp and shape.seq_len % (2 * cp):
-            raise UsageError(f"{m.name}: seq_len={shape.seq_len} is not divisible by 2*cp={2 * cp}. "
-                             f"Fix: pass --seq-len {shape.seq_len - shape.seq_len % (2 * cp) or 2 * cp} or another cp.")
+            raise UsageError(
+                f"{m.name}: seq_len={shape.seq_len} is not divisible by 2*cp={2 * cp}. "
+                f"Fix: pass --seq-len {shape.seq_len - shape.seq_len % (2 * cp) or 2 * cp} or another cp."
+            )
         if m.engine.startswith("te-p2p") and shape.window is not None and not m.canonical:
-            raise UsageError(f"{m.name}: the p2p ring is modelled for full causal attention only, window={shape.window}. "
-                             "Fix: use te-allgather for sliding-window models.")
+            raise UsageError(
+                f"{m.name}: the p2p ring is modelled for full causal attention only, window={shape.window}. "
+                "Fix: use te-allgather for sliding-window models."
+            )
 
 
 def ulp_of(x: torch.Tensor, dtype: torch.dtype, work: torch.dtype = torch.float64) -> torch.Tensor:
     """Spacing of ``dtype`` at the values ``x``: ``2**(floor(log2|x|)) * eps``, in ``work`` precision."""
     info = torch.finfo(dtype)
-    _, exponent = torch.frexp(x.abs().clamp_min(info.tiny).to(work))   # |x| = m * 2**e, m in [0.5, 1)
+    _, exponent = torch.frexp(x.abs().clamp_min(info.tiny).to(work))  # |x| = m * 2**e, m in [0.5, 1)
     return torch.exp2(exponent.to(work)) * (info.eps / 2)
 
 
 #: Magnitudes below this fraction of a tensor's largest are measured in the ulps at that floor,
 #: so that two tiny values of opposite sign do not count as thousands of ulps apart.
-ULP_FLOOR = 2.0 ** -8
+ULP_FLOOR = 2.0**-8
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, floor: float | None = None) -> torch.Tensor:
@@ -96,8 +104,8 @@ class LMHead:
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         rows = []
-        for r0 in range(0, out.shape[0], _ROWS):                    # row chunks keep temporaries small
-            h = out[r0:r0 + _ROWS].reshape(-1, self.weight.shape[0]).to(torch.float64)
+        for r0 in range(0, out.shape[0], _ROWS):  # row chunks keep temporaries small
+            h = out[r0 : r0 + _ROWS].reshape(-1, self.weight.shape[0]).to(torch.float64)
             rows.append((h / h.pow(2).mean(dim=-1, keepdim=True).sqrt()) @ self.weight)
         return torch.cat(rows)
 
@@ -148,13 +156,16 @@ def compare(a: tuple, b: tuple, lp_a: torch.Tensor, lp_b: torch.Tensor) -> dict[
     (out_a, lse_a), (out_b, lse_b) = a, b
     dlp = (lp_a - lp_b).abs()
     lse_floor = ULP_FLOOR * float(lse_b.abs().max())
-    stats = _chunked_stats({
-        "out_abs": lambda r: (out_a[r].double() - out_b[r].double()).abs(),
-        "out_ulp": lambda r: local_ulps(out_a[r], out_b[r], out_a.dtype),
-        "out_beyond_1ulp": lambda r: beyond_one_ulp(out_a[r], out_b[r], out_a.dtype),
-        "lse_abs": lambda r: (lse_a[r].double() - lse_b[r].double()).abs(),
-        "lse_ulp": lambda r: ulps(lse_a[r], lse_b[r], torch.float32, lse_floor),
-    }, out_a.shape[0])
+    stats = _chunked_stats(
+        {
+            "out_abs": lambda r: (out_a[r].double() - out_b[r].double()).abs(),
+            "out_ulp": lambda r: local_ulps(out_a[r], out_b[r], out_a.dtype),
+            "out_beyond_1ulp": lambda r: beyond_one_ulp(out_a[r], out_b[r], out_a.dtype),
+            "lse_abs": lambda r: (lse_a[r].double() - lse_b[r].double()).abs(),
+            "lse_ulp": lambda r: ulps(lse_a[r], lse_b[r], torch.float32, lse_floor),
+        },
+        out_a.shape[0],
+    )
     stats.pop("out_beyond_1ulp_max")
     stats["out_beyond_1ulp"] = stats.pop("out_beyond_1ulp_mean")
     return {
@@ -169,12 +180,15 @@ def compare(a: tuple, b: tuple, lp_a: torch.Tensor, lp_b: torch.Tensor) -> dict[
 def _vs_exact(result: tuple, exact: tuple, dtype: torch.dtype) -> dict[str, float]:
     """Largest errors of ``(out, lse)`` against the FP64 exact attention, and the share of output
     elements more than one ulp from it."""
-    stats = _chunked_stats({
-        "out_abs": lambda r: (result[0][r].double() - exact[0][r]).abs(),
-        "out_ulp": lambda r: local_ulps(result[0][r], exact[0][r], dtype),
-        "lse_abs": lambda r: (result[1][r].double() - exact[1][r]).abs(),
-        "out_beyond_1ulp": lambda r: beyond_one_ulp(result[0][r], exact[0][r], dtype),
-    }, result[0].shape[0])
+    stats = _chunked_stats(
+        {
+            "out_abs": lambda r: (result[0][r].double() - exact[0][r]).abs(),
+            "out_ulp": lambda r: local_ulps(result[0][r], exact[0][r], dtype),
+            "lse_abs": lambda r: (result[1][r].double() - exact[1][r]).abs(),
+            "out_beyond_1ulp": lambda r: beyond_one_ulp(result[0][r], exact[0][r], dtype),
+        },
+        result[0].shape[0],
+    )
     share = stats["out_beyond_1ulp_mean"]
     return {**{k: v for k, v in stats.items() if k.endswith("_max") and "beyond" not in k}, "out_beyond_1ulp": share}
 
@@ -215,9 +229,18 @@ def runs_in(m: Materializer, dname: str) -> bool:
     return m.canonical or (engine.replayable and dname in engine.dtypes)
 
 
-def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rollout: list[Materializer], *,
-              seed: int = 0, vocab: int = DEFAULT_VOCAB, spec: ReferenceSpec = ReferenceSpec(),
-              progress: Progress | None = None, gpu: str = DEFAULT_GPU) -> dict[str, Any]:
+def run_sweep(
+    shape: Shape,
+    dtypes: list[str],
+    training: list[Materializer],
+    rollout: list[Materializer],
+    *,
+    seed: int = 0,
+    vocab: int = DEFAULT_VOCAB,
+    spec: ReferenceSpec = ReferenceSpec(),
+    progress: Progress | None = None,
+    gpu: str = DEFAULT_GPU,
+) -> dict[str, Any]:
     """Run every engine once per dtype it accepts and compare all (training, rollout) pairs that both ran."""
     engines = list(dict.fromkeys([*training, *rollout]))
     progress = progress or Progress(0, enabled=False)
@@ -241,16 +264,29 @@ def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rol
             results[m] = ref if m.engine == "reference" and not m.params else m(q, k, v, window=shape.window, spec=spec)
             logprobs[m] = head.logprobs(results[m][0], tokens)
             seconds = time.perf_counter() - t0
-            plans.append({"dtype": dname, "engine": m.name, "replays": ENGINES[m.engine].replays, "seconds": seconds,
-                          "vs_reference": compare(results[m], ref, logprobs[m], ref_lp),
-                          "vs_fp64": _vs_exact(results[m], exact, q.dtype)})
+            plans.append(
+                {
+                    "dtype": dname,
+                    "engine": m.name,
+                    "replays": ENGINES[m.engine].replays,
+                    "seconds": seconds,
+                    "vs_reference": compare(results[m], ref, logprobs[m], ref_lp),
+                    "vs_fp64": _vs_exact(results[m], exact, q.dtype),
+                }
+            )
             progress.step(f"{dname} {m.name}")
         for t in training:
             for r in rollout:
                 if t not in results or r not in results:
                     continue
-                pairs.append({"dtype": dname, "training": t.name, "rollout": r.name,
-                              **compare(results[t], results[r], logprobs[t], logprobs[r])})
+                pairs.append(
+                    {
+                        "dtype": dname,
+                        "training": t.name,
+                        "rollout": r.name,
+                        **compare(results[t], results[r], logprobs[t], logprobs[r]),
+                    }
+                )
     return {
         "shape": shape.to_dict(),
         "dtypes": list(dtypes),
@@ -259,8 +295,12 @@ def run_sweep(shape: Shape, dtypes: list[str], training: list[Materializer], rol
         "gpu": gpu,
         "replays": {m.name: ENGINES[m.engine].replays for m in engines},
         "not_replayable": [m.name for m in engines if not m.canonical and not ENGINES[m.engine].replayable],
-        "skipped": [{"engine": m.name, "dtype": d} for d in dtypes for m in engines
-                    if ENGINES[m.engine].replayable and not runs_in(m, d)],
+        "skipped": [
+            {"engine": m.name, "dtype": d}
+            for d in dtypes
+            for m in engines
+            if ENGINES[m.engine].replayable and not runs_in(m, d)
+        ],
         "seed": seed,
         "vocab": vocab,
         "reference_spec": {"block_q": spec.block_q, "block_kv": spec.block_kv},
@@ -274,19 +314,43 @@ def render_table(result: dict[str, Any]) -> str:
     """The pairs as a fixed-width text table."""
     from nemo_rl_attn_align.report.render import format_table
 
-    rows = [[p["dtype"], p["training"], p["rollout"], f"{p['out_abs_max']:.3g}", f"{p['out_ulp_max']:.2f}",
-             f"{100 * p['out_beyond_1ulp']:.2f}%", f"{p['lse_abs_max']:.3g}", f"{p['logprob_abs_max']:.3g}",
-             f"{p['token_mult_prob_error']:.6f}"]
-            for p in result["pairs"]]
+    rows = [
+        [
+            p["dtype"],
+            p["training"],
+            p["rollout"],
+            f"{p['out_abs_max']:.3g}",
+            f"{p['out_ulp_max']:.2f}",
+            f"{100 * p['out_beyond_1ulp']:.2f}%",
+            f"{p['lse_abs_max']:.3g}",
+            f"{p['logprob_abs_max']:.3g}",
+            f"{p['token_mult_prob_error']:.6f}",
+        ]
+        for p in result["pairs"]
+    ]
     s = result["shape"]
-    title = (f"attention drift on {result.get('gpu', DEFAULT_GPU)}: heads={s['heads']} kv_heads={s['kv_heads']} "
-             f"head_dim={s['head_dim']} window={s['window']} seq_len={s['seq_len']}")
-    headers = ["dtype", "training", "rollout", "max|d out|", "max ulp(local)", ">1 ulp", "max|d lse|", "max|d logp|",
-               "mult_prob_err"]
+    title = (
+        f"attention drift on {result.get('gpu', DEFAULT_GPU)}: heads={s['heads']} kv_heads={s['kv_heads']} "
+        f"head_dim={s['head_dim']} window={s['window']} seq_len={s['seq_len']}"
+    )
+    headers = [
+        "dtype",
+        "training",
+        "rollout",
+        "max|d out|",
+        "max ulp(local)",
+        ">1 ulp",
+        "max|d lse|",
+        "max|d logp|",
+        "mult_prob_err",
+    ]
     lines = [title, format_table(headers, rows)]
     lines += [f"not replayable: {name} ({result['replays'][name]})" for name in result.get("not_replayable", [])]
-    lines += [f"replays: {name} = {what}" for name, what in result.get("replays", {}).items()
-              if name not in result.get("not_replayable", [])]
+    lines += [
+        f"replays: {name} = {what}"
+        for name, what in result.get("replays", {}).items()
+        if name not in result.get("not_replayable", [])
+    ]
     return "\n".join(lines)
 
 
@@ -294,17 +358,30 @@ def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
     """PNG heatmap of max |d logprob| (training x rollout, one panel per dtype); None without matplotlib."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
     training, rollout, dtypes = result["training"], result["rollout"], result["dtypes"]
-    fig, axes = plt.subplots(1, len(dtypes), figsize=((2.4 + 0.9 * len(rollout)) * len(dtypes), 1.6 + 0.5 * len(training)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(dtypes), figsize=((2.4 + 0.9 * len(rollout)) * len(dtypes), 1.6 + 0.5 * len(training)), squeeze=False
+    )
     for ax, dname in zip(axes[0], dtypes):
-        grid = [[next((p["logprob_abs_max"] for p in result["pairs"]
-                       if p["dtype"] == dname and p["training"] == t and p["rollout"] == r), math.nan)
-                 for r in rollout] for t in training]
+        grid = [
+            [
+                next(
+                    (
+                        p["logprob_abs_max"]
+                        for p in result["pairs"]
+                        if p["dtype"] == dname and p["training"] == t and p["rollout"] == r
+                    ),
+                    math.nan,
+                )
+                for r in rollout
+            ]
+            for t in training
+        ]
         image = ax.imshow(grid, cmap="viridis")
         for i, row in enumerate(grid):
             for j, value in enumerate(row):

@@ -16,7 +16,8 @@ import functools
 import logging
 import sys
 import weakref
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from nemo_rl_attn_align.hosts import bootstrap
 
@@ -187,7 +188,7 @@ def guarded(step: str, action: Callable[[], Any], strict: bool) -> Any:
     unless ``strict`` or the exception carries ``stops_run`` (then it propagates)."""
     try:
         return action()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if strict or getattr(exc, "stops_run", False):
             raise
         log.warning("nemo-rl-attn-align: %s failed (%s: %s); the run goes on unrecorded", step, type(exc).__name__, exc)
@@ -217,7 +218,7 @@ def host_version(module: str, distribution: str) -> str | None:
     return getattr(sys.modules.get(module), "__version__", None) or distribution_version(distribution)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def distribution_version(name: str) -> str | None:
     """Installed version of distribution ``name``, or None (looked up once per process: each
     lookup scans ``sys.path``, and what is installed does not change during a run)."""

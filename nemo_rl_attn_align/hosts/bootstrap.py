@@ -86,7 +86,7 @@ def activate(how: str = "pth") -> bool:
     try:
         for target, host in WATCHED.items():
             watch(target, _LazyHost.get(host))
-    except Exception as exc:  # noqa: BLE001 - start-up must never break an interpreter
+    except Exception as exc:
         warn(f"activation failed ({type(exc).__name__}: {exc}); running without the plugin")
         return False
     if origin is None:
@@ -154,7 +154,7 @@ def unwatch(module_name: str, callback) -> None:
 def _run(callback, module) -> None:
     try:
         callback(module)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if getattr(exc, "stops_run", False):
             raise
         warn(f"hook for {module.__name__} failed ({type(exc).__name__}: {exc}); that module runs unpatched")

@@ -35,7 +35,8 @@ import operator
 import os
 import re
 import threading
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from nemo_rl_attn_align.hosts import _patching
 
@@ -111,8 +112,16 @@ def drift_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
 class RunReport:
     """The report of one run of an algorithm, from ``setup()`` to the end of training."""
 
-    def __init__(self, settings: Any, *, run_id: str, absent: Mapping[str, str], printer: Callable[[str], None] = _print,
-                 preset: Mapping[str, Any] | None = None, expected: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        run_id: str,
+        absent: Mapping[str, str],
+        printer: Callable[[str], None] = _print,
+        preset: Mapping[str, Any] | None = None,
+        expected: Mapping[str, Any] | None = None,
+    ):
         self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
         self.preset = preset  # what ``attention_align.preset`` changed (``preset.Alignment.to_dict()``)
         self.run_id = run_id
@@ -128,9 +137,18 @@ class RunReport:
     def _collect(self, point: str, *, enforce: bool, final: bool = False) -> None:
         from nemo_rl_attn_align.report.finalize import AttentionMismatch, finalize, raise_for_mismatch
 
-        self.doc = finalize(self.settings, printer=self.printer, absent_sides=self.absent, run_id=self.run_id,
-                            previous=self.doc, point=point, final=final, enforce=False, preset=self.preset,
-                            expected_counts={side: e.to_dict() for side, e in self.expected.items()})
+        self.doc = finalize(
+            self.settings,
+            printer=self.printer,
+            absent_sides=self.absent,
+            run_id=self.run_id,
+            previous=self.doc,
+            point=point,
+            final=final,
+            enforce=False,
+            preset=self.preset,
+            expected_counts={side: e.to_dict() for side, e in self.expected.items()},
+        )
         if enforce:
             self._stop_if_unrecorded(self.doc)
             try:
@@ -143,11 +161,14 @@ class RunReport:
         """Strict mode: a side with 0 of N workers recorded stops the run (after the report is written)."""
         from nemo_rl_attn_align.codes import Code
 
-        unrecorded = [f["message"] for f in doc["findings"]
-                      if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"]
+        unrecorded = [
+            f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"
+        ]
         if unrecorded:
             self.finished = True
-            raise _patching.StrictModeError("; ".join(unrecorded) + ". attention_align.strict is true, so the run stops.")
+            raise _patching.StrictModeError(
+                "; ".join(unrecorded) + ". attention_align.strict is true, so the run stops."
+            )
 
     def _guarded(self, what: str, action: Callable[[], None], strict: bool) -> None:
         _patching.guarded(f"{what} (report dir {self.settings.report_dir})", action, strict)
@@ -155,8 +176,11 @@ class RunReport:
     def at_setup(self) -> None:
         """``setup()`` returned: collect, print the summary, enforce ``on_mismatch``."""
         with self._lock:
-            self._guarded("collecting the attention report after setup()",
-                          lambda: self._collect("setup", enforce=True), self.settings.strict)
+            self._guarded(
+                "collecting the attention report after setup()",
+                lambda: self._collect("setup", enforce=True),
+                self.settings.strict,
+            )
 
     def after_failed_setup(self) -> None:
         """``setup()`` raised: write what the workers recorded, one line (the caller re-raises)."""
@@ -171,12 +195,18 @@ class RunReport:
                 return
             if not self.stepped and "loss" in metrics:
                 self.stepped = True
-                self._guarded("collecting the attention report after the first training step",
-                              lambda: self._collect("first_step", enforce=True), self.settings.strict)
+                self._guarded(
+                    "collecting the attention report after the first training step",
+                    lambda: self._collect("first_step", enforce=True),
+                    self.settings.strict,
+                )
             figures = drift_figures(metrics)
             if figures and self.doc is not None and not self.finished:
-                self._guarded("recording drift metrics", lambda: self._record_drift(operator.index(step), figures),
-                              self.settings.strict)
+                self._guarded(
+                    "recording drift metrics",
+                    lambda: self._record_drift(operator.index(step), figures),
+                    self.settings.strict,
+                )
 
     def _record_drift(self, step: int, figures: Mapping[str, float]) -> None:
         from nemo_rl_attn_align.report.document import add_drift, write_report
@@ -194,8 +224,11 @@ class RunReport:
             if self.finished:
                 return
             self.finished = True
-            self._guarded(f"collecting the attention report at {point}",
-                          lambda: self._collect(point, enforce=False, final=True), strict=False)
+            self._guarded(
+                f"collecting the attention report at {point}",
+                lambda: self._collect(point, enforce=False, final=True),
+                strict=False,
+            )
             remove_stale_temp_files(self.settings.report_dir)
 
 
@@ -241,5 +274,5 @@ def _at_exit() -> None:
     try:
         if current is not None:
             current.at_end("exit")
-    except BaseException:  # noqa: BLE001 - nothing may break interpreter exit
+    except BaseException:
         pass

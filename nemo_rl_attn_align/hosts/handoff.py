@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass
-from typing import Mapping, MutableMapping
 
 SETTINGS_ENV = "NEMO_RL_ATTN_ALIGN_SETTINGS"
 REPORT_DIR_ENV = "NEMO_RL_ATTN_ALIGN_REPORT_DIR"
@@ -55,6 +55,8 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
         values["report_dir"] = environ[REPORT_DIR_ENV]
     return WorkerSettings(
         strict=values.get("strict") is True,
-        report_dir=values.get("report_dir") if isinstance(values.get("report_dir"), str) and values.get("report_dir") else None,
+        report_dir=values.get("report_dir")
+        if isinstance(values.get("report_dir"), str) and values.get("report_dir")
+        else None,
         run_id=values.get("run_id") if isinstance(values.get("run_id"), str) else None,
     )

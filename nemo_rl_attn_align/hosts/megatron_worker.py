@@ -29,8 +29,9 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.hosts import _patching, handoff, versions
@@ -186,8 +187,8 @@ def _after_model_built(model: Any) -> None:
 
 
 def _record_built_model() -> None:
-    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
     from nemo_rl_attn_align.compare.determinism import probe
+    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 
     record.nvte = {name: os.environ.get(name) for name in NVTE_VARIABLES}
     expected = dict(record.plan.nvte) if record.plan is not None else {}
@@ -296,7 +297,9 @@ def _patch(module) -> None:
 
 
 def _unsupported(missing: str) -> None:
-    _patching.unsupported("NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict)
+    _patching.unsupported(
+        "NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
+    )
 
 
 _seams = _patching.Seams(TARGETS, _patch)

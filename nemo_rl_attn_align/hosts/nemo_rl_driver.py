@@ -34,7 +34,8 @@ import inspect
 import logging
 import os
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, versions
 
@@ -68,8 +69,8 @@ def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunRep
     """Run the pre-flight rules on the whole config (a bad ``attention_align`` block or a config
     that cannot work stops here), export the worker settings and start this run's report (nothing
     collected yet; None when starting it failed, which is a warning unless strict)."""
-    from nemo_rl_attn_align.preflight.plan import build_plan
     from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.preflight.plan import build_plan
 
     cfg = as_dict(master_config)
     settings = load_settings(cfg)
@@ -79,7 +80,9 @@ def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunRep
     for finding in plan.warnings:
         log.warning("nemo-rl-attn-align: %s", finding.line())
     plan.raise_for_errors()
-    return _patching.guarded("starting the attention report", lambda: _start_run(cfg, settings, algorithm, preset), settings.strict)
+    return _patching.guarded(
+        "starting the attention report", lambda: _start_run(cfg, settings, algorithm, preset), settings.strict
+    )
 
 
 def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
@@ -87,8 +90,8 @@ def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
     config before any worker group exists (NeMo-RL builds every worker's environment from it), log
     each change and, where a cause needs a layout change, the one finding that says so. Returns the
     alignment (``preset.Alignment.to_dict()``) for the report."""
-    from nemo_rl_attn_align.preflight.preset import align, apply_changes
     from nemo_rl_attn_align.contract.preview import preview_binding
+    from nemo_rl_attn_align.preflight.preset import align, apply_changes
 
     alignment = align(cfg, lambda config: preview_binding(config, settings, os.environ))
     apply_changes(master_config, alignment.changes)
@@ -109,7 +112,9 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
     from nemo_rl_attn_align.preflight.expected_workers import expected_workers
 
     absent = driver_report.absent_sides(cfg, algorithm)
-    run = driver_report.RunReport(settings, run_id=run_id, absent=absent, preset=preset, expected=expected_workers(cfg, absent))
+    run = driver_report.RunReport(
+        settings, run_id=run_id, absent=absent, preset=preset, expected=expected_workers(cfg, absent)
+    )
     return driver_report.start(run)
 
 
@@ -149,18 +154,25 @@ def _wrap_log_metrics(original: Callable) -> Callable:
 
 
 def _unsupported(missing: str) -> None:
-    _patching.unsupported("NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict)
+    _patching.unsupported(
+        "NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
+    )
 
 
 def _patch_logger(module) -> None:
     logger_cls = getattr(module, "Logger", None)
     method = getattr(logger_cls, "log_metrics", None)
     try:
-        fits = method is not None and tuple(inspect.signature(method).parameters)[: len(LOG_METRICS_PARAMS)] == LOG_METRICS_PARAMS
+        fits = (
+            method is not None
+            and tuple(inspect.signature(method).parameters)[: len(LOG_METRICS_PARAMS)] == LOG_METRICS_PARAMS
+        )
     except (TypeError, ValueError):
         fits = False
     if not fits:
-        _unsupported(f"{LOGGER_MODULE}.Logger.log_metrics{LOG_METRICS_PARAMS} not found (no drift figures, no first-step collection)")
+        _unsupported(
+            f"{LOGGER_MODULE}.Logger.log_metrics{LOG_METRICS_PARAMS} not found (no drift figures, no first-step collection)"
+        )
         return
     _seams.wrap(logger_cls, "log_metrics", _wrap_log_metrics)
 

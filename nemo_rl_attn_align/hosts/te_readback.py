@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
@@ -35,16 +36,23 @@ TE_LOGGER = "DotProductAttention"
 #: Distinct selections ``get_attention_backend`` returned in this process, in order.
 selections: list[dict[str, Any]] = []
 
-_LOG_PATTERN = re.compile(r"(?:Selected backend = |Running with )(FlashAttention|FusedAttention|UnfusedDotProductAttention)")
+_LOG_PATTERN = re.compile(
+    r"(?:Selected backend = |Running with )(FlashAttention|FusedAttention|UnfusedDotProductAttention)"
+)
 
 
-def selection_from_flags(use_flash: Any, flash_version: Any, use_fused: Any, fused_sub: Any, use_unfused: Any) -> dict[str, Any]:
+def selection_from_flags(
+    use_flash: Any, flash_version: Any, use_fused: Any, fused_sub: Any, use_unfused: Any
+) -> dict[str, Any]:
     """Name the backend TE runs for one selection, in ``DotProductAttention.forward``'s order."""
     if use_flash:
         major = getattr(flash_version, "major", None)
         return {"backend": "FlashAttention", "flash_attention_version": major, "detail": f"flash-attn {flash_version}"}
     if use_fused:
-        return {"backend": "FusedAttention", "detail": f"sub-backend {int(fused_sub) if fused_sub is not None else '?'}"}
+        return {
+            "backend": "FusedAttention",
+            "detail": f"sub-backend {int(fused_sub) if fused_sub is not None else '?'}",
+        }
     if use_unfused:
         return {"backend": "UnfusedDotProductAttention", "detail": ""}
     return {"backend": None, "detail": "no backend available"}
@@ -135,26 +143,48 @@ def _te_selection() -> tuple[dict[str, Any] | None, str]:
     dpa = sys.modules.get(DPA_MODULE)
     state = getattr(dpa, "_attention_backends", None)
     if isinstance(state, Mapping) and state.get("attention_params") is not None:
-        flags = [state.get(k) for k in ("use_flash_attention", "flash_attention_backend", "use_fused_attention", "fused_attention_backend", "use_unfused_attention")]
+        flags = [
+            state.get(k)
+            for k in (
+                "use_flash_attention",
+                "flash_attention_backend",
+                "use_fused_attention",
+                "fused_attention_backend",
+                "use_unfused_attention",
+            )
+        ]
         return selection_from_flags(*flags), f"{DPA_MODULE}._attention_backends"
     if selections:
         return selections[-1], f"{UTILS_MODULE}.get_attention_backend (wrapped)"
     if log_handler.seen:
         return {"backend": log_handler.seen[-1], "detail": ""}, "TE DotProductAttention debug log (NVTE_DEBUG)"
-    return None, "TE made no backend selection visible (no _attention_backends, no get_attention_backend call, no NVTE_DEBUG log)"
+    return (
+        None,
+        "TE made no backend selection visible (no _attention_backends, no get_attention_backend call, no NVTE_DEBUG log)",
+    )
 
 
 def observe(modules: Iterable[Any]) -> dict[str, Any]:
     """What the attention modules among ``modules`` (e.g. ``model.modules()``) really ran."""
     local, te = _attention_module_kinds(modules)
     if local and not te:
-        return {"status": "observed", "backend": "local", "engine": "megatron-local", "source": f"core_attention is {sorted(local)[0]}"}
+        return {
+            "status": "observed",
+            "backend": "local",
+            "engine": "megatron-local",
+            "source": f"core_attention is {sorted(local)[0]}",
+        }
     if te:
         selection, source = _te_selection()
         if selection is None or selection["backend"] is None:
             return {"status": "unobservable", "backend": None, "engine": "megatron-te", "source": source}
         return {"status": "observed", "engine": "megatron-te", "source": source, **selection}
-    return {"status": "unobservable", "backend": None, "engine": None, "source": "no Megatron or TE core-attention module in the model"}
+    return {
+        "status": "unobservable",
+        "backend": None,
+        "engine": None,
+        "source": "no Megatron or TE core-attention module in the model",
+    }
 
 
 def mismatch(effective: str | None, observed: Mapping[str, Any]) -> str | None:
@@ -170,7 +200,9 @@ def mismatch(effective: str | None, observed: Mapping[str, Any]) -> str | None:
     )
 
 
-def watch_first_forward(model: Any, callback: Callable[[dict[str, Any]], None], strict: bool = False) -> Callable[[], None]:
+def watch_first_forward(
+    model: Any, callback: Callable[[dict[str, Any]], None], strict: bool = False
+) -> Callable[[], None]:
     """Call ``callback(observe(...))`` once, right after the first forward of ``model``.
 
     ``model`` is a torch module or a list of model chunks (the hook goes on the first). The hook
@@ -183,8 +215,11 @@ def watch_first_forward(model: Any, callback: Callable[[dict[str, Any]], None], 
 
     def after_forward(module, inputs, output):
         handle.remove()
-        _patching.guarded("reading back the attention backend",
-                          lambda: callback(observe(m for chunk in chunks for m in chunk.modules())), strict)
+        _patching.guarded(
+            "reading back the attention backend",
+            lambda: callback(observe(m for chunk in chunks for m in chunk.modules())),
+            strict,
+        )
 
     handle = chunks[0].register_forward_hook(after_forward)
     return handle.remove

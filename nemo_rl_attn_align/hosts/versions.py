@@ -79,7 +79,9 @@ def check_supported(host: str, strict: bool) -> str | None:
         return version
     _checked.add(host)
     if version is None:
-        log.debug("nemo-rl-attn-align: %s version unknown; supported range %s not checked", host, SUPPORTED[host].specifier)
+        log.debug(
+            "nemo-rl-attn-align: %s version unknown; supported range %s not checked", host, SUPPORTED[host].specifier
+        )
         return None
     inside = is_supported(host, version)
     if inside is False:

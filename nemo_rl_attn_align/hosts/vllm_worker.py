@@ -26,7 +26,8 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, rollout_peers, rollout_worker_id, world_size
@@ -79,7 +80,9 @@ def record_engine(worker: Any) -> RolloutRecord:
     requested = facts["requested_backend"]
     chosen = sorted(set(facts["layer_backends"].values()))
     if requested and chosen and chosen != [requested]:
-        record.note(f"vLLM was asked for attention backend {requested} ({facts['requested_source']}) but chose {', '.join(chosen)}")
+        record.note(
+            f"vLLM was asked for attention backend {requested} ({facts['requested_source']}) but chose {', '.join(chosen)}"
+        )
     record.write("engine_ready")
     record.stop_if_strict()
     return record
@@ -119,9 +122,11 @@ def cover(worker_class: type) -> bool:
     if not inspect.isfunction(function):
         what = "has no" if definer is None else f"defines {method} as a {type(function).__name__}, not a plain"
         _patching.unsupported(
-            "vLLM", versions.installed_version("vLLM"),
+            "vLLM",
+            versions.installed_version("vLLM"),
             f"worker class {worker_class.__module__}.{worker_class.__qualname__} {what} method {method} the plugin can wrap, "
-            "so its engine is not recorded", _strict(),
+            "so its engine is not recorded",
+            _strict(),
         )
         return False
     return _seams.wrap(definer, method, _wrap_warm_up)
@@ -149,7 +154,9 @@ def _patch(module) -> None:
     versions.check_supported("vLLM", strict)
     cls = getattr(module, SEAM[0], None)
     if not isinstance(cls, type) or not callable(getattr(cls, SEAM[1], None)):
-        _patching.unsupported("vLLM", versions.installed_version("vLLM"), f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found", strict)
+        _patching.unsupported(
+            "vLLM", versions.installed_version("vLLM"), f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found", strict
+        )
         return
     for worker_class in (cls, *_subclasses(cls)):  # subclasses defined later are covered at __init__
         cover(worker_class)

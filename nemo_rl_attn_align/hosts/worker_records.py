@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 log = logging.getLogger("nemo_rl_attn_align")
 _warned_no_dir = False
@@ -57,7 +58,9 @@ def world_size(environ: Mapping[str, str] = os.environ) -> int:
         return 1
 
 
-def write(report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str, Any], run_id: str | None = None) -> Path | None:
+def write(
+    report_dir: str | None, contract: Any, probe: Any, detail: Mapping[str, Any], run_id: str | None = None
+) -> Path | None:
     """Write both files for one worker; without a report dir, warn once and write nothing."""
     global _warned_no_dir
     from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
@@ -109,8 +112,14 @@ class HostRecord:
     def write(self, stage: str) -> Path | None:
         """Rewrite this worker's two files with everything known at ``stage``."""
         self.stage = stage
-        detail = {"host": self.host, "stage": stage, "findings": list(self.findings), "world_size": world_size(),
-                  "peers": self.peers(), **self.detail()}
+        detail = {
+            "host": self.host,
+            "stage": stage,
+            "findings": list(self.findings),
+            "world_size": world_size(),
+            "peers": self.peers(),
+            **self.detail(),
+        }
         settings = self.settings()
         return write(settings.report_dir, self.contract(), self.probe, detail, settings.run_id)
 

@@ -14,8 +14,9 @@ the report lists the ids that did not write).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from nemo_rl_attn_align.config.loader import get_path
 
@@ -24,7 +25,7 @@ from nemo_rl_attn_align.config.loader import get_path
 class ExpectedSide:
     """The workers one side should start: their ``count`` and ids (None: not derivable) and how."""
 
-    count: Optional[int]
+    count: int | None
     ids: tuple[str, ...]
     how: str
 
@@ -32,12 +33,12 @@ class ExpectedSide:
         return {"count": self.count, "ids": list(self.ids), "how": self.how}
 
 
-def _positive(cfg: Mapping[str, Any], key: str) -> Optional[int]:
+def _positive(cfg: Mapping[str, Any], key: str) -> int | None:
     value = get_path(cfg, key, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _gpus(cfg: Mapping[str, Any]) -> tuple[Optional[int], Optional[int], str]:
+def _gpus(cfg: Mapping[str, Any]) -> tuple[int | None, int | None, str]:
     """GPUs of the training and of the generation cluster, and how they were derived."""
     nodes, per_node = _positive(cfg, "cluster.num_nodes"), _positive(cfg, "cluster.gpus_per_node")
     if nodes is None or per_node is None:
@@ -51,7 +52,11 @@ def _gpus(cfg: Mapping[str, Any]) -> tuple[Optional[int], Optional[int], str]:
         return None, None, f"{cluster}, generation not colocated and colocated.resources.gpus_per_node unset"
     if nodes == 1:
         return per_node - gen_per_node, gen_per_node, f"{cluster}, {gen_per_node} GPUs for generation (not colocated)"
-    return (nodes - gen_nodes) * per_node, gen_nodes * gen_per_node, f"{cluster}, {gen_nodes} nodes for generation (not colocated)"
+    return (
+        (nodes - gen_nodes) * per_node,
+        gen_nodes * gen_per_node,
+        f"{cluster}, {gen_nodes} nodes for generation (not colocated)",
+    )
 
 
 def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = None) -> dict[str, ExpectedSide]:
@@ -67,10 +72,15 @@ def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = 
         if train_gpus is None or train_gpus < 1:
             out["training"] = ExpectedSide(None, (), how)
         else:
-            parallel = [f"{key}={_positive(cfg, f'policy.megatron_cfg.{key}') or 1}" for key in
-                        ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")]
-            out["training"] = ExpectedSide(train_gpus, tuple(training_peers(train_gpus)),
-                                           f"{how}: {train_gpus} policy workers ({', '.join(parallel)}, DP the rest)")
+            parallel = [
+                f"{key}={_positive(cfg, f'policy.megatron_cfg.{key}') or 1}"
+                for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+            ]
+            out["training"] = ExpectedSide(
+                train_gpus,
+                tuple(training_peers(train_gpus)),
+                f"{how}: {train_gpus} policy workers ({', '.join(parallel)}, DP the rest)",
+            )
     if "rollout" not in absent:
         tp = _positive(cfg, "policy.generation.vllm_cfg.tensor_parallel_size") or 1
         pp = _positive(cfg, "policy.generation.vllm_cfg.pipeline_parallel_size") or 1
@@ -78,5 +88,7 @@ def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = 
             out["rollout"] = ExpectedSide(None, (), how)
         else:
             ids = tuple(rollout_peers(gen_gpus, tp * pp))
-            out["rollout"] = ExpectedSide(len(ids), ids, f"{how}: {gen_gpus // (tp * pp)} vLLM engines x TP {tp} x PP {pp}")
+            out["rollout"] = ExpectedSide(
+                len(ids), ids, f"{how}: {gen_gpus // (tp * pp)} vLLM engines x TP {tp} x PP {pp}"
+            )
     return out

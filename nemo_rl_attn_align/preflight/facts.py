@@ -184,10 +184,17 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         model_name=model_name if isinstance(model_name, str) else None,
         model_overrides=overrides if isinstance(overrides, dict) else {},
         nvte_env=_nvte_env(megatron_cfg, environ),
-        raw={"megatron_cfg": megatron_cfg, "model_name": model_name, "transformer_impl": impl,
-             "context_parallel_size": cp, "model_overrides": overrides, "env_vars": _get(megatron_cfg, "env_vars")},
-        tensor_parallel_size=Fact(mcfg.get("tensor_model_parallel_size", 1),
-                                  "policy.megatron_cfg.tensor_model_parallel_size"),
+        raw={
+            "megatron_cfg": megatron_cfg,
+            "model_name": model_name,
+            "transformer_impl": impl,
+            "context_parallel_size": cp,
+            "model_overrides": overrides,
+            "env_vars": _get(megatron_cfg, "env_vars"),
+        },
+        tensor_parallel_size=Fact(
+            mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size"
+        ),
         apply_rope_fusion=fusion if isinstance(fusion, bool) else True,
         physical_batch=_first_positive(policy_cfg, "policy", "logprob_batch_size", "train_micro_batch_size"),
         env_vars=_env_vars(_get(megatron_cfg, "env_vars")),
@@ -232,8 +239,11 @@ def read_generation_facts(cfg: Any) -> GenerationFacts:
     vcfg, kwargs = _mapping(gen, "vllm_cfg"), _mapping(gen, "vllm_kwargs")
     return GenerationFacts(
         backend=gen.get("backend"),
-        precision=(Fact(vcfg["precision"], f"{_VLLM_CFG}.precision") if "precision" in vcfg
-                   else Fact(_at(cfg, "policy.precision"), "policy.precision")),
+        precision=(
+            Fact(vcfg["precision"], f"{_VLLM_CFG}.precision")
+            if "precision" in vcfg
+            else Fact(_at(cfg, "policy.precision"), "policy.precision")
+        ),
         kv_cache_dtype=Fact(vcfg.get("kv_cache_dtype", "auto"), f"{_VLLM_CFG}.kv_cache_dtype"),
         tensor_parallel_size=Fact(vcfg.get("tensor_parallel_size", 1), f"{_VLLM_CFG}.tensor_parallel_size"),
         enable_prefix_caching=Fact(vcfg.get("enable_prefix_caching"), f"{_VLLM_CFG}.enable_prefix_caching"),
@@ -282,16 +292,32 @@ def read_shape_facts(cfg: Any) -> ShapeFacts:
         layers.append(Fact(dict(drift), "attention_align.drift"))
     mo = _at(cfg, "policy.megatron_cfg.model_overrides")
     if isinstance(mo, dict):
-        layers.append(Fact({
-            "heads": mo.get("num_attention_heads"), "kv_heads": mo.get("num_query_groups"),
-            "head_dim": mo.get("kv_channels"), "window": _left_window(mo.get("window_size")),
-            "hidden": mo.get("hidden_size")}, "policy.megatron_cfg.model_overrides"))
+        layers.append(
+            Fact(
+                {
+                    "heads": mo.get("num_attention_heads"),
+                    "kv_heads": mo.get("num_query_groups"),
+                    "head_dim": mo.get("kv_channels"),
+                    "window": _left_window(mo.get("window_size")),
+                    "hidden": mo.get("hidden_size"),
+                },
+                "policy.megatron_cfg.model_overrides",
+            )
+        )
     hf = _at(cfg, "policy.hf_config_overrides")
     if isinstance(hf, dict):
-        layers.append(Fact({
-            "heads": hf.get("num_attention_heads"), "kv_heads": hf.get("num_key_value_heads"),
-            "head_dim": hf.get("head_dim"), "window": _hf_window(hf), "hidden": hf.get("hidden_size")},
-            "policy.hf_config_overrides"))
+        layers.append(
+            Fact(
+                {
+                    "heads": hf.get("num_attention_heads"),
+                    "kv_heads": hf.get("num_key_value_heads"),
+                    "head_dim": hf.get("head_dim"),
+                    "window": _hf_window(hf),
+                    "hidden": hf.get("hidden_size"),
+                },
+                "policy.hf_config_overrides",
+            )
+        )
     seq = _at(cfg, "policy.max_total_sequence_length")
     seq_fact = Fact(seq, "policy.max_total_sequence_length") if seq is not None else None
     return ShapeFacts(tuple(layers), seq_fact)

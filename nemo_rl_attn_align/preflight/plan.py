@@ -9,13 +9,14 @@ environment). The policy is read once into ``facts.PolicyFacts``, which the rule
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, UsageError, json_value
-from nemo_rl_attn_align.preflight.rules import evaluate
+from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET, read_policy_facts
+from nemo_rl_attn_align.preflight.rules import evaluate
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class BackendPlan:
             "requested": json_value(self.requested),
             "effective": self.effective,
             "attn_backend": self.attn_backend,
-            "source": "unset: megatron-core default" if self.requested is None else "policy.megatron_cfg.attention_backend",
+            "source": "unset: megatron-core default"
+            if self.requested is None
+            else "policy.megatron_cfg.attention_backend",
             "precision": self.precision,
             "nvte": dict(self.nvte),
             "nvte_existing": {k: {"value": v, "source": s} for k, (v, s) in self.nvte_existing.items()},
@@ -89,5 +92,7 @@ def build_plan_for_policy(policy_cfg: Any, environ: Mapping[str, str] | None = N
 def build_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> BackendPlan:
     """Plan and rule verdicts for a whole resolved NeMo-RL config."""
     if not isinstance(cfg, dict) or "policy" not in cfg:
-        raise UsageError("the config has no `policy:` section. Fix: pass a NeMo-RL recipe config (GRPO, SFT, DPO, ...).")
+        raise UsageError(
+            "the config has no `policy:` section. Fix: pass a NeMo-RL recipe config (GRPO, SFT, DPO, ...)."
+        )
     return build_plan_for_policy(cfg["policy"], environ)

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
@@ -61,8 +62,13 @@ class Change:
         return "'" + text.replace("'", "'\\''") + "'"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "value": self.value, "reason": self.reason, "alters_run": self.alters_run,
-                "override": self.override()}
+        return {
+            "key": self.key,
+            "value": self.value,
+            "reason": self.reason,
+            "alters_run": self.alters_run,
+            "override": self.override(),
+        }
 
 
 def _hydra_scalar(value: Any) -> str:
@@ -79,7 +85,7 @@ class Alignment:
 
     changes: tuple[Change, ...]
     preview: Any  # preview.BindingPreview after the changes
-    refusal: Optional[Finding]
+    refusal: Finding | None
     config: Mapping[str, Any]  # a copy of the config with the changes applied
 
     @property
@@ -87,8 +93,11 @@ class Alignment:
         return self.refusal is None and self.preview.binding is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"changes": [c.to_dict() for c in self.changes], "aligned": self.aligned,
-                "refusal": self.refusal.to_dict() if self.refusal else None}
+        return {
+            "changes": [c.to_dict() for c in self.changes],
+            "aligned": self.aligned,
+            "refusal": self.refusal.to_dict() if self.refusal else None,
+        }
 
 
 def get_key(cfg: Mapping[str, Any], key: str) -> Any:
@@ -157,51 +166,95 @@ def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok:
     if kind == "field":
         t, r = result.training.value, result.rollout.value
         if name == "reduction_order" and r == "split_kv":
-            return [Change(f"{_VLLM_ENV}.VLLM_BATCH_INVARIANT", "1",
-                           "vLLM batch-invariant mode: one KV split, tiles folded in KV order")]
+            return [
+                Change(
+                    f"{_VLLM_ENV}.VLLM_BATCH_INVARIANT",
+                    "1",
+                    "vLLM batch-invariant mode: one KV split, tiles folded in KV order",
+                )
+            ]
         if name == "dtype":
             if alter_ok:
-                return [Change("policy.generation.vllm_cfg.precision", get_key(cfg, "policy.precision"),
-                               "the rollout runs the training precision (a deliberate low-precision rollout "
-                               "loses its speed-up)", alters_run=True)]
-            return _refuse("policy.generation.vllm_cfg.precision", r,
-                           f"dtype: the rollout runs {r!r}, the training {t!r}: a rollout precision is a choice "
-                           "the preset does not override",
-                           "set policy.generation.vllm_cfg.precision to policy.precision (check --fix), or "
-                           "attention_align.allow_dtype_difference: true to measure the difference")
+                return [
+                    Change(
+                        "policy.generation.vllm_cfg.precision",
+                        get_key(cfg, "policy.precision"),
+                        "the rollout runs the training precision (a deliberate low-precision rollout "
+                        "loses its speed-up)",
+                        alters_run=True,
+                    )
+                ]
+            return _refuse(
+                "policy.generation.vllm_cfg.precision",
+                r,
+                f"dtype: the rollout runs {r!r}, the training {t!r}: a rollout precision is a choice "
+                "the preset does not override",
+                "set policy.generation.vllm_cfg.precision to policy.precision (check --fix), or "
+                "attention_align.allow_dtype_difference: true to measure the difference",
+            )
         if name in ("reduction_order", "downcast") and t in ("ring_step", "per_partial"):
             cp = get_key(cfg, "policy.megatron_cfg.context_parallel_size")
             if alter_ok:
-                return [Change("policy.megatron_cfg.context_parallel_size", 1,
-                               "no context parallelism: one kernel pass over the KV; each GPU then holds "
-                               "whole sequences (more activation memory)", alters_run=True)]
-            return _refuse("policy.megatron_cfg.context_parallel_size", cp,
-                           f"context_parallel_size {cp}: NeMo-RL packs sequences under context parallelism and "
-                           "Transformer Engine runs packed attention only over its p2p ring, whose merge order "
-                           "depends on rank and cp_size (a2a and all_gather reject packed masks)",
-                           "set policy.megatron_cfg.context_parallel_size=1, or relax "
-                           f"attention_align.mandate.{name} (the drift is then measured, not removed)")
-        return _refuse(f"contract.semantic.{name}", {"training": t, "rollout": r},
-                       f"{name}: training {t!r}, rollout {r!r}: no setting the preset makes changes it",
-                       _field_fix(name))
+                return [
+                    Change(
+                        "policy.megatron_cfg.context_parallel_size",
+                        1,
+                        "no context parallelism: one kernel pass over the KV; each GPU then holds "
+                        "whole sequences (more activation memory)",
+                        alters_run=True,
+                    )
+                ]
+            return _refuse(
+                "policy.megatron_cfg.context_parallel_size",
+                cp,
+                f"context_parallel_size {cp}: NeMo-RL packs sequences under context parallelism and "
+                "Transformer Engine runs packed attention only over its p2p ring, whose merge order "
+                "depends on rank and cp_size (a2a and all_gather reject packed masks)",
+                "set policy.megatron_cfg.context_parallel_size=1, or relax "
+                f"attention_align.mandate.{name} (the drift is then measured, not removed)",
+            )
+        return _refuse(
+            f"contract.semantic.{name}",
+            {"training": t, "rollout": r},
+            f"{name}: training {t!r}, rollout {r!r}: no setting the preset makes changes it",
+            _field_fix(name),
+        )
     if name == "CUBLAS_WORKSPACE_CONFIG":
         side = _MEGATRON_ENV if result.training_meaning.value != "deterministic" else _VLLM_ENV
-        return [Change(f"{side}.CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC,
-                       "deterministic cuBLAS workspace on both sides")]
-    tp = (get_key(cfg, "policy.megatron_cfg.tensor_model_parallel_size"),
-          get_key(cfg, "policy.generation.vllm_cfg.tensor_parallel_size"))
+        return [
+            Change(
+                f"{side}.CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC, "deterministic cuBLAS workspace on both sides"
+            )
+        ]
+    tp = (
+        get_key(cfg, "policy.megatron_cfg.tensor_model_parallel_size"),
+        get_key(cfg, "policy.generation.vllm_cfg.tensor_parallel_size"),
+    )
     if alter_ok:
-        return [Change("policy.megatron_cfg.tensor_model_parallel_size", 1,
-                       "no tensor parallelism in training: no allreduce reduces the compared tensor "
-                       "(each GPU holds the whole model)", alters_run=True),
-                Change("policy.generation.vllm_cfg.tensor_parallel_size", 1,
-                       "no tensor parallelism in rollout (each GPU holds the whole model)", alters_run=True)]
-    return _refuse("policy.megatron_cfg.tensor_model_parallel_size", {"training": tp[0], "rollout": tp[1]},
-                   f"{name}: with tensor parallelism the allreduce must run one NCCL algorithm on both sides, "
-                   "but vLLM's batch-invariant mode pins it to Tree/Simple and Megatron's deterministic mode "
-                   "requires Ring",
-                   "run tensor_model_parallel_size=1 and vllm_cfg.tensor_parallel_size=1, or accept the "
-                   "measured allreduce drift (attention_align.on_mismatch: warn)")
+        return [
+            Change(
+                "policy.megatron_cfg.tensor_model_parallel_size",
+                1,
+                "no tensor parallelism in training: no allreduce reduces the compared tensor "
+                "(each GPU holds the whole model)",
+                alters_run=True,
+            ),
+            Change(
+                "policy.generation.vllm_cfg.tensor_parallel_size",
+                1,
+                "no tensor parallelism in rollout (each GPU holds the whole model)",
+                alters_run=True,
+            ),
+        ]
+    return _refuse(
+        "policy.megatron_cfg.tensor_model_parallel_size",
+        {"training": tp[0], "rollout": tp[1]},
+        f"{name}: with tensor parallelism the allreduce must run one NCCL algorithm on both sides, "
+        "but vLLM's batch-invariant mode pins it to Tree/Simple and Megatron's deterministic mode "
+        "requires Ring",
+        "run tensor_model_parallel_size=1 and vllm_cfg.tensor_parallel_size=1, or accept the "
+        "measured allreduce drift (attention_align.on_mismatch: warn)",
+    )
 
 
 def _field_fix(name: str) -> str:
@@ -210,7 +263,9 @@ def _field_fix(name: str) -> str:
     return field_spec(name).fix
 
 
-def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any], *, alter_ok: bool = False) -> Alignment:
+def align(
+    cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any], *, alter_ok: bool = False
+) -> Alignment:
     """Apply the settings that make the semantic and determinism tiers of ``preview_of(cfg)`` pass.
 
     ``preview_of`` previews a config (``preview.preview_binding`` with fixed settings and
@@ -231,9 +286,16 @@ def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any]
             for change in remedy:
                 blocked = blocked_parent(work, change.key)
                 if blocked is not None:
-                    refusals.setdefault(blocked[0], _refuse(
-                        blocked[0], blocked[1], f"{blocked[0]} is not a mapping: the preset cannot set "
-                        f"{change.key.rsplit('.', 1)[1]} under it", f"make {blocked[0]} a mapping (or null)"))
+                    refusals.setdefault(
+                        blocked[0],
+                        _refuse(
+                            blocked[0],
+                            blocked[1],
+                            f"{blocked[0]} is not a mapping: the preset cannot set "
+                            f"{change.key.rsplit('.', 1)[1]} under it",
+                            f"make {blocked[0]} a mapping (or null)",
+                        ),
+                    )
                 elif get_key(work, change.key) != change.value and change not in fresh:
                     fresh.append(change)
         if not fresh:
@@ -246,12 +308,17 @@ def align(cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any]
     if not left:
         return Alignment(tuple(changes), preview, None, work)
     refusal = next(iter(refusals.values()), None) or _refuse(
-        left[0][1], None, f"{left[0][1]} still fails after {', '.join(c.key for c in changes) or 'no change'}",
-        "report this as a bug of nemo-rl-attn-align")
+        left[0][1],
+        None,
+        f"{left[0][1]} still fails after {', '.join(c.key for c in changes) or 'no change'}",
+        "report this as a bug of nemo-rl-attn-align",
+    )
     return Alignment(tuple(changes), preview, refusal, work)
 
 
-def minimal(cfg: Mapping[str, Any], alignment: Alignment, preview_of: Callable[[Mapping[str, Any]], Any]) -> tuple[Change, ...]:
+def minimal(
+    cfg: Mapping[str, Any], alignment: Alignment, preview_of: Callable[[Mapping[str, Any]], Any]
+) -> tuple[Change, ...]:
     """The smallest subset of ``alignment.changes`` after which the preview still has no blocking
     cause (each change is dropped in turn when the rest suffice)."""
     kept = list(alignment.changes)

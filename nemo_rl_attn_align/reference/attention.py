@@ -57,7 +57,9 @@ def fp32_matmuls(device: torch.device):
 
 def _check(q, k, v):
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
-        raise ValueError(f"expected q [T, Hq, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q [T, Hq, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"head dim of q ({q.shape[-1]}) and k ({k.shape[-1]}) differ")
     if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -76,8 +78,18 @@ def sequences(q, k, cu_seqlens_q=None, cu_seqlens_k=None) -> list[tuple[int, int
     return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:]))
 
 
-def reference_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None,
-                        scale: float | None = None, plan=None, spec: ReferenceSpec = ReferenceSpec()):
+def reference_attention(
+    q,
+    k,
+    v,
+    *,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    window: int | None = None,
+    scale: float | None = None,
+    plan=None,
+    spec: ReferenceSpec = ReferenceSpec(),
+):
     """Causal (optionally sliding-window) GQA attention in the canonical order: ``(out, lse)``.
 
     ``plan`` (default ``SinglePass()``) picks who computes which block; it never changes the result.
@@ -114,7 +126,7 @@ def logit_magnitude(q, k, scale: float | None = None) -> float:
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k_abs = k.double().abs()
     best = 0.0
-    for h in range(q.shape[1]):                                  # one head at a time bounds the memory
+    for h in range(q.shape[1]):  # one head at a time bounds the memory
         best = max(best, float((q[:, h].double().abs() @ k_abs[:, h // g].T).max()))
     return scale * best
 
@@ -143,8 +155,9 @@ class _Differentiable(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def exact_attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None,
-                    scale: float | None = None):
+def exact_attention(
+    q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None, scale: float | None = None
+):
     """The same attention computed plainly in FP64: ``(out, lse)``, both FP64."""
     _check(q, k, v)
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
@@ -171,12 +184,12 @@ def _exact_one(q, k, v, geom: Geometry):
         r1 = min(geom.seq_q, r0 + _EXACT_ROWS)
         rows = torch.arange(geom.q_start + r0, geom.q_start + r1, device=q.device)
         lo = geom.first_key(geom.q_start + r0)
-        hi = geom.q_start + r1                                              # keys past the last row are masked
+        hi = geom.q_start + r1  # keys past the last row are masked
         visible = geom.allowed(rows, torch.arange(lo, hi, device=q.device))  # [R, n]
-        for h in range(geom.num_kv_heads):                                  # one KV head and its g query heads
-            qh = q[r0:r1, h * g:(h + 1) * g].double().transpose(0, 1)       # [g, R, D]
+        for h in range(geom.num_kv_heads):  # one KV head and its g query heads
+            qh = q[r0:r1, h * g : (h + 1) * g].double().transpose(0, 1)  # [g, R, D]
             s = (qh @ k64[lo:hi, h].T * geom.softmax_scale).masked_fill_(~visible, -math.inf)  # [g, R, n]
-            lse_h = torch.logsumexp(s, dim=-1)                              # [g, R]
-            out[r0:r1, h * g:(h + 1) * g] = (s.sub_(lse_h[..., None]).exp_() @ v64[lo:hi, h]).transpose(0, 1)
-            lse[r0:r1, h * g:(h + 1) * g] = lse_h.T
+            lse_h = torch.logsumexp(s, dim=-1)  # [g, R]
+            out[r0:r1, h * g : (h + 1) * g] = (s.sub_(lse_h[..., None]).exp_() @ v64[lo:hi, h]).transpose(0, 1)
+            lse[r0:r1, h * g : (h + 1) * g] = lse_h.T
     return out, lse

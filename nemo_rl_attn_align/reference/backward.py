@@ -52,12 +52,21 @@ import math
 import torch
 
 from nemo_rl_attn_align.reference.blocks import (
-    Geometry, KVStore, ReferenceSpec, canonical_tile, pair_scores, tile_block_mask, tile_blocks, tile_rows,
-    ungroup_heads)
+    Geometry,
+    KVStore,
+    ReferenceSpec,
+    canonical_tile,
+    pair_scores,
+    tile_block_mask,
+    tile_blocks,
+    tile_rows,
+    ungroup_heads,
+)
 
 
-def attention_backward(q, k, v, out, lse, dout, dlse, *, seqs, window: int | None, scale: float | None,
-                       spec: ReferenceSpec):
+def attention_backward(
+    q, k, v, out, lse, dout, dlse, *, seqs, window: int | None, scale: float | None, spec: ReferenceSpec
+):
     """``(dq [Tq, Hq, D], dk, dv [Tk, Hkv, D])`` in the input dtype, for packed ``seqs``.
 
     ``out`` ``[Tq, Hq, D]`` is the forward's FP32 output, ``lse`` ``[Tq, Hq]`` its FP32 LSE;
@@ -66,25 +75,28 @@ def attention_backward(q, k, v, out, lse, dout, dlse, *, seqs, window: int | Non
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for q0, q1, k0, k1 in seqs:
         if q1 == q0:
-            continue                                              # no queries: its keys get zero
+            continue  # no queries: its keys get zero
         geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
         rows, keys = slice(q0, q1), slice(k0, k1)
         dq[rows], dk[keys], dv[keys] = _sequence_backward(
-            q[rows], k[keys], v[keys], out[rows], lse[rows], dout[rows], dlse[rows], geom, spec)
+            q[rows], k[keys], v[keys], out[rows], lse[rows], dout[rows], dlse[rows], geom, spec
+        )
     return dq, dk, dv
 
 
 class _Tile:
     """One query tile's FP32 operands (``[Hkv, g*BQ, ...]``) and its dQ accumulator."""
 
-    def __init__(self, t: int, idx: list[int], off: list[int], geom: Geometry, spec: ReferenceSpec, q, out, lse, dout, dlse):
+    def __init__(
+        self, t: int, idx: list[int], off: list[int], geom: Geometry, spec: ReferenceSpec, q, out, lse, dout, dlse
+    ):
         def tile(x, fill=0.0):
             return canonical_tile(x[idx], off, geom, spec, fill)
 
         self.idx, self.off = idx, off
         self.blocks = tile_blocks(geom, spec, [t * spec.block_q + o for o in off])
-        self.q, self.dout = tile(q), tile(dout)                                   # [Hkv, g*BQ, D]
-        self.lse = tile(lse, math.inf)[..., None]                                 # [Hkv, g*BQ, 1]
+        self.q, self.dout = tile(q), tile(dout)  # [Hkv, g*BQ, D]
+        self.lse = tile(lse, math.inf)[..., None]  # [Hkv, g*BQ, 1]
         self.delta = (self.dout * tile(out)).sum(-1, keepdim=True) - tile(dlse)[..., None]  # D - dlse
         self.dq = torch.zeros_like(self.q)
 
@@ -92,28 +104,32 @@ class _Tile:
 def _sequence_backward(q, k, v, out, lse, dout, dlse, geom: Geometry, spec: ReferenceSpec):
     """One sequence's ``(dq [Sq, Hq, D], dk, dv [Skv, Hkv, D])``, input dtype."""
     positions = list(range(geom.q_start, geom.seq_kv))
-    tiles = {t: _Tile(t, idx, off, geom, spec, q, out, lse, dout, dlse)
-             for t, (idx, off) in tile_rows(positions, spec).items()}              # ascending tiles
+    tiles = {
+        t: _Tile(t, idx, off, geom, spec, q, out, lse, dout, dlse)
+        for t, (idx, off) in tile_rows(positions, spec).items()
+    }  # ascending tiles
     store = KVStore(geom, spec, k.dtype, k.device)
     store.put(0, k, v)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
     scale, bk = geom.softmax_scale, spec.block_kv
-    for b in sorted({b for tile in tiles.values() for b in tile.blocks}):          # ascending blocks
-        kb, vb = store.block(b)                                                     # [Hkv, BK, D]
+    for b in sorted({b for tile in tiles.values() for b in tile.blocks}):  # ascending blocks
+        kb, vb = store.block(b)  # [Hkv, BK, D]
         dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
         for t, tile in tiles.items():
             if b not in tile.blocks:
                 continue
-            s = pair_scores(tile.q, kb, tile_block_mask(geom, spec, t, b, kb.device), scale, geom.group)  # [Hkv, g*BQ, BK]
-            p = s.sub_(tile.lse).exp_()                                             # P, in place of S
-            dvb.baddbmm_(p.transpose(1, 2), tile.dout)                              # dV_b += P^T dO
+            s = pair_scores(
+                tile.q, kb, tile_block_mask(geom, spec, t, b, kb.device), scale, geom.group
+            )  # [Hkv, g*BQ, BK]
+            p = s.sub_(tile.lse).exp_()  # P, in place of S
+            dvb.baddbmm_(p.transpose(1, 2), tile.dout)  # dV_b += P^T dO
             ds = p.mul_(torch.bmm(tile.dout, vb.transpose(1, 2)).sub_(tile.delta))  # dS = P (dP - D)
-            tile.dq.baddbmm_(ds, kb)                                                # dQ_t += dS K
-            dkb.baddbmm_(ds.transpose(1, 2), tile.q)                                # dK_b += dS^T Q
+            tile.dq.baddbmm_(ds, kb)  # dQ_t += dS K
+            dkb.baddbmm_(ds.transpose(1, 2), tile.q)  # dK_b += dS^T Q
         n = store.tokens_in(b)
-        dk[b * bk:b * bk + n] = dkb.mul_(scale).transpose(0, 1)[:n].to(k.dtype)     # [BK, Hkv, D] -> tokens
-        dv[b * bk:b * bk + n] = dvb.transpose(0, 1)[:n].to(v.dtype)
+        dk[b * bk : b * bk + n] = dkb.mul_(scale).transpose(0, 1)[:n].to(k.dtype)  # [BK, Hkv, D] -> tokens
+        dv[b * bk : b * bk + n] = dvb.transpose(0, 1)[:n].to(v.dtype)
     dq = torch.empty_like(q)
     for tile in tiles.values():
         dq[tile.idx] = ungroup_heads(tile.dq.mul_(scale), geom.num_heads)[tile.off].to(q.dtype)

@@ -26,8 +26,8 @@ FlashAttention/Megatron convention: position ``i`` sees keys ``j`` with ``i - W 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -61,7 +61,7 @@ class Geometry:
     scale: float | None = None
 
     @classmethod
-    def of(cls, q, k, window: int | None, scale: float | None, seq_q: int, seq_kv: int) -> "Geometry":
+    def of(cls, q, k, window: int | None, scale: float | None, seq_q: int, seq_kv: int) -> Geometry:
         """The geometry of one sequence of the packed ``q`` ``[Tq, Hq, D]`` / ``k`` ``[Tk, Hkv, D]``."""
         return cls(seq_q, seq_kv, q.shape[1], k.shape[1], q.shape[2], window, scale)
 
@@ -122,14 +122,18 @@ def group_heads(x: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """``[n, Hq, *tail]`` -> ``[Hkv, g*n, *tail]``: query head ``h`` goes with KV head ``h // g``."""
     n, hq, *tail = x.shape
     g = hq // num_kv_heads
-    return x.view(n, num_kv_heads, g, *tail).permute(1, 2, 0, *range(3, 3 + len(tail))).reshape(num_kv_heads, g * n, *tail)
+    return (
+        x.view(n, num_kv_heads, g, *tail).permute(1, 2, 0, *range(3, 3 + len(tail))).reshape(num_kv_heads, g * n, *tail)
+    )
 
 
 def ungroup_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``[Hkv, g*n, *tail]`` -> ``[n, Hq, *tail]``, the inverse of ``group_heads``."""
     hkv, rows, *tail = x.shape
     g = num_heads // hkv
-    return x.view(hkv, g, rows // g, *tail).permute(2, 0, 1, *range(3, 3 + len(tail))).reshape(rows // g, num_heads, *tail)
+    return (
+        x.view(hkv, g, rows // g, *tail).permute(2, 0, 1, *range(3, 3 + len(tail))).reshape(rows // g, num_heads, *tail)
+    )
 
 
 def tile_rows(positions: list[int], spec: ReferenceSpec) -> dict[int, tuple[list[int], list[int]]]:
@@ -142,8 +146,9 @@ def tile_rows(positions: list[int], spec: ReferenceSpec) -> dict[int, tuple[list
     return dict(sorted(tiles.items()))
 
 
-def canonical_tile(rows: torch.Tensor, offsets: list[int], geom: Geometry, spec: ReferenceSpec,
-                   fill: float = 0.0) -> torch.Tensor:
+def canonical_tile(
+    rows: torch.Tensor, offsets: list[int], geom: Geometry, spec: ReferenceSpec, fill: float = 0.0
+) -> torch.Tensor:
     """FP32 tile ``[Hkv, g*BQ, *tail]`` with ``rows`` ``[n, Hq, *tail]`` at ``offsets``, ``fill`` elsewhere."""
     buf = torch.full((spec.block_q, *rows.shape[1:]), fill, dtype=torch.float32, device=rows.device)
     buf[offsets] = rows.to(torch.float32)
@@ -155,7 +160,9 @@ def tile_blocks(geom: Geometry, spec: ReferenceSpec, positions: list[int]) -> ra
     return range(geom.first_key(min(positions)) // spec.block_kv, max(positions) // spec.block_kv + 1)
 
 
-def pair_scores(qt: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor | None, scale: float, group: int) -> torch.Tensor:
+def pair_scores(
+    qt: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor | None, scale: float, group: int
+) -> torch.Tensor:
     """Scaled FP32 scores ``[Hkv, g*BQ, BK]`` of one (tile, block) pair, ``-inf`` where masked.
 
     qt ``[Hkv, g*BQ, D]``, kb ``[Hkv, BK, D]`` (FP32), mask ``[BQ, BK]`` (True = masked) or None.
@@ -167,19 +174,20 @@ def pair_scores(qt: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor | None, s
     return s
 
 
-def pair_partial(qt: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor | None,
-                 scale: float, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pair_partial(
+    qt: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor | None, scale: float, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FP32 online-softmax state of one (tile, block) pair (shapes as in ``pair_scores``, vb like kb).
 
     Returns m, l ``[Hkv, g*BQ, 1]`` and acc ``[Hkv, g*BQ, D]``; a row with no visible key has
     m = -inf, l = 0, acc = 0.
     """
-    s = pair_scores(qt, kb, mask, scale, group)                 # [Hkv, g*BQ, BK]
-    m = s.amax(dim=-1, keepdim=True)                            # [Hkv, g*BQ, 1]
+    s = pair_scores(qt, kb, mask, scale, group)  # [Hkv, g*BQ, BK]
+    m = s.amax(dim=-1, keepdim=True)  # [Hkv, g*BQ, 1]
     m_safe = torch.where(m == NEG_INF, 0.0, m) if mask is not None else m
-    p = s.sub_(m_safe).exp_()                                   # in place: s becomes p
+    p = s.sub_(m_safe).exp_()  # in place: s becomes p
     l = p.sum(dim=-1, keepdim=True)
-    acc = torch.bmm(p, vb)                                      # [Hkv, g*BQ, D]
+    acc = torch.bmm(p, vb)  # [Hkv, g*BQ, D]
     return m, l, acc
 
 
@@ -206,7 +214,7 @@ class TileAccumulator:
         self.state: list | None = None
 
     def add(self, block: int, part: tuple) -> None:
-        if block in self._pending or block not in self.expected[self._next:]:
+        if block in self._pending or block not in self.expected[self._next :]:
             raise RuntimeError(f"block {block} delivered twice or not expected (expected {self.expected})")
         self._pending[block] = part
         while self._next < len(self.expected) and self.expected[self._next] in self._pending:
@@ -234,8 +242,12 @@ class QueryTiles:
         self.dtype = q_rows.dtype
         self.tiles: dict[int, dict] = {}
         for t, (idx, off) in tile_rows(self.positions, spec).items():
-            self.tiles[t] = {"idx": idx, "off": off, "q": canonical_tile(q_rows[idx], off, geom, spec),
-                             "acc": TileAccumulator(tile_blocks(geom, spec, [t * spec.block_q + o for o in off]))}
+            self.tiles[t] = {
+                "idx": idx,
+                "off": off,
+                "q": canonical_tile(q_rows[idx], off, geom, spec),
+                "acc": TileAccumulator(tile_blocks(geom, spec, [t * spec.block_q + o for o in off])),
+            }
 
     def blocks_wanted(self) -> list[int]:
         """Every KV block some tile still needs, ascending."""
@@ -267,10 +279,10 @@ class QueryTiles:
         for t, tile in self.tiles.items():
             acc = tile["acc"]
             if not acc.done:
-                raise RuntimeError(f"tile {t}: blocks {acc.expected[acc._next:]} never delivered by the plan")
+                raise RuntimeError(f"tile {t}: blocks {acc.expected[acc._next :]} never delivered by the plan")
             m, l, a = acc.state
-            o = ungroup_heads(a / l, geom.num_heads)                           # [BQ, Hq, D]
-            s = ungroup_heads((m + torch.log(l)).squeeze(-1), geom.num_heads)   # [BQ, Hq]
+            o = ungroup_heads(a / l, geom.num_heads)  # [BQ, Hq, D]
+            s = ungroup_heads((m + torch.log(l)).squeeze(-1), geom.num_heads)  # [BQ, Hq]
             out[tile["idx"]] = o[tile["off"]].to(self.dtype)
             lse[tile["idx"]] = s[tile["off"]]
         return out, lse
@@ -300,8 +312,8 @@ class KVStore:
                 self._k[b] = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 self._v[b] = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 self._filled[b] = 0
-            self._k[b][pos - b * bk: stop - b * bk] = k[pos - start: stop - start]
-            self._v[b][pos - b * bk: stop - b * bk] = v[pos - start: stop - start]
+            self._k[b][pos - b * bk : stop - b * bk] = k[pos - start : stop - start]
+            self._v[b][pos - b * bk : stop - b * bk] = v[pos - start : stop - start]
             self._filled[b] += stop - pos
             if self.complete(b):
                 done.append(b)
@@ -318,6 +330,8 @@ class KVStore:
 
     def block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k, v)`` of ``block`` as FP32 ``[Hkv, BK, D]``."""
+
         def as_heads(x):
             return x.to(torch.float32).transpose(0, 1).contiguous()
+
         return as_heads(self._k[block]), as_heads(self._v[block])

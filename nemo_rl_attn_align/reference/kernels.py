@@ -42,7 +42,6 @@ import torch
 
 from nemo_rl_attn_align.reference.blocks import NEG_INF, group_heads, ungroup_heads
 
-
 #: Streaming multiprocessors per GPU generation (A100 SXM: 108; H100/H200 SXM: 132).
 NUM_SMS = {"sm80": 108, "sm90": 132}
 
@@ -66,11 +65,15 @@ def fa3_tile(head_dim: int, local: bool = False) -> int:
     return 64 if local else 80
 
 
-def _efficient_splits(total_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int, skip_ineligible: bool) -> int:
+def _efficient_splits(
+    total_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int, skip_ineligible: bool
+) -> int:
     """The smallest split count within 85% of the best wave efficiency (both heuristics' core)."""
     max_splits = min(max_splits, num_sms, num_n_blocks)
+
     def eligible(n):
         return not skip_ineligible or n == 1 or math.ceil(num_n_blocks / n) != math.ceil(num_n_blocks / (n - 1))
+
     eff = {}
     for n in range(1, max_splits + 1):
         if eligible(n):
@@ -92,6 +95,7 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, num_n_blocks: int, max_spli
     if total_mblocks >= 0.8 * num_sms or num_n_blocks <= 4:
         return 1
     return _efficient_splits(total_mblocks, num_sms, num_n_blocks, max_splits, skip_ineligible=False)
+
 
 #: Query rows processed together; numerics do not depend on it (rows never mix).
 _ROW_GROUP = 128
@@ -120,14 +124,27 @@ def _online_softmax(qg, kh, vh, visible, tiles, scale, group, p_dtype):
         p = s.sub_(m_ref).exp_()
         l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
         if p_dtype != torch.float32:
-            p = p.to(p_dtype).to(torch.float32)          # FA rounds P to the input dtype before P @ V
+            p = p.to(p_dtype).to(torch.float32)  # FA rounds P to the input dtype before P @ V
         acc.mul_(alpha).baddbmm_(p, vh[:, lo:hi])
         m = m_new
     return m, l, acc
 
 
-def flash_forward(q, q_pos, k, v, kv_pos, allowed, *, scale, block_n, num_splits=1, out_dtype=None,
-                  split_visible: bool = False, row_block: int | None = None):
+def flash_forward(
+    q,
+    q_pos,
+    k,
+    v,
+    kv_pos,
+    allowed,
+    *,
+    scale,
+    block_n,
+    num_splits=1,
+    out_dtype=None,
+    split_visible: bool = False,
+    row_block: int | None = None,
+):
     """One FlashAttention-style call: ``(out [n, Hq, D], lse [n, Hq] FP32)``.
 
     ``q`` ``[n, Hq, D]`` at global positions ``q_pos``; ``k``/``v`` ``[m, Hkv, D]`` (the call's local
@@ -150,9 +167,9 @@ def flash_forward(q, q_pos, k, v, kv_pos, allowed, *, scale, block_n, num_splits
     rows = row_block or _ROW_GROUP
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        visible = allowed(q_pos[r0:r1], kv_pos)                               # [R, m]
+        visible = allowed(q_pos[r0:r1], kv_pos)  # [R, m]
         qg = group_heads(q[r0:r1].to(torch.float32), hkv)
-        seen = [t for t in range(n_tiles) if bool(visible[:, t * block_n:(t + 1) * block_n].any())]
+        seen = [t for t in range(n_tiles) if bool(visible[:, t * block_n : (t + 1) * block_n].any())]
         if split_visible and seen:
             first, count = seen[0], seen[-1] + 1 - seen[0]
             per = math.ceil(count / max(1, num_splits))

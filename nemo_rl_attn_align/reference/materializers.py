@@ -49,15 +49,22 @@ the GPU generations on which that engine runs that path, and the dtypes it accep
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from nemo_rl_attn_align.reference import kernels
 from nemo_rl_attn_align.reference.attention import fp32_matmuls, reference_attention
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
-from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, PagedKVCache, SinglePass, SplitKV, cp_chunks
+from nemo_rl_attn_align.reference.plans import (
+    ChunkedPrefill,
+    ContextParallel,
+    PagedKVCache,
+    SinglePass,
+    SplitKV,
+    cp_chunks,
+)
 from nemo_rl_attn_align.reference.unfused import hf_eager_attention, megatron_local_attention
 
 #: GPU generations the sweep can select plans for (``--gpu``).
@@ -99,8 +106,16 @@ def _te_p2p(q, k, v, geom: Geometry, cp: int, tile: int, packed: bool):
                 kv_pos, rows = _arange(c0, c1, q.device), slice(None)
             else:
                 kv_pos, rows = torch.cat([_arange(c0, c1, q.device), _arange(d0, d1, q.device)]), slice(half, None)
-            o, s = kernels.flash_forward(q[q_pos[rows]], q_pos[rows], k[kv_pos], v[kv_pos], kv_pos, geom.allowed,
-                                         scale=geom.softmax_scale, block_n=tile)
+            o, s = kernels.flash_forward(
+                q[q_pos[rows]],
+                q_pos[rows],
+                k[kv_pos],
+                v[kv_pos],
+                kv_pos,
+                geom.allowed,
+                scale=geom.softmax_scale,
+                block_n=tile,
+            )
             steps.append((rows, o, s))
         lse = steps[0][2].clone()
         for rows, _, s in steps[1:]:
@@ -120,7 +135,7 @@ def te_out_correction(steps: list, lse: torch.Tensor, n_rows: int, dtype, packed
     """
     acc = torch.zeros(n_rows, *steps[0][1].shape[1:], dtype=dtype, device=steps[0][1].device)
     for i, (rows, o, s) in enumerate(steps):
-        corrected = o * torch.exp(s - lse[rows])[..., None]               # FP32 product of a dtype out
+        corrected = o * torch.exp(s - lse[rows])[..., None]  # FP32 product of a dtype out
         if packed:
             acc[rows] += torch.where(o == 0, 0.0, corrected).to(dtype)
         elif i == 0:
@@ -141,8 +156,15 @@ def _te_allgather(q, k, v, geom: Geometry, cp: int, tile: int):
             kv_start = 0 if geom.window is None else max(0, start - geom.window)
             kv_pos = _arange(kv_start, end, q.device)
             out[start:end], lse[start:end] = kernels.flash_forward(
-                q[start:end], _arange(start, end, q.device), k[kv_start:end], v[kv_start:end], kv_pos,
-                geom.allowed, scale=geom.softmax_scale, block_n=tile)
+                q[start:end],
+                _arange(start, end, q.device),
+                k[kv_start:end],
+                v[kv_start:end],
+                kv_pos,
+                geom.allowed,
+                scale=geom.softmax_scale,
+                block_n=tile,
+            )
     return out, lse
 
 
@@ -151,7 +173,9 @@ def _fa2_splits(requested: int, geom: Geometry, n_query_rows: int, gpu: str) -> 
     if requested:
         return requested
     mblocks = geom.num_heads * math.ceil(n_query_rows / 64)
-    return kernels.fa2_num_splits(mblocks, 2 * kernels.NUM_SMS[gpu], math.ceil(geom.seq_kv / kernels.split_kv_tile(geom.head_dim)))
+    return kernels.fa2_num_splits(
+        mblocks, 2 * kernels.NUM_SMS[gpu], math.ceil(geom.seq_kv / kernels.split_kv_tile(geom.head_dim))
+    )
 
 
 def _flash(q, k, v, geom: Geometry, tile: int, splits: int, gpu: str):
@@ -159,8 +183,17 @@ def _flash(q, k, v, geom: Geometry, tile: int, splits: int, gpu: str):
     splits = _fa2_splits(splits, geom, geom.seq_q, gpu)
     if splits > 1 and not tile:
         tile = kernels.split_kv_tile(geom.head_dim)
-    return kernels.flash_forward(q, pos[geom.q_start:], k, v, pos, geom.allowed, scale=geom.softmax_scale,
-                                 block_n=tile or kernels.forward_tile(geom.head_dim), num_splits=splits)
+    return kernels.flash_forward(
+        q,
+        pos[geom.q_start :],
+        k,
+        v,
+        pos,
+        geom.allowed,
+        scale=geom.softmax_scale,
+        block_n=tile or kernels.forward_tile(geom.head_dim),
+        num_splits=splits,
+    )
 
 
 def _vllm(q, k, v, geom: Geometry, p: dict, fa3: bool):
@@ -179,26 +212,52 @@ def _vllm(q, k, v, geom: Geometry, p: dict, fa3: bool):
 
     def call(q_rows, q_pos, kv_lo, kv_hi, causal=True):
         k_c, v_c = cache.read(kv_lo, kv_hi)
-        allowed = geom.allowed if causal else (lambda r, c: torch.ones(len(r), len(c), dtype=torch.bool, device=q.device))
+        allowed = (
+            geom.allowed if causal else (lambda r, c: torch.ones(len(r), len(c), dtype=torch.bool, device=q.device))
+        )
         n_tiles = math.ceil((kv_hi - kv_lo) / tile)
         if fa3:
-            rows_per_block = max(1, 128 // g)                               # PackGQA: 128 (token, head) rows
-            splits = p["splits"] or kernels.fa3_num_splits(geom.num_kv_heads * math.ceil(len(q_pos) * g / 128),
-                                                           kernels.NUM_SMS["sm90"], n_tiles)
-            return kernels.flash_forward(q_rows, q_pos, k_c, v_c, _arange(kv_lo, kv_hi, q.device), allowed,
-                                         scale=geom.softmax_scale, block_n=tile, num_splits=splits,
-                                         split_visible=True, row_block=rows_per_block)
+            rows_per_block = max(1, 128 // g)  # PackGQA: 128 (token, head) rows
+            splits = p["splits"] or kernels.fa3_num_splits(
+                geom.num_kv_heads * math.ceil(len(q_pos) * g / 128), kernels.NUM_SMS["sm90"], n_tiles
+            )
+            return kernels.flash_forward(
+                q_rows,
+                q_pos,
+                k_c,
+                v_c,
+                _arange(kv_lo, kv_hi, q.device),
+                allowed,
+                scale=geom.softmax_scale,
+                block_n=tile,
+                num_splits=splits,
+                split_visible=True,
+                row_block=rows_per_block,
+            )
         decode = len(q_pos) == 1 and geom.num_heads > geom.num_kv_heads and not local
-        splits = (p["splits"] or kernels.fa2_num_splits(geom.num_kv_heads, 2 * kernels.NUM_SMS["sm80"], n_tiles)) if decode else 1
-        return kernels.flash_forward(q_rows, q_pos, k_c, v_c, _arange(kv_lo, kv_hi, q.device), allowed,
-                                     scale=geom.softmax_scale, block_n=tile, num_splits=splits)
+        splits = (
+            (p["splits"] or kernels.fa2_num_splits(geom.num_kv_heads, 2 * kernels.NUM_SMS["sm80"], n_tiles))
+            if decode
+            else 1
+        )
+        return kernels.flash_forward(
+            q_rows,
+            q_pos,
+            k_c,
+            v_c,
+            _arange(kv_lo, kv_hi, q.device),
+            allowed,
+            scale=geom.softmax_scale,
+            block_n=tile,
+            num_splits=splits,
+        )
 
     for start in range(geom.q_start, geom.seq_kv, p["chunk"]):
         stop = min(geom.seq_kv, start + p["chunk"])
         cache.write(start, k[start:stop], v[start:stop])
         rows = slice(start - geom.q_start, stop - geom.q_start)
         q_pos = _arange(start, stop, q.device)
-        if prefix and start >= prefix:                                    # cascade: shared prefix + own suffix
+        if prefix and start >= prefix:  # cascade: shared prefix + own suffix
             shared = call(q[rows], q_pos, 0, prefix, causal=False)
             own = call(q[rows], q_pos, prefix, stop)
             out[rows], lse[rows] = kernels.merge_attn_states(shared, own, q.dtype)
@@ -242,41 +301,87 @@ _VLLM_PARAMS = {"chunk": 256, "page": 16, "splits": 0, "cascade": 0, "tile": 0}
 _FA2 = "flash-attention 2.8 (flash_api.cpp mha_varlen_fwd / mha_fwd)"
 
 ENGINES: dict[str, Engine] = {
-    "reference": Engine(None, {}, lambda p: SinglePass(), "the canonical reference", "the canonical reference (any device)",
-                        dtypes=ALL_DTYPES),
-    "flash": Engine(lambda q, k, v, g, p: _flash(q, k, v, g, p["tile"], p["splits"], p["gpu"]),
-                    {"splits": 1, "tile": 0, "gpu": 90},
-                    lambda p: SplitKV(num_splits=p["splits"]) if p["splits"] > 1 else SinglePass(),
-                    "one FlashAttention-2 forward call", _FA2),
-    "te-p2p": Engine(lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), True),
-                     {"cp": 2, "tile": 0}, _cp_plan("p2p"), "Transformer Engine CP p2p ring, packed thd",
-                     "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVP2P, qkv_format thd (thd_out_correction_kernel), "
-                     "FlashAttention-2 per step"),
-    "te-p2p-bshd": Engine(lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), False),
-                          {"cp": 2, "tile": 0}, _cp_plan("p2p"), "Transformer Engine CP p2p ring, bshd/sbhd",
-                          "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVP2P, qkv_format bshd/sbhd "
-                          "(flash_attn_fwd_out_correction), FlashAttention-2 per step"),
-    "te-allgather": Engine(lambda q, k, v, g, p: _te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
-                           {"cp": 2, "tile": 0}, _cp_plan("all_gather"), "Transformer Engine CP KV all-gather",
-                           "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVAllGather, FlashAttention-2 per chunk"),
-    "te-fused": Engine(_not_replayable, {}, lambda p: SinglePass(), "Transformer Engine FusedAttention (cuDNN)",
-                       "Transformer Engine 2.14-2.15 FusedAttention (cuDNN fused attention): not replayable"),
-    "vllm": Engine(lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=False), dict(_VLLM_PARAMS), _vllm_plan,
-                   "vLLM chunked prefill over paged KV, FlashAttention-2",
-                   "vLLM >= 0.11 FlashAttentionImpl (v1/attention/backends/flash_attn.py) with FA2: paged split-KV "
-                   "kernel, decode-only splits, cascade via merge_attn_states", gpus=("sm80",)),
-    "vllm-fa3": Engine(lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=True), dict(_VLLM_PARAMS), _vllm_plan,
-                       "vLLM chunked prefill over paged KV, FlashAttention-3",
-                       "vLLM >= 0.11 FlashAttentionImpl with vllm_flash_attn FA3 (hopper/): FA3 tiles, splits over the "
-                       "visible tile range, cascade via merge_attn_states", gpus=("sm90",)),
-    "megatron-local": Engine(lambda q, k, v, g, p: megatron_local_attention(q, k, v, g), {}, lambda p: SinglePass(),
-                             "Megatron's own DotProductAttention (local spec)",
-                             "megatron-core 0.14-0.16 DotProductAttention.forward + FusedScaleMaskSoftmax.forward_torch_softmax",
-                             dtypes=ALL_DTYPES, differentiable=True),
-    "hf-eager": Engine(lambda q, k, v, g, p: hf_eager_attention(q, k, v, g), {}, lambda p: SinglePass(),
-                       "Hugging Face eager attention",
-                       "transformers 5.5-5.8 eager_attention_forward (models/llama/modeling_llama.py)",
-                       dtypes=ALL_DTYPES, differentiable=True),
+    "reference": Engine(
+        None,
+        {},
+        lambda p: SinglePass(),
+        "the canonical reference",
+        "the canonical reference (any device)",
+        dtypes=ALL_DTYPES,
+    ),
+    "flash": Engine(
+        lambda q, k, v, g, p: _flash(q, k, v, g, p["tile"], p["splits"], p["gpu"]),
+        {"splits": 1, "tile": 0, "gpu": 90},
+        lambda p: SplitKV(num_splits=p["splits"]) if p["splits"] > 1 else SinglePass(),
+        "one FlashAttention-2 forward call",
+        _FA2,
+    ),
+    "te-p2p": Engine(
+        lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), True),
+        {"cp": 2, "tile": 0},
+        _cp_plan("p2p"),
+        "Transformer Engine CP p2p ring, packed thd",
+        "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVP2P, qkv_format thd (thd_out_correction_kernel), "
+        "FlashAttention-2 per step",
+    ),
+    "te-p2p-bshd": Engine(
+        lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), False),
+        {"cp": 2, "tile": 0},
+        _cp_plan("p2p"),
+        "Transformer Engine CP p2p ring, bshd/sbhd",
+        "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVP2P, qkv_format bshd/sbhd "
+        "(flash_attn_fwd_out_correction), FlashAttention-2 per step",
+    ),
+    "te-allgather": Engine(
+        lambda q, k, v, g, p: _te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
+        {"cp": 2, "tile": 0},
+        _cp_plan("all_gather"),
+        "Transformer Engine CP KV all-gather",
+        "Transformer Engine 2.14-2.15 AttnFuncWithCPAndKVAllGather, FlashAttention-2 per chunk",
+    ),
+    "te-fused": Engine(
+        _not_replayable,
+        {},
+        lambda p: SinglePass(),
+        "Transformer Engine FusedAttention (cuDNN)",
+        "Transformer Engine 2.14-2.15 FusedAttention (cuDNN fused attention): not replayable",
+    ),
+    "vllm": Engine(
+        lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=False),
+        dict(_VLLM_PARAMS),
+        _vllm_plan,
+        "vLLM chunked prefill over paged KV, FlashAttention-2",
+        "vLLM >= 0.11 FlashAttentionImpl (v1/attention/backends/flash_attn.py) with FA2: paged split-KV "
+        "kernel, decode-only splits, cascade via merge_attn_states",
+        gpus=("sm80",),
+    ),
+    "vllm-fa3": Engine(
+        lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=True),
+        dict(_VLLM_PARAMS),
+        _vllm_plan,
+        "vLLM chunked prefill over paged KV, FlashAttention-3",
+        "vLLM >= 0.11 FlashAttentionImpl with vllm_flash_attn FA3 (hopper/): FA3 tiles, splits over the "
+        "visible tile range, cascade via merge_attn_states",
+        gpus=("sm90",),
+    ),
+    "megatron-local": Engine(
+        lambda q, k, v, g, p: megatron_local_attention(q, k, v, g),
+        {},
+        lambda p: SinglePass(),
+        "Megatron's own DotProductAttention (local spec)",
+        "megatron-core 0.14-0.16 DotProductAttention.forward + FusedScaleMaskSoftmax.forward_torch_softmax",
+        dtypes=ALL_DTYPES,
+        differentiable=True,
+    ),
+    "hf-eager": Engine(
+        lambda q, k, v, g, p: hf_eager_attention(q, k, v, g),
+        {},
+        lambda p: SinglePass(),
+        "Hugging Face eager attention",
+        "transformers 5.5-5.8 eager_attention_forward (models/llama/modeling_llama.py)",
+        dtypes=ALL_DTYPES,
+        differentiable=True,
+    ),
 }
 
 
@@ -301,8 +406,9 @@ class Materializer:
             shown.append("canonical=1")
         return self.engine + (":" + ",".join(shown) if shown else "")
 
-    def __call__(self, q, k, v, *, window: int | None = None, scale: float | None = None,
-                 spec: ReferenceSpec = ReferenceSpec()):
+    def __call__(
+        self, q, k, v, *, window: int | None = None, scale: float | None = None, spec: ReferenceSpec = ReferenceSpec()
+    ):
         geom = Geometry.of(q, k, window, scale, q.shape[0], k.shape[0])
         engine = ENGINES[self.engine]
         if self.canonical or engine.run is None:

@@ -156,7 +156,7 @@ class ContextParallel:
         store = KVStore(geom, spec, k.dtype, k.device)
         for step in range(self.size):
             done = []
-            for start, stop in shards[(rank - step) % self.size]:   # the KV this rank holds now
+            for start, stop in shards[(rank - step) % self.size]:  # the KV this rank holds now
                 done += store.put(start, k[start:stop], v[start:stop])
             for b in sorted(set(done) & wanted):
                 tiles.feed(b, *store.block(b))
@@ -168,7 +168,7 @@ class ContextParallel:
             for start, stop in shard:
                 store.put(start, k[start:stop], v[start:stop])
         results = []
-        for start, stop in chunks:   # TE runs one attention call per local chunk
+        for start, stop in chunks:  # TE runs one attention call per local chunk
             if stop == start:
                 continue
             positions = list(range(start, stop))
@@ -226,7 +226,9 @@ class ChunkedPrefill:
     def run(self, q, k, v, geom: Geometry, spec: ReferenceSpec):
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={self.chunk_size} must be >= 1")
-        cache = PagedKVCache(geom.seq_kv, self.page_size, geom.num_kv_heads, geom.head_dim, k.dtype, k.device, self.seed)
+        cache = PagedKVCache(
+            geom.seq_kv, self.page_size, geom.num_kv_heads, geom.head_dim, k.dtype, k.device, self.seed
+        )
         if geom.q_start:
             cache.write(0, k[: geom.q_start], v[: geom.q_start])
         results = []

@@ -37,7 +37,9 @@ MEGATRON_MASK_FILL = -10000.0
 
 def _visible(geom: Geometry, device) -> torch.Tensor:
     """Boolean ``[Sq, Skv]``: True where a query may see a key."""
-    return geom.allowed(torch.arange(geom.q_start, geom.seq_kv, device=device), torch.arange(geom.seq_kv, device=device))
+    return geom.allowed(
+        torch.arange(geom.q_start, geom.seq_kv, device=device), torch.arange(geom.seq_kv, device=device)
+    )
 
 
 def _masked_lse(scores32: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -49,15 +51,16 @@ def megatron_local_attention(q, k, v, geom: Geometry, softmax_in_fp32: bool = Tr
     """Megatron's local ``DotProductAttention`` (b=1, sbhd inside): ``(out [S, Hq, D], lse)``."""
     sq, hq, d = q.shape
     group = geom.group
-    query, key, value = q[:, None], k[:, None], v[:, None]                   # [s, b=1, heads, d]
+    query, key, value = q[:, None], k[:, None], v[:, None]  # [s, b=1, heads, d]
     if group > 1:
         key, value = key.repeat_interleave(group, dim=2), value.repeat_interleave(group, dim=2)
     skv = key.shape[0]
     query = query.reshape(sq, hq, -1)
     key = key.view(skv, hq, -1)
     buffer = torch.empty((hq, sq, skv), dtype=q.dtype, device=q.device)
-    scores = torch.baddbmm(buffer, query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2),
-                           beta=0.0, alpha=geom.softmax_scale).view(1, hq, sq, skv)
+    scores = torch.baddbmm(
+        buffer, query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2), beta=0.0, alpha=geom.softmax_scale
+    ).view(1, hq, sq, skv)
     visible = _visible(geom, q.device)
     if softmax_in_fp32 and q.dtype != torch.float32:
         scores = scores.float()
@@ -65,24 +68,26 @@ def megatron_local_attention(q, k, v, geom: Geometry, softmax_in_fp32: bool = Tr
     probs = torch.softmax(masked, dim=-1)
     lse = _masked_lse(masked.float(), visible)
     probs = probs.to(q.dtype).view(hq, sq, -1)
-    context = torch.bmm(probs, value.view(skv, hq, -1).transpose(0, 1))      # [hq, sq, d]
+    context = torch.bmm(probs, value.view(skv, hq, -1).transpose(0, 1))  # [hq, sq, d]
     return context.view(1, hq, sq, d).permute(2, 0, 1, 3).contiguous()[:, 0], lse
 
 
 def hf_scaling(geom: Geometry) -> float:
     """HF's ``scaling``: ``head_dim ** -0.5`` (not always ``1 / sqrt(head_dim)`` to the last bit)."""
-    return geom.scale if geom.scale is not None else geom.head_dim ** -0.5
+    return geom.scale if geom.scale is not None else geom.head_dim**-0.5
 
 
 def hf_eager_attention(q, k, v, geom: Geometry):
     """transformers' ``eager_attention_forward`` (batch 1): ``(out [S, Hq, D], lse)``."""
     group = geom.group
-    query = q.transpose(0, 1)[None]                                          # [1, Hq, S, D] view
-    key, value = k.transpose(0, 1)[None], v.transpose(0, 1)[None]            # [1, Hkv, Skv, D] views
+    query = q.transpose(0, 1)[None]  # [1, Hq, S, D] view
+    key, value = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hkv, Skv, D] views
     if group > 1:
+
         def repeat(x):
             b, h, s, dim = x.shape
             return x[:, :, None].expand(b, h, group, s, dim).reshape(b, h * group, s, dim)
+
         key, value = repeat(key), repeat(value)
     visible = _visible(geom, q.device)
     mask = torch.where(visible, 0.0, torch.finfo(q.dtype).min).to(q.dtype)  # masking_utils.eager_mask

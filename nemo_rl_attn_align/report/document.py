@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, Verdict, bind, same_value
@@ -63,12 +64,16 @@ def _divergences(representative: AttentionContract, other: AttentionContract) ->
     for name in fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC):
         a, b = representative[name], other[name]
         if a.known and b.known and not same_value(a.value, b.value):
-            out.append(Finding(
-                Code.WORKER_DIVERGES.value, Severity.ERROR, f"contract.{field_spec(name).tier.value}.{name}",
-                f"{representative.worker_id}={a.value!r}, {other.worker_id}={b.value!r}",
-                f"{other.side} worker {other.worker_id} disagrees with {representative.worker_id} on {name}",
-                f"every {other.side} worker must run the same attention; check per-rank overrides",
-            ))
+            out.append(
+                Finding(
+                    Code.WORKER_DIVERGES.value,
+                    Severity.ERROR,
+                    f"contract.{field_spec(name).tier.value}.{name}",
+                    f"{representative.worker_id}={a.value!r}, {other.worker_id}={b.value!r}",
+                    f"{other.side} worker {other.worker_id} disagrees with {representative.worker_id} on {name}",
+                    f"every {other.side} worker must run the same attention; check per-rank overrides",
+                )
+            )
     return out
 
 
@@ -77,17 +82,23 @@ def _detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> li
     out = []
     for (side, worker_id), detail in sorted(details.items()):
         for problem in detail.get("findings") or []:
-            out.append(Finding(
-                Code.WORKER_FINDING.value, Severity.WARNING, f"workers.{worker_id}", detail.get("stage"),
-                f"{side} worker {worker_id} ({detail.get('host', 'hook')}): {problem}",
-                f"see {HOSTS_DIR}/{worker_detail_path('.', side, worker_id).name} for what the hook saw; "
-                "attention_align.strict: true stops the run on such a finding",
-            ))
+            out.append(
+                Finding(
+                    Code.WORKER_FINDING.value,
+                    Severity.WARNING,
+                    f"workers.{worker_id}",
+                    detail.get("stage"),
+                    f"{side} worker {worker_id} ({detail.get('host', 'hook')}): {problem}",
+                    f"see {HOSTS_DIR}/{worker_detail_path('.', side, worker_id).name} for what the hook saw; "
+                    "attention_align.strict: true stops the run on such a finding",
+                )
+            )
     return out
 
 
-def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]],
-                  peers: Mapping[str, set] = {}) -> dict[str, Any]:
+def side_coverage(
+    by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]], peers: Mapping[str, set] = {}
+) -> dict[str, Any]:
     """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
     starts workers for (``expected_counts``) or that some worker recorded; without the config's
     count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
@@ -97,11 +108,18 @@ def side_coverage(by_side: Mapping[str, list], expected_counts: Mapping[str, Map
         if not expected and not by_side.get(side):
             continue
         if not expected and peers.get(side):
-            expected = {"count": len(peers[side]), "ids": sorted(peers[side]), "how": "the peers the workers' host details name"}
+            expected = {
+                "count": len(peers[side]),
+                "ids": sorted(peers[side]),
+                "how": "the peers the workers' host details name",
+            }
         ids = set(expected.get("ids") or ())
         recorded = [c.worker_id for c in by_side.get(side, [])]
-        coverage[side] = {"recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
-                          "expected": expected.get("count"), "how": expected.get("how") or "not derived from the config"}
+        coverage[side] = {
+            "recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
+            "expected": expected.get("count"),
+            "how": expected.get("how") or "not derived from the config",
+        }
     return coverage
 
 
@@ -112,18 +130,29 @@ def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict
     return peers
 
 
-def _side_missing(side: str, expected: Optional[Mapping[str, Any]], strict: bool) -> Finding:
+def _side_missing(side: str, expected: Mapping[str, Any] | None, strict: bool) -> Finding:
     """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
     count = (expected or {}).get("count")
-    what = f"{side}: 0 of {count} workers recorded ({expected['how']})" if expected and count else \
-        f"no {side} worker wrote a record"
-    return Finding(Code.SIDE_MISSING.value, Severity.ERROR if strict and count else Severity.WARNING, f"workers.{side}", count,
-                   f"{what}: nothing to bind, the {side} side was not checked",
-                   f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)")
+    what = (
+        f"{side}: 0 of {count} workers recorded ({expected['how']})"
+        if expected and count
+        else f"no {side} worker wrote a record"
+    )
+    return Finding(
+        Code.SIDE_MISSING.value,
+        Severity.ERROR if strict and count else Severity.WARNING,
+        f"workers.{side}",
+        count,
+        f"{what}: nothing to bind, the {side} side was not checked",
+        f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)",
+    )
 
 
-def _expected_ids(expected: Iterable[str], details: Mapping[tuple[str, str], Mapping[str, Any]],
-                  expected_counts: Mapping[str, Mapping[str, Any]]) -> set[str]:
+def _expected_ids(
+    expected: Iterable[str],
+    details: Mapping[tuple[str, str], Mapping[str, Any]],
+    expected_counts: Mapping[str, Mapping[str, Any]],
+) -> set[str]:
     """The worker ids that should have written: ``expected``, the host details' ``peers`` and the config's ids."""
     ids = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
     return ids | {worker for e in expected_counts.values() for worker in e.get("ids") or ()}
@@ -131,18 +160,37 @@ def _expected_ids(expected: Iterable[str], details: Mapping[tuple[str, str], Map
 
 def _file_findings(missing: list[str], unreadable: list[Mapping[str, Any]]) -> list[Finding]:
     """A worker that wrote no record, a worker file that could not be read."""
-    findings = [Finding(Code.WORKER_MISSING.value, Severity.WARNING, f"workers.{worker}", None,
-                        f"worker {worker} wrote no record (it may have died before its engine was up)",
-                        "check that worker's log; the binding below covers only the workers that wrote")
-                for worker in missing]
-    findings += [Finding(Code.RECORD_UNREADABLE.value, Severity.WARNING, "workers.record", bad["path"],
-                         f"unreadable worker file: {bad['error']}", "remove the file or rerun that worker")
-                 for bad in unreadable]
+    findings = [
+        Finding(
+            Code.WORKER_MISSING.value,
+            Severity.WARNING,
+            f"workers.{worker}",
+            None,
+            f"worker {worker} wrote no record (it may have died before its engine was up)",
+            "check that worker's log; the binding below covers only the workers that wrote",
+        )
+        for worker in missing
+    ]
+    findings += [
+        Finding(
+            Code.RECORD_UNREADABLE.value,
+            Severity.WARNING,
+            "workers.record",
+            bad["path"],
+            f"unreadable worker file: {bad['error']}",
+            "remove the file or rerun that worker",
+        )
+        for bad in unreadable
+    ]
     return findings
 
 
-def _side_findings(by_side: Mapping[str, list[AttentionContract]], not_applicable: Mapping[str, str],
-                   expected_counts: Mapping[str, Mapping[str, Any]], strict: bool) -> list[Finding]:
+def _side_findings(
+    by_side: Mapping[str, list[AttentionContract]],
+    not_applicable: Mapping[str, str],
+    expected_counts: Mapping[str, Mapping[str, Any]],
+    strict: bool,
+) -> list[Finding]:
     """Per side: workers that diverge from its first worker, then a side this run has none of
     (stated) or a side no worker recorded (``_side_missing``)."""
     findings: list[Finding] = []
@@ -150,18 +198,28 @@ def _side_findings(by_side: Mapping[str, list[AttentionContract]], not_applicabl
         for other in members[1:]:
             findings.extend(_divergences(members[0], other))
         if side in not_applicable:
-            findings.append(Finding(
-                Code.SIDE_ABSENT.value, Severity.INFO, f"workers.{side}", None,
-                f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
-                "nothing to fix: this run records one side only"))
+            findings.append(
+                Finding(
+                    Code.SIDE_ABSENT.value,
+                    Severity.INFO,
+                    f"workers.{side}",
+                    None,
+                    f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
+                    "nothing to fix: this run records one side only",
+                )
+            )
         elif not members:
             findings.append(_side_missing(side, expected_counts.get(side), strict))
     return findings
 
 
-def _bind_sides(by_side: Mapping[str, list[AttentionContract]],
-                probes: Mapping[tuple[str, str], Optional[DeterminismProbe]], mandate: Optional[Mandate],
-                allow_dtype_difference: bool, collective: Optional[str]) -> Optional[BindingReport]:
+def _bind_sides(
+    by_side: Mapping[str, list[AttentionContract]],
+    probes: Mapping[tuple[str, str], DeterminismProbe | None],
+    mandate: Mandate | None,
+    allow_dtype_difference: bool,
+    collective: str | None,
+) -> BindingReport | None:
     """The first training worker bound to the first rollout worker (None without both sides)."""
     if not (by_side["training"] and by_side["rollout"]):
         return None
@@ -173,7 +231,7 @@ def _bind_sides(by_side: Mapping[str, list[AttentionContract]],
     return bind(training, rollout, mandate, allow_dtype_difference=allow_dtype_difference, determinism=diff)
 
 
-def _verdict(binding: Optional[BindingReport], findings: list[Finding], incomplete: bool) -> Verdict:
+def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete: bool) -> Verdict:
     """``fail`` when workers of a side diverge; a pass with missing or unreadable workers
     (``incomplete``) is ``incomparable``; else the binding's verdict (``incomparable`` without one)."""
     diverges = any(f.code == Code.WORKER_DIVERGES.value for f in findings)
@@ -186,17 +244,23 @@ def _verdict(binding: Optional[BindingReport], findings: list[Finding], incomple
     return binding.verdict
 
 
-def _workers_section(records: Mapping[str, Any], expected: set[str], found: list[str], missing: list[str],
-                     by_side: Mapping[str, list[AttentionContract]],
-                     expected_counts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _workers_section(
+    records: Mapping[str, Any],
+    expected: set[str],
+    found: list[str],
+    missing: list[str],
+    by_side: Mapping[str, list[AttentionContract]],
+    expected_counts: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
     """The document's ``workers`` section: who was expected, found, missing; stages, bad files, coverage."""
     details = records.get("details", {})
     return {
         "expected": sorted(expected),
         "found": found,
         "missing": missing,
-        "stages": {side: {wid: d.get("stage") for (s, wid), d in sorted(details.items()) if s == side}
-                   for side in SIDES},
+        "stages": {
+            side: {wid: d.get("stage") for (s, wid), d in sorted(details.items()) if s == side} for side in SIDES
+        },
         "unreadable": list(records["unreadable"]),
         "incomplete_writes": list(records["incomplete_writes"]),
         "stale": list(records.get("stale", [])),
@@ -207,13 +271,13 @@ def _workers_section(records: Mapping[str, Any], expected: set[str], found: list
 def build_report(
     records: Mapping[str, Any],
     *,
-    mandate: Optional[Mandate],
+    mandate: Mandate | None,
     allow_dtype_difference: bool = False,
     on_mismatch: str = "warn",
     expected: Iterable[str] = (),
-    collective: Optional[str] = "auto",
-    absent_sides: Optional[Mapping[str, str]] = None,
-    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    collective: str | None = "auto",
+    absent_sides: Mapping[str, str] | None = None,
+    expected_counts: Mapping[str, Mapping[str, Any]] | None = None,
     strict: bool = False,
 ) -> dict[str, Any]:
     """The report document for ``read_worker_records``' result (see docs/report-schema.md).
@@ -236,8 +300,11 @@ def build_report(
     expected_ids = _expected_ids(expected, details, expected_counts)
     missing = sorted(expected_ids - set(found))
     not_applicable = {side: why for side, why in absent_sides.items() if not by_side.get(side)}
-    findings = (_file_findings(missing, records["unreadable"])
-                + _side_findings(by_side, not_applicable, expected_counts, strict) + _detail_findings(details))
+    findings = (
+        _file_findings(missing, records["unreadable"])
+        + _side_findings(by_side, not_applicable, expected_counts, strict)
+        + _detail_findings(details)
+    )
     binding = _bind_sides(by_side, probes, mandate, allow_dtype_difference, collective)
     verdict = _verdict(binding, findings, bool(missing or records["unreadable"]))
     binding_dict = binding.to_dict() if binding is not None else None
@@ -256,8 +323,10 @@ def build_report(
         },
         "workers": _workers_section(records, expected_ids, found, missing, by_side, expected_counts),
         "contracts": [c.to_dict() for c in contracts],
-        "determinism_probes": {side: {wid: (p.to_dict() if p is not None else None)
-                                      for (s, wid), p in probes.items() if s == side} for side in SIDES},
+        "determinism_probes": {
+            side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
+            for side in SIDES
+        },
         "binding": binding_dict,
         "findings": (binding_dict["findings"] if binding_dict else []) + [f.to_dict() for f in findings],
         "drift": {"metrics": dict(DRIFT_METRICS), "steps": []},
@@ -265,7 +334,7 @@ def build_report(
     }
 
 
-def collect(report_dir: PathLike, *, run_id: Optional[str] = None, **options: Any) -> dict[str, Any]:
+def collect(report_dir: PathLike, *, run_id: str | None = None, **options: Any) -> dict[str, Any]:
     """Read every worker file under ``report_dir`` (of run ``run_id`` only, when given) and build
     the report document (writes nothing); ``options`` are ``build_report``'s."""
     doc = build_report(read_worker_records(report_dir, run_id), **options)
@@ -278,11 +347,28 @@ def write_report(report_dir: PathLike, doc: Mapping[str, Any]) -> Path:
     return atomic_write_json(Path(report_dir) / REPORT_FILENAME, doc)
 
 
-_REQUIRED_KEYS = ("schema_version", "kind", "verdict", "settings", "workers", "contracts", "binding", "findings", "drift")
+_REQUIRED_KEYS = (
+    "schema_version",
+    "kind",
+    "verdict",
+    "settings",
+    "workers",
+    "contracts",
+    "binding",
+    "findings",
+    "drift",
+)
 
 
 #: The type each top-level section of a report must have.
-_SECTION_TYPES: dict[str, type | tuple[type, ...]] = {"settings": dict, "workers": dict, "contracts": list, "binding": (dict, type(None)), "findings": list, "drift": dict}
+_SECTION_TYPES: dict[str, type | tuple[type, ...]] = {
+    "settings": dict,
+    "workers": dict,
+    "contracts": list,
+    "binding": (dict, type(None)),
+    "findings": list,
+    "drift": dict,
+}
 
 
 def _check_report(doc: Any, where: str) -> dict[str, Any]:
@@ -290,7 +376,9 @@ def _check_report(doc: Any, where: str) -> dict[str, Any]:
         raise ReportError(f"{where}: not a nemo-rl-attn-align report (expected kind {REPORT_KIND!r})")
     if not schema_version_ok(doc):
         version = str(doc.get("schema_version"))[:40]
-        raise ReportError(f"{where}: report schema_version {version}; this version reads {REPORT_SCHEMA_VERSION} (an integer)")
+        raise ReportError(
+            f"{where}: report schema_version {version}; this version reads {REPORT_SCHEMA_VERSION} (an integer)"
+        )
     missing = [key for key in _REQUIRED_KEYS if key not in doc]
     if missing:
         raise ReportError(f"{where}: report lacks {', '.join(missing)}")
@@ -298,7 +386,9 @@ def _check_report(doc: Any, where: str) -> dict[str, Any]:
         raise ReportError(f"{where}: verdict {str(doc['verdict'])[:40]!r} is not one of pass, incomparable, fail")
     wrong = [key for key, kind in _SECTION_TYPES.items() if not isinstance(doc[key], kind)]
     if wrong:
-        raise ReportError(f"{where}: report section {wrong[0]} is {type(doc[wrong[0]]).__name__}; the report is malformed")
+        raise ReportError(
+            f"{where}: report section {wrong[0]} is {type(doc[wrong[0]]).__name__}; the report is malformed"
+        )
     return doc
 
 

@@ -9,8 +9,9 @@ prints only what changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
@@ -25,7 +26,7 @@ class AttentionMismatch(RuleViolation):
     stops_run = True  # the plugin's guards let it through: stopping the run is its purpose
 
 
-def _announcement(doc: Mapping[str, Any], previous: Optional[Mapping[str, Any]], path: Path, final: bool) -> Optional[str]:
+def _announcement(doc: Mapping[str, Any], previous: Mapping[str, Any] | None, path: Path, final: bool) -> str | None:
     """What ``finalize`` prints: the summary the first time, then only changes, one line at the end."""
     point, verdict, mode = doc["collected_at"], doc["verdict"], doc["settings"]["on_mismatch"]
     if previous is None:
@@ -37,8 +38,11 @@ def _announcement(doc: Mapping[str, Any], previous: Optional[Mapping[str, Any]],
         return None
     changes = render_changes(previous, doc)
     if changes:
-        return "\n".join([f"attention_align ({point}): the report changed since {previous.get('collected_at')}:"]
-                         + [f"  {line}" for line in changes] + [f"report updated: {path}"])
+        return "\n".join(
+            [f"attention_align ({point}): the report changed since {previous.get('collected_at')}:"]
+            + [f"  {line}" for line in changes]
+            + [f"report updated: {path}"]
+        )
     if final:
         return f"attention_align ({point}): verdict {verdict}, unchanged since {previous.get('collected_at')}; report: {path}"
     return None
@@ -47,26 +51,29 @@ def _announcement(doc: Mapping[str, Any], previous: Optional[Mapping[str, Any]],
 def raise_for_mismatch(doc: Mapping[str, Any]) -> None:
     """``on_mismatch: error`` and verdict ``fail``: raise ``AttentionMismatch`` with the error findings."""
     if doc["settings"]["on_mismatch"] == "error" and doc["verdict"] == Verdict.FAIL.value:
-        errors = [Finding(f["code"], Severity(f["severity"]), f["key"], f["value"], f["message"], f["fix"])
-                  for f in doc["findings"] if f["severity"] == Severity.ERROR.value]
+        errors = [
+            Finding(f["code"], Severity(f["severity"]), f["key"], f["value"], f["message"], f["fix"])
+            for f in doc["findings"]
+            if f["severity"] == Severity.ERROR.value
+        ]
         raise AttentionMismatch(errors)
 
 
 def finalize(
     settings: Any,
     *,
-    report_dir: Optional[PathLike] = None,
+    report_dir: PathLike | None = None,
     expected: Iterable[str] = (),
-    collective: Optional[str] = "auto",
+    collective: str | None = "auto",
     printer: Callable[[str], None] = print,
-    absent_sides: Optional[Mapping[str, str]] = None,
-    run_id: Optional[str] = None,
-    previous: Optional[Mapping[str, Any]] = None,
+    absent_sides: Mapping[str, str] | None = None,
+    run_id: str | None = None,
+    previous: Mapping[str, Any] | None = None,
     point: str = "setup",
     final: bool = False,
     enforce: bool = True,
-    preset: Optional[Mapping[str, Any]] = None,
-    expected_counts: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    preset: Mapping[str, Any] | None = None,
+    expected_counts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
@@ -85,9 +92,18 @@ def finalize(
     changed. ``enforce`` and ``on_mismatch: error`` and verdict ``fail``: ``AttentionMismatch``,
     raised after the report is written and printed."""
     folder = Path(report_dir if report_dir is not None else settings.report_dir)
-    doc = collect(folder, run_id=run_id, mandate=settings.to_mandate(), allow_dtype_difference=settings.allow_dtype_difference,
-                  on_mismatch=settings.on_mismatch, expected=expected, collective=collective, absent_sides=absent_sides,
-                  expected_counts=expected_counts, strict=bool(getattr(settings, "strict", False)))
+    doc = collect(
+        folder,
+        run_id=run_id,
+        mandate=settings.to_mandate(),
+        allow_dtype_difference=settings.allow_dtype_difference,
+        on_mismatch=settings.on_mismatch,
+        expected=expected,
+        collective=collective,
+        absent_sides=absent_sides,
+        expected_counts=expected_counts,
+        strict=bool(getattr(settings, "strict", False)),
+    )
     doc["collected_at"] = point
     doc["settings"]["preset"] = dict(preset) if preset is not None else None
     if previous is not None:

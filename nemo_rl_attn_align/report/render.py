@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
@@ -21,10 +22,12 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+def coverage_line(coverage: Mapping[str, Mapping[str, Any]]) -> str | None:
     """``rollout: 1 of 2 workers recorded; training: 2 of 2`` (None when nothing is known)."""
-    parts = [f"{side}: {c['recorded']} of {c['expected'] if c['expected'] is not None else '?'} workers recorded"
-             for side, c in coverage.items()]
+    parts = [
+        f"{side}: {c['recorded']} of {c['expected'] if c['expected'] is not None else '?'} workers recorded"
+        for side, c in coverage.items()
+    ]
     return "; ".join(parts) or None
 
 
@@ -54,10 +57,20 @@ def render_binding(binding: Mapping[str, Any], full: bool = False) -> str:
             matched.append(r["field"])
             continue
         status = r["status"].upper() if r["status"] == Status.MISMATCH.value else r["status"]
-        rows.append([r["field"], r["tier"], status, _side_cell(r["training"]), _side_cell(r["rollout"]),
-                     "" if r["mandate"] is None else _short(r["mandate"])])
-    lines = [f"binding {binding['training_worker']} <-> {binding['rollout_worker']}: {binding['summary']}",
-             f"passed: {str(binding['passed']).lower()}, comparable: {str(binding['comparable']).lower()}"]
+        rows.append(
+            [
+                r["field"],
+                r["tier"],
+                status,
+                _side_cell(r["training"]),
+                _side_cell(r["rollout"]),
+                "" if r["mandate"] is None else _short(r["mandate"]),
+            ]
+        )
+    lines = [
+        f"binding {binding['training_worker']} <-> {binding['rollout_worker']}: {binding['summary']}",
+        f"passed: {str(binding['passed']).lower()}, comparable: {str(binding['comparable']).lower()}",
+    ]
     if matched:
         lines.append(f"match on both sides ({len(matched)}): {', '.join(matched)}")
     if rows:
@@ -65,13 +78,27 @@ def render_binding(binding: Mapping[str, Any], full: bool = False) -> str:
     det = binding.get("determinism")
     if det is not None:
         hidden = ("match", "not_probed") if not full else ()
-        rows = [[e["name"], e["tier"], e["status"].upper() if e["status"] == "mismatch" else e["status"],
-                 _det_cell(e, "training"), _det_cell(e, "rollout"), e["note"]]
-                for e in det["entries"] if e["status"] not in hidden]
-        lines.append(f"determinism (collective: {det['collective'] or 'none reduces the compared tensor'}; "
-                     f"torch flags: training {det['training_torch_status']}, rollout {det['rollout_torch_status']}):")
-        lines.append(format_table(["variable", "tier", "status", "training", "rollout", "note"], rows) if rows
-                     else "  no variable or flag differs")
+        rows = [
+            [
+                e["name"],
+                e["tier"],
+                e["status"].upper() if e["status"] == "mismatch" else e["status"],
+                _det_cell(e, "training"),
+                _det_cell(e, "rollout"),
+                e["note"],
+            ]
+            for e in det["entries"]
+            if e["status"] not in hidden
+        ]
+        lines.append(
+            f"determinism (collective: {det['collective'] or 'none reduces the compared tensor'}; "
+            f"torch flags: training {det['training_torch_status']}, rollout {det['rollout_torch_status']}):"
+        )
+        lines.append(
+            format_table(["variable", "tier", "status", "training", "rollout", "note"], rows)
+            if rows
+            else "  no variable or flag differs"
+        )
     return "\n".join(lines)
 
 
@@ -86,8 +113,11 @@ def render_findings(findings: list[Mapping[str, Any]], shown: tuple[str, ...] = 
 
 def _worker_list(doc: Mapping[str, Any], side: str) -> list[str]:
     stages = doc["workers"].get("stages", {}).get(side, {})
-    return [f"{c['worker_id']} [{stages[c['worker_id']]}]" if stages.get(c["worker_id"]) else c["worker_id"]
-            for c in doc["contracts"] if c["side"] == side]
+    return [
+        f"{c['worker_id']} [{stages[c['worker_id']]}]" if stages.get(c["worker_id"]) else c["worker_id"]
+        for c in doc["contracts"]
+        if c["side"] == side
+    ]
 
 
 def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
@@ -98,7 +128,8 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     stale = f"; stale files of other runs: {len(workers['stale'])}" if workers.get("stale") else ""
     lines = [
         f"nemo-rl-attn-align report: verdict {doc['verdict'].upper()} (on_mismatch: {doc['settings']['on_mismatch']}{point})",
-        "workers: " + "; ".join(sides or ["none recorded"])
+        "workers: "
+        + "; ".join(sides or ["none recorded"])
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
         + f"; incomplete writes: {len(workers['incomplete_writes'])}{stale}",
     ]

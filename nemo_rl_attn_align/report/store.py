@@ -23,8 +23,9 @@ import re
 import socket
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Union
 
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
@@ -111,8 +112,9 @@ def worker_detail_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
     return _worker_file(report_dir, HOSTS_DIR, side, worker_id)
 
 
-def write_worker_record(report_dir: PathLike, contract: AttentionContract, probe: Optional[DeterminismProbe] = None,
-                        run_id: Optional[str] = None) -> Path:
+def write_worker_record(
+    report_dir: PathLike, contract: AttentionContract, probe: DeterminismProbe | None = None, run_id: str | None = None
+) -> Path:
     """Write one worker's contract and determinism probe (atomic; rewriting replaces it).
     ``run_id``: the driver's id of this run (records of other runs are then stale)."""
     record = {
@@ -130,8 +132,9 @@ def write_worker_record(report_dir: PathLike, contract: AttentionContract, probe
     return atomic_write_json(worker_record_path(report_dir, contract.side, contract.worker_id), record)
 
 
-def write_worker_detail(report_dir: PathLike, side: str, worker_id: str, detail: Mapping[str, Any],
-                        run_id: Optional[str] = None) -> Path:
+def write_worker_detail(
+    report_dir: PathLike, side: str, worker_id: str, detail: Mapping[str, Any], run_id: str | None = None
+) -> Path:
     """Write what one worker's host hook saw (atomic; rewriting replaces it). The report reads its
     ``stage`` (str), ``findings`` (list of str), ``host`` and ``peers`` (the worker ids its group
     should have); every other key is kept for humans."""
@@ -145,7 +148,7 @@ def schema_version_ok(data: Mapping[str, Any]) -> bool:
     return type(version) is int and version == REPORT_SCHEMA_VERSION
 
 
-def _parse_worker_record(data: Any) -> tuple[AttentionContract, Optional[DeterminismProbe]]:
+def _parse_worker_record(data: Any) -> tuple[AttentionContract, DeterminismProbe | None]:
     if not isinstance(data, dict) or data.get("kind") != WORKER_KIND:
         raise ValueError(f"not a worker record (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     if not schema_version_ok(data):
@@ -160,10 +163,16 @@ def _parse_detail(data: Any) -> dict[str, Any]:
         raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     if data.get("side") not in SIDES or not isinstance(data.get("worker_id"), str):
         raise ValueError("a host detail needs side (training or rollout) and worker_id")
-    for key, kinds in (("stage", (str, type(None))), ("host", (str, type(None))), ("findings", (list, type(None))),
-                       ("peers", (list, type(None)))):
+    for key, kinds in (
+        ("stage", (str, type(None))),
+        ("host", (str, type(None))),
+        ("findings", (list, type(None))),
+        ("peers", (list, type(None))),
+    ):
         if not isinstance(data.get(key), kinds):
-            raise ValueError(f"host detail {key} is {type(data.get(key)).__name__}, not {' or '.join(k.__name__ for k in kinds)}")
+            raise ValueError(
+                f"host detail {key} is {type(data.get(key)).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
+            )
     for key in ("findings", "peers"):
         if not all(isinstance(item, str) for item in data.get(key) or []):
             raise ValueError(f"host detail {key} holds a value that is not a string")
@@ -183,13 +192,13 @@ def read_json_file(path: PathLike, limit: int, what: str) -> Any:
     return data
 
 
-def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: Optional[str], out: dict[str, list]) -> list:
+def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: str | None, out: dict[str, list]) -> list:
     parsed = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             data = read_json_file(path, MAX_RECORD_BYTES, "worker file")
             item = parse(data)
-        except Exception as err:  # noqa: BLE001 - any bad file is listed as unreadable; the collection goes on
+        except Exception as err:
             out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {str(err)[:500]}"})
             continue
         if run_id is not None and data.get("run_id") != run_id:
@@ -200,7 +209,7 @@ def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: Optional[str
     return parsed
 
 
-def read_worker_records(report_dir: PathLike, run_id: Optional[str] = None) -> dict[str, Any]:
+def read_worker_records(report_dir: PathLike, run_id: str | None = None) -> dict[str, Any]:
     """Every worker file under ``report_dir``: ``records`` (contract, probe) sorted by side and
     worker id, ``details`` (host details by ``(side, worker_id)``), ``unreadable`` (path and error),
     ``incomplete_writes`` (temp files left over) and, when ``run_id`` is given, ``stale`` (files

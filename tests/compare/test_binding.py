@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.binding import Mandate, Status, Verdict, bind, same_value
+from nemo_rl_attn_align.compare.determinism import compare, probe
+from nemo_rl_attn_align.compare.profiles import PROFILES
+from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.schema import (
     DOWNCASTS,
     DTYPES,
@@ -20,11 +23,7 @@ from nemo_rl_attn_align.contract.schema import (
     Tier,
     fields_of,
 )
-from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.compare.determinism import compare, probe
-from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.errors import Severity
-
 from tests.contract_samples import MANDATE_OF_SAMPLES, SAMPLES, contracts, full_contract
 
 MANDATE = Mandate(**MANDATE_OF_SAMPLES)
@@ -115,7 +114,10 @@ def test_dtype_difference_fails_unless_allowed():
     assert "allow_dtype_difference" in plain.findings()[0].fix
     allowed = bind(training, rollout, Mandate(**{**MANDATE_OF_SAMPLES, "dtype": "fp32"}), allow_dtype_difference=True)
     result = allowed.result("dtype")
-    assert allowed.verdict is Verdict.PASS and (result.status, result.code) == (Status.ALLOWED, Code.DTYPE_DIFFERENCE_ALLOWED)
+    assert allowed.verdict is Verdict.PASS and (result.status, result.code) == (
+        Status.ALLOWED,
+        Code.DTYPE_DIFFERENCE_ALLOWED,
+    )
     # allowed also covers two sides that agree with each other but not with the mandate
     both_fp32 = _pair("dtype", training="fp32", rollout="fp32")
     assert bind(*both_fp32, MANDATE, allow_dtype_difference=True).result("dtype").status is Status.ALLOWED
@@ -125,7 +127,9 @@ def test_dtype_difference_fails_unless_allowed():
     assert bind(*other, MANDATE, allow_dtype_difference=True).verdict is Verdict.FAIL
 
 
-@pytest.mark.parametrize("provenance,code", [(Provenance.UNOBSERVABLE, Code.UNOBSERVABLE), (Provenance.PENDING, Code.PENDING)])
+@pytest.mark.parametrize(
+    "provenance,code", [(Provenance.UNOBSERVABLE, Code.UNOBSERVABLE), (Provenance.PENDING, Code.PENDING)]
+)
 @pytest.mark.parametrize("name", fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC))
 def test_an_unknown_field_is_never_a_match(name, provenance, code):
     value = None if provenance is Provenance.PENDING else SAMPLES[name][0]  # unobservable keeps the equal request
@@ -163,7 +167,7 @@ def test_same_value_is_exact():
     assert same_value(1, 1.0) and same_value({"a": [1, 2.5]}, {"a": [1, 2.5]})
     assert not same_value(True, 1) and not same_value(0.0, -0.0) and not same_value(None, "null")
     assert not same_value(0.1 + 0.2, 0.3) and not same_value([1], [1, 1]) and not same_value({"a": 1}, {"b": 1})
-    assert not same_value(0.08838834764831845, 0.08838834764831845 + 2 ** -56)
+    assert not same_value(0.08838834764831845, 0.08838834764831845 + 2**-56)
 
 
 def test_mandate_validates_and_covers_the_semantic_tier():

@@ -56,7 +56,14 @@ def test_nccl_algo_meaning(raw, collective, expected):
 
 
 def test_collnet_and_nvls_switches_narrow_the_algorithms():
-    assert nccl_algorithms({"NCCL_COLLNET_ENABLE": "1"}).value == ["collnetchain", "collnetdirect", "nvls", "nvlstree", "ring", "tree"]
+    assert nccl_algorithms({"NCCL_COLLNET_ENABLE": "1"}).value == [
+        "collnetchain",
+        "collnetdirect",
+        "nvls",
+        "nvlstree",
+        "ring",
+        "tree",
+    ]
     assert nccl_algorithms({"NCCL_NVLS_ENABLE": "0"}).value == ["ring", "tree"]
 
 
@@ -67,23 +74,35 @@ def test_values_nccl_refuses_are_invalid(raw):
     assert nccl_algorithms({"NCCL_ALGO": raw}).kind == "invalid"
 
 
-@pytest.mark.parametrize("raw,collective,expected", [
-    (None, "allreduce", ["ll", "ll128", "simple"]),
-    ("Simple", "allreduce", ["simple"]),
-    ("LL,Simple;allreduce:^LL", "allreduce", ["ll128", "simple"]),
-    ("LL,Simple;allreduce:^LL", "allgather", ["ll", "simple"]),
-    ("^LL128;allreduce:LL128", "allreduce", ["ll128"]),
-    ("^LL128;allreduce:LL128", "broadcast", ["ll", "simple"]),
-])
+@pytest.mark.parametrize(
+    "raw,collective,expected",
+    [
+        (None, "allreduce", ["ll", "ll128", "simple"]),
+        ("Simple", "allreduce", ["simple"]),
+        ("LL,Simple;allreduce:^LL", "allreduce", ["ll128", "simple"]),
+        ("LL,Simple;allreduce:^LL", "allgather", ["ll", "simple"]),
+        ("^LL128;allreduce:LL128", "allreduce", ["ll128"]),
+        ("^LL128;allreduce:LL128", "broadcast", ["ll", "simple"]),
+    ],
+)
 def test_nccl_proto_meaning(raw, collective, expected):
     env = {} if raw is None else {"NCCL_PROTO": raw}
     assert nccl_protocols(env, collective).value == expected
 
 
-@pytest.mark.parametrize("raw,meaning", [
-    (None, "not_guaranteed"), (":4096:8", "deterministic"), (":16:8", "deterministic"),
-    (":4096:2", "fixed_custom"), (":4096:8:16:8", "fixed_custom"), ("4096:8", "invalid"), ("", "invalid"), ("on", "invalid"),
-])
+@pytest.mark.parametrize(
+    "raw,meaning",
+    [
+        (None, "not_guaranteed"),
+        (":4096:8", "deterministic"),
+        (":16:8", "deterministic"),
+        (":4096:2", "fixed_custom"),
+        (":4096:8:16:8", "fixed_custom"),
+        ("4096:8", "invalid"),
+        ("", "invalid"),
+        ("on", "invalid"),
+    ],
+)
 def test_cublas_workspace_classes(raw, meaning):
     assert cublas_workspace(raw).value == meaning
 
@@ -92,24 +111,27 @@ def _diff(training_env, rollout_env, collective="allreduce"):
     return compare(probe(training_env, torch_module=False), probe(rollout_env, torch_module=False), collective)
 
 
-@pytest.mark.parametrize("name,t,r,status", [
-    ("CUBLAS_WORKSPACE_CONFIG", ":4096:8", ":16:8", DetStatus.EQUIVALENT),
-    ("CUBLAS_WORKSPACE_CONFIG", None, ":4096:8", DetStatus.MISMATCH),
-    ("CUBLAS_WORKSPACE_CONFIG", ":4096:2", ":4096:8", DetStatus.MISMATCH),
-    ("CUBLAS_WORKSPACE_CONFIG", None, None, DetStatus.MATCH),
-    ("NCCL_ALGO", "Ring", "ring", DetStatus.EQUIVALENT),
-    ("NCCL_ALGO", None, "^", DetStatus.EQUIVALENT),
-    ("NCCL_ALGO", "allreduce:tree", "ring,tree;allreduce:tree", DetStatus.EQUIVALENT),
-    ("NCCL_ALGO", "Ring", "allreduce:tree", DetStatus.MISMATCH),
-    ("NCCL_ALGO", "Ring", "Tree;allreduce:ring", DetStatus.EQUIVALENT),
-    ("NCCL_ALGO", "bogus", "bogus", DetStatus.MATCH),
-    ("NCCL_ALGO", "bogus", "BOGUS", DetStatus.MISMATCH),
-    ("NCCL_PROTO", None, "Simple", DetStatus.MISMATCH),
-    ("NCCL_PROTO", "simple", "Simple", DetStatus.EQUIVALENT),
-    ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0", None, DetStatus.DIFFERENT),
-    ("VLLM_BATCH_INVARIANT", "1", "1", DetStatus.MATCH),
-    ("NCCL_MAX_NCHANNELS", "1", None, DetStatus.DIFFERENT),
-])
+@pytest.mark.parametrize(
+    "name,t,r,status",
+    [
+        ("CUBLAS_WORKSPACE_CONFIG", ":4096:8", ":16:8", DetStatus.EQUIVALENT),
+        ("CUBLAS_WORKSPACE_CONFIG", None, ":4096:8", DetStatus.MISMATCH),
+        ("CUBLAS_WORKSPACE_CONFIG", ":4096:2", ":4096:8", DetStatus.MISMATCH),
+        ("CUBLAS_WORKSPACE_CONFIG", None, None, DetStatus.MATCH),
+        ("NCCL_ALGO", "Ring", "ring", DetStatus.EQUIVALENT),
+        ("NCCL_ALGO", None, "^", DetStatus.EQUIVALENT),
+        ("NCCL_ALGO", "allreduce:tree", "ring,tree;allreduce:tree", DetStatus.EQUIVALENT),
+        ("NCCL_ALGO", "Ring", "allreduce:tree", DetStatus.MISMATCH),
+        ("NCCL_ALGO", "Ring", "Tree;allreduce:ring", DetStatus.EQUIVALENT),
+        ("NCCL_ALGO", "bogus", "bogus", DetStatus.MATCH),
+        ("NCCL_ALGO", "bogus", "BOGUS", DetStatus.MISMATCH),
+        ("NCCL_PROTO", None, "Simple", DetStatus.MISMATCH),
+        ("NCCL_PROTO", "simple", "Simple", DetStatus.EQUIVALENT),
+        ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0", None, DetStatus.DIFFERENT),
+        ("VLLM_BATCH_INVARIANT", "1", "1", DetStatus.MATCH),
+        ("NCCL_MAX_NCHANNELS", "1", None, DetStatus.DIFFERENT),
+    ],
+)
 def test_compared_by_meaning_not_by_string(name, t, r, status):
     env_t = {} if t is None else {name: t}
     env_r = {} if r is None else {name: r}
@@ -139,17 +161,22 @@ def test_the_collective_that_reduces_the_compared_tensor_decides():
 
 # --- probes of real processes -------------------------------------------------------------------
 
+
 def _child(code: str, env: dict[str, str]) -> dict:
-    base = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("NCCL_", "CUBLAS_", "VLLM_", "NVTE_"))}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**base, **env},
-                         capture_output=True, text=True, timeout=120)
+    base = {
+        k: v for k, v in __import__("os").environ.items() if not k.startswith(("NCCL_", "CUBLAS_", "VLLM_", "NVTE_"))
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_probe_in_a_real_process_reads_env_and_torch_flags():
     pytest.importorskip("torch")
-    result = _child("""
+    result = _child(
+        """
         import json, os, torch
         from nemo_rl_attn_align.compare.determinism import probe
         from nemo_rl_attn_align.compare.profiles import PROFILES
@@ -160,7 +187,9 @@ def test_probe_in_a_real_process_reads_env_and_torch_flags():
         os.environ.update(PROFILES["vllm-batch-invariant"].overrides)
         after = probe().to_dict()
         print(json.dumps({"before": before, "after": after}))
-    """, {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN", "CUBLAS_WORKSPACE_CONFIG": ":16:8"})
+    """,
+        {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN", "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
+    )
     before = DeterminismProbe.from_dict(result["before"])
     after = DeterminismProbe.from_dict(result["after"])
     assert before.torch_status == "probed"
@@ -175,12 +204,15 @@ def test_probe_in_a_real_process_reads_env_and_torch_flags():
 
 
 def test_probe_without_torch_records_it_cleanly():
-    result = _child("""
+    result = _child(
+        """
         import json, sys
         sys.modules["torch"] = None  # torch cannot be imported in this process
         from nemo_rl_attn_align.compare.determinism import probe
         print(json.dumps(probe().to_dict()))
-    """, {"NCCL_PROTO": "Simple"})
+    """,
+        {"NCCL_PROTO": "Simple"},
+    )
     p = DeterminismProbe.from_dict(result)
     assert p.torch is None and p.torch_status.startswith("unavailable: ")
     assert p.env["NCCL_PROTO"] == "Simple"

@@ -16,6 +16,7 @@ def _diff(training_env, rollout_env, collective="allreduce"):
 
 # --- the frameworks, by version (Megatron-LM determinism.py at 3ab71ee; vLLM batch_invariant.py) --
 
+
 def test_megatron_legacy_deterministic_mode_asserts_an_exact_nccl_algo_string():
     legacy = PROFILES["megatron-deterministic-legacy"]
     assert legacy.apply({})[1] and legacy.apply({"NCCL_ALGO": "ring"})[1]  # exact string match: lower case fails
@@ -43,19 +44,24 @@ def test_vllm_batch_invariant_versions_mean_the_same_for_allreduce():
     diff = _diff(old, new, "allreduce")
     assert not diff.blocking
     assert {e.name: e.status for e in diff.entries if e.status is not DetStatus.MATCH} == {
-        "NCCL_ALGO": DetStatus.EQUIVALENT, "CUBLAS_WORKSPACE_CONFIG": DetStatus.EQUIVALENT}
+        "NCCL_ALGO": DetStatus.EQUIVALENT,
+        "CUBLAS_WORKSPACE_CONFIG": DetStatus.EQUIVALENT,
+    }
     assert _diff(old, new, "allgather").blocking  # ... but not for every collective
 
 
-@pytest.mark.parametrize("training,rollout,collective,blocking", [
-    ("megatron-deterministic", "vllm-batch-invariant", "allreduce", {"NCCL_ALGO", "NCCL_PROTO"}),
-    ("megatron-deterministic", "vllm-batch-invariant-0.33", "allreduce", {"NCCL_ALGO", "NCCL_PROTO"}),
-    ("megatron-deterministic", "vllm-batch-invariant", None, set()),
-    (None, "vllm-batch-invariant", "allreduce", {"NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG"}),
-    (None, "vllm-batch-invariant", None, {"CUBLAS_WORKSPACE_CONFIG"}),
-    (None, None, "allreduce", set()),
-    ("megatron-deterministic", None, "allreduce", {"NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG"}),
-])
+@pytest.mark.parametrize(
+    "training,rollout,collective,blocking",
+    [
+        ("megatron-deterministic", "vllm-batch-invariant", "allreduce", {"NCCL_ALGO", "NCCL_PROTO"}),
+        ("megatron-deterministic", "vllm-batch-invariant-0.33", "allreduce", {"NCCL_ALGO", "NCCL_PROTO"}),
+        ("megatron-deterministic", "vllm-batch-invariant", None, set()),
+        (None, "vllm-batch-invariant", "allreduce", {"NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG"}),
+        (None, "vllm-batch-invariant", None, {"CUBLAS_WORKSPACE_CONFIG"}),
+        (None, None, "allreduce", set()),
+        ("megatron-deterministic", None, "allreduce", {"NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG"}),
+    ],
+)
 def test_determinism_classes_across_frameworks(training, rollout, collective, blocking):
     t_env = _profile_env(training) if training else {}
     r_env = _profile_env(rollout) if rollout else {}
@@ -65,7 +71,9 @@ def test_determinism_classes_across_frameworks(training, rollout, collective, bl
     assert errors == {f"determinism.{name}" for name in blocking}
 
 
-@pytest.mark.parametrize("requested", [None, "Ring", "CollnetDirect", "CollnetChain", "^NVLS", "allreduce:tree", "Tree"])
+@pytest.mark.parametrize(
+    "requested", [None, "Ring", "CollnetDirect", "CollnetChain", "^NVLS", "allreduce:tree", "Tree"]
+)
 def test_after_3ab71ee_megatron_deterministic_cannot_share_vllm_batch_invariant_allreduce(requested):
     """vLLM's batch-invariant mode reduces allreduce by Tree; Megatron's current deterministic mode
     lets no Tree through (rejected, or replaced by Ring); its legacy rule accepted exactly "Tree"."""
@@ -82,4 +90,6 @@ def test_after_3ab71ee_megatron_deterministic_cannot_share_vllm_batch_invariant_
 
 def test_vllm_batch_invariant_switch_reads_an_integer():
     assert vllm_batch_invariant({"VLLM_BATCH_INVARIANT": "1"}) and vllm_batch_invariant({"VLLM_BATCH_INVARIANT": "2"})
-    assert not any(vllm_batch_invariant(e) for e in ({}, {"VLLM_BATCH_INVARIANT": "0"}, {"VLLM_BATCH_INVARIANT": "true"}))
+    assert not any(
+        vllm_batch_invariant(e) for e in ({}, {"VLLM_BATCH_INVARIANT": "0"}, {"VLLM_BATCH_INVARIANT": "true"})
+    )

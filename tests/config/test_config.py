@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.config.examples import default_example_path
-
 from nemo_rl_attn_align.config.loader import get_path, load_config
 from nemo_rl_attn_align.errors import UsageError
-
 from tests.conftest import EXAMPLES
 
 
-@pytest.mark.parametrize("name", ["grpo_math_1B_megatron_flash.yaml", "grpo_math_1B_megatron_flash_mismatch.yaml",
-                                  "sft_megatron_flash.yaml"])
+@pytest.mark.parametrize(
+    "name", ["grpo_math_1B_megatron_flash.yaml", "grpo_math_1B_megatron_flash_mismatch.yaml", "sft_megatron_flash.yaml"]
+)
 def test_examples_load_and_interpolate(name):
     cfg = load_config(EXAMPLES / name)
     assert cfg["policy"]["megatron_cfg"]["attention_backend"] == "flash"
@@ -75,7 +74,10 @@ def test_override_marker_replaces_a_section(write_yaml):
 
 
 def test_nemo_rl_resolvers(write_yaml):
-    path = write_yaml("r.yaml", "a: 6\nb: 4\nsum: ${add:${a},${b}}\nprod: ${mul:${a},${b}}\nq: ${div:${a},${b}}\nm: ${max:${a},${b}}\n")
+    path = write_yaml(
+        "r.yaml",
+        "a: 6\nb: 4\nsum: ${add:${a},${b}}\nprod: ${mul:${a},${b}}\nq: ${div:${a},${b}}\nm: ${max:${a},${b}}\n",
+    )
     cfg = load_config(path)
     assert (cfg["sum"], cfg["prod"], cfg["q"], cfg["m"]) == (10, 24, 1.5, 6)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.nemo_rl
@@ -16,7 +15,9 @@ nemo_config = pytest.importorskip("nemo_rl.utils.config", reason="NeMo-RL is not
 
 
 @pytest.mark.parametrize("name", ["grpo_math_1B_megatron_flash.yaml", "sft_megatron_flash.yaml"])
-@pytest.mark.parametrize("overrides", [[], ["policy.precision=float32", "++policy.megatron_cfg.context_parallel_size=2"]])
+@pytest.mark.parametrize(
+    "overrides", [[], ["policy.precision=float32", "++policy.megatron_cfg.context_parallel_size=2"]]
+)
 def test_same_result_as_nemo_rl(name, overrides):
     from omegaconf import OmegaConf
 

@@ -13,14 +13,34 @@ import yaml
 from nemo_rl_attn_align.config import yaml_compose
 from nemo_rl_attn_align.config.yaml_compose import OverLimit, compose_yaml
 from nemo_rl_attn_align.limits import MAX_CONFIG_NODES, MAX_NESTING
-
 from tests.conftest import EXAMPLES
 
 SNAPSHOTS = os.environ.get("ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS")
 needs_libyaml = pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML is built without libyaml here")
 #: Pieces of YAML, many of them significant, that generated documents are made of.
-PIECES = [*":- \n\n  []{},#'\"&*|>%@`ab1.$0e+_\\x", "a: ", "- ", "\n  ", "${a.b}", "key: value\n", "  - x\n", "'q'",
-          '"d\\n"', "1e3", "0x1F", "~", "null", "yes", "&a ", "*a", "<<: *a\n", "---\n", "...\n", "|\n  ", ">-\n  "]
+PIECES = [
+    *":- \n\n  []{},#'\"&*|>%@`ab1.$0e+_\\x",
+    "a: ",
+    "- ",
+    "\n  ",
+    "${a.b}",
+    "key: value\n",
+    "  - x\n",
+    "'q'",
+    '"d\\n"',
+    "1e3",
+    "0x1F",
+    "~",
+    "null",
+    "yes",
+    "&a ",
+    "*a",
+    "<<: *a\n",
+    "---\n",
+    "...\n",
+    "|\n  ",
+    ">-\n  ",
+]
 
 
 def same(a, b) -> bool:

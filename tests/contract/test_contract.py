@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
 from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
@@ -21,8 +22,6 @@ from nemo_rl_attn_align.contract.schema import (
     fields_of,
     normalize_dtype,
 )
-from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
-
 from tests.contract_samples import SAMPLES, contracts, full_contract
 
 
@@ -34,9 +33,23 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
         a, b = SAMPLES[spec.name]
         assert spec.validate(a) == a and spec.validate(b) == b and a != b
     assert fields_of(Tier.SEMANTIC) == ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")
-    assert {"architecture", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "softmax_scale",
-            "causal", "sliding_window", "layer_windows", "logit_softcapping", "rope_type", "rope_parameters", "vocab_size", "tokenizer",
-            "batch_size"} == set(fields_of(Tier.IDENTITY))
+    assert {
+        "architecture",
+        "num_layers",
+        "num_attention_heads",
+        "num_query_groups",
+        "head_dim",
+        "softmax_scale",
+        "causal",
+        "sliding_window",
+        "layer_windows",
+        "logit_softcapping",
+        "rope_type",
+        "rope_parameters",
+        "vocab_size",
+        "tokenizer",
+        "batch_size",
+    } == set(fields_of(Tier.IDENTITY))
 
 
 def test_identity_and_semantic_fields_name_a_fix():
@@ -46,18 +59,46 @@ def test_identity_and_semantic_fields_name_a_fix():
 
 # A wrong value for every kind of field: each must be refused naming the field.
 BAD_VALUES = {
-    "architecture": [""], "num_layers": [0, -1, True, 2.0, "28"], "num_attention_heads": [0],
-    "num_query_groups": [None], "head_dim": [1.5], "softmax_scale": [float("nan"), float("inf"), "0.1", True],
-    "causal": [1, "true"], "sliding_window": [-1, 1.0],
-    "layer_windows": [[], [-1], 4096, [1.0]], "logit_softcapping": [0, -30.0, "50"], "rope_type": [3], "rope_parameters": [[1], "x", {"t": float("nan")}, {1: 2}],
-    "vocab_size": [None], "tokenizer": [None, ""], "batch_size": [0],
-    "merge_rule": ["online", None], "reduction_order": ["kvindex", "KV_INDEX"], "acc_dtype": ["float64", "int8"],
-    "downcast": ["final"], "dtype": ["bfloat17", None],
-    "engine": [None], "backend": [{"layer": 3}, 5], "reduction_engine": [""], "split_kv_policy": ["fixed_count:0", "auto", "fixed_size:x"],
-    "kv_page_size": [0], "kv_cache_dtype": [""], "chunked_prefill_chunk": [-8], "prefix_caching": ["yes"],
-    "cp_size": [0], "decode_cp_size": [0], "cp_layout": ["zigzag"], "cp_comm_type": ["ring"], "tp_size": [None], "mode": ["decode"],
-    "rope_fusion": ["on"], "physical_batch": [0], "batch_invariant": [1], "deterministic": ["no"],
-    "flash_attention_version": [0], "versions": ["2.13", {"torch": object()}],
+    "architecture": [""],
+    "num_layers": [0, -1, True, 2.0, "28"],
+    "num_attention_heads": [0],
+    "num_query_groups": [None],
+    "head_dim": [1.5],
+    "softmax_scale": [float("nan"), float("inf"), "0.1", True],
+    "causal": [1, "true"],
+    "sliding_window": [-1, 1.0],
+    "layer_windows": [[], [-1], 4096, [1.0]],
+    "logit_softcapping": [0, -30.0, "50"],
+    "rope_type": [3],
+    "rope_parameters": [[1], "x", {"t": float("nan")}, {1: 2}],
+    "vocab_size": [None],
+    "tokenizer": [None, ""],
+    "batch_size": [0],
+    "merge_rule": ["online", None],
+    "reduction_order": ["kvindex", "KV_INDEX"],
+    "acc_dtype": ["float64", "int8"],
+    "downcast": ["final"],
+    "dtype": ["bfloat17", None],
+    "engine": [None],
+    "backend": [{"layer": 3}, 5],
+    "reduction_engine": [""],
+    "split_kv_policy": ["fixed_count:0", "auto", "fixed_size:x"],
+    "kv_page_size": [0],
+    "kv_cache_dtype": [""],
+    "chunked_prefill_chunk": [-8],
+    "prefix_caching": ["yes"],
+    "cp_size": [0],
+    "decode_cp_size": [0],
+    "cp_layout": ["zigzag"],
+    "cp_comm_type": ["ring"],
+    "tp_size": [None],
+    "mode": ["decode"],
+    "rope_fusion": ["on"],
+    "physical_batch": [0],
+    "batch_invariant": [1],
+    "deterministic": ["no"],
+    "flash_attention_version": [0],
+    "versions": ["2.13", {"torch": object()}],
 }
 
 
@@ -78,10 +119,21 @@ def test_unknown_field_and_choice_get_a_did_you_mean():
         ContractBuilder("training", "w").configured("reduction_order", "kv-index")
 
 
-@pytest.mark.parametrize("spelling,canonical", [
-    ("bf16", "bf16"), ("bfloat16", "bf16"), ("torch.bfloat16", "bf16"), ("BFloat16", "bf16"),
-    ("float32", "fp32"), ("fp32", "fp32"), ("float", "fp32"), ("half", "fp16"), ("float16", "fp16"), ("fp8_e4m3", "fp8"),
-])
+@pytest.mark.parametrize(
+    "spelling,canonical",
+    [
+        ("bf16", "bf16"),
+        ("bfloat16", "bf16"),
+        ("torch.bfloat16", "bf16"),
+        ("BFloat16", "bf16"),
+        ("float32", "fp32"),
+        ("fp32", "fp32"),
+        ("float", "fp32"),
+        ("half", "fp16"),
+        ("float16", "fp16"),
+        ("fp8_e4m3", "fp8"),
+    ],
+)
 def test_dtype_spellings_normalize(spelling, canonical):
     assert normalize_dtype(spelling) == canonical
 
@@ -132,14 +184,17 @@ def test_contract_rejects_wrong_side_missing_fields_and_schema_version():
         AttentionContract.from_dict(data)
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda d: d.update(extra=1), "unexpected"),
-    (lambda d: d["fields"].update(num_layrs=d["fields"]["num_layers"]), "did you mean 'num_layers'"),
-    (lambda d: d["fields"]["num_layers"].update(provenance="applied"), "provenance 'applied'"),
-    (lambda d: d["fields"]["num_layers"].pop("source"), "value, provenance and source"),
-    (lambda d: d["fields"]["num_layers"].update(value="28"), "field num_layers"),
-    (lambda d: d.update(fields=[]), "fields must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda d: d.update(extra=1), "unexpected"),
+        (lambda d: d["fields"].update(num_layrs=d["fields"]["num_layers"]), "did you mean 'num_layers'"),
+        (lambda d: d["fields"]["num_layers"].update(provenance="applied"), "provenance 'applied'"),
+        (lambda d: d["fields"]["num_layers"].pop("source"), "value, provenance and source"),
+        (lambda d: d["fields"]["num_layers"].update(value="28"), "field num_layers"),
+        (lambda d: d.update(fields=[]), "fields must be a JSON object"),
+    ],
+)
 def test_from_dict_refuses_anything_off_schema(mutate, match):
     data = json.loads(full_contract().to_json())
     mutate(data)
@@ -176,9 +231,9 @@ def test_softmax_scale_is_compared_as_the_fp32_a_kernel_receives():
     """Megatron's 1/sqrt(d) and vLLM's d**-0.5 differ in the last fp64 bit for d=128 but are one fp32."""
     import math
 
-    assert 1.0 / math.sqrt(128) != 128 ** -0.5
+    assert 1.0 / math.sqrt(128) != 128**-0.5
     a = full_contract(softmax_scale=FieldValue.observed(1.0 / math.sqrt(128)))
-    b = full_contract(softmax_scale=FieldValue.observed(128 ** -0.5))
+    b = full_contract(softmax_scale=FieldValue.observed(128**-0.5))
     assert a.value("softmax_scale") == b.value("softmax_scale") == 0.0883883461356163
     assert full_contract(softmax_scale=FieldValue.observed(0.125)).value("softmax_scale") == 0.125
     with pytest.raises(ContractError, match="32-bit float"):

@@ -6,20 +6,18 @@ import copy
 import json
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status, Verdict
-from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
-from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.compare.determinism import DetStatus
-from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, preview_binding
+from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
-
+from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, preview_binding
+from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
+from nemo_rl_attn_align.errors import UsageError
 from tests.conftest import EXAMPLES
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
@@ -88,8 +86,11 @@ def test_the_driver_environment_reaches_both_sides():
 
 
 def test_tensor_parallel_makes_the_allreduce_algorithm_blocking():
-    preview = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1", "policy.generation.vllm_cfg.tensor_parallel_size=2",
-                       f"{MEGATRON_ENV}.CUBLAS_WORKSPACE_CONFIG=:16:8")
+    preview = _preview(
+        f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1",
+        "policy.generation.vllm_cfg.tensor_parallel_size=2",
+        f"{MEGATRON_ENV}.CUBLAS_WORKSPACE_CONFIG=:16:8",
+    )
     det = preview.binding.determinism
     assert det.collective == "allreduce"
     assert {e.name for e in det.entries if e.blocking} == {"NCCL_ALGO", "NCCL_PROTO"}
@@ -101,23 +102,36 @@ def test_context_parallel_p2p_fails_order_and_downcast_all_gather_does_not():
     assert ring.result("reduction_order").training.value == "ring_step"
     assert ring.result("downcast").training.value == "per_partial"
     assert ring.result("cp_comm_type").training.value == "p2p"
-    gathered = _preview("policy.megatron_cfg.context_parallel_size=2", f"{OVERRIDES}.cp_comm_type=all_gather",
-                        f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1").binding
+    gathered = _preview(
+        "policy.megatron_cfg.context_parallel_size=2",
+        f"{OVERRIDES}.cp_comm_type=all_gather",
+        f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1",
+    ).binding
     assert gathered.result("reduction_order").status is Status.MATCH
     assert gathered.result("reduction_engine").training.value == "te_cp_all_gather"
 
 
 def test_fp32_reference_against_bf16_rollout_needs_allow_dtype_difference():
-    args = ("policy.precision=float32", "policy.megatron_cfg.attention_backend=auto", "policy.generation.vllm_cfg.precision=bfloat16")
+    args = (
+        "policy.precision=float32",
+        "policy.megatron_cfg.attention_backend=auto",
+        "policy.generation.vllm_cfg.precision=bfloat16",
+    )
     plain = _preview(*args).binding
     assert plain.result("merge_rule").training.value == "full_softmax"  # TE runs fp32 only unfused
     assert ("contract.semantic.dtype", Code.SEMANTIC_MANDATE.value) in _errors(plain)
-    swept = _preview(*args, "++attention_align.allow_dtype_difference=true",
-                     "++attention_align.mandate.merge_rule=null", "++attention_align.mandate.reduction_order=null").binding
+    swept = _preview(
+        *args,
+        "++attention_align.allow_dtype_difference=true",
+        "++attention_align.mandate.merge_rule=null",
+        "++attention_align.mandate.reduction_order=null",
+    ).binding
     assert swept.result("dtype").status is Status.ALLOWED
     # the dtype is allowed; what stays is that unfused fp32 and vLLM's kernels fold differently
-    assert _errors(swept) == {("contract.semantic.merge_rule", Code.SEMANTIC_SIDES_DIFFER.value),
-                              ("contract.semantic.reduction_order", Code.SEMANTIC_SIDES_DIFFER.value)}
+    assert _errors(swept) == {
+        ("contract.semantic.merge_rule", Code.SEMANTIC_SIDES_DIFFER.value),
+        ("contract.semantic.reduction_order", Code.SEMANTIC_SIDES_DIFFER.value),
+    }
 
 
 def test_model_overrides_on_the_training_side_only_are_not_matched():
@@ -145,7 +159,8 @@ def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
 
 def test_absent_sides_name_the_key_that_decides():
     assert absent_sides(load_config(EXAMPLES / "sft_megatron_flash.yaml")) == {
-        "rollout": "policy.generation.backend is not vllm (no vLLM rollout to bind)"}
+        "rollout": "policy.generation.backend is not vllm (no vLLM rollout to bind)"
+    }
     assert absent_sides(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")) == {}
     assert set(absent_sides({"policy": {"megatron_cfg": None, "generation": None}})) == {"training", "rollout"}
 
@@ -167,19 +182,55 @@ def test_settings_default_to_the_config_own_block():
 
 _BASE = load_config(GRPO)
 _KEYS = [
-    ("policy", "megatron_cfg", "context_parallel_size"), ("policy", "megatron_cfg", "tensor_model_parallel_size"),
-    ("policy", "megatron_cfg", "model_overrides"), ("policy", "megatron_cfg", "env_vars"),
-    ("policy", "megatron_cfg", "apply_rope_fusion"), ("policy", "logprob_batch_size"), ("policy", "precision"),
-    ("policy", "generation", "vllm_cfg", "precision"), ("policy", "generation", "vllm_cfg", "tensor_parallel_size"),
-    ("policy", "generation", "vllm_cfg", "kv_cache_dtype"), ("policy", "generation", "vllm_cfg", "enable_prefix_caching"),
-    ("policy", "generation", "vllm_kwargs"), ("policy", "tokenizer", "name"), ("grpo", "num_prompts_per_step"),
+    ("policy", "megatron_cfg", "context_parallel_size"),
+    ("policy", "megatron_cfg", "tensor_model_parallel_size"),
+    ("policy", "megatron_cfg", "model_overrides"),
+    ("policy", "megatron_cfg", "env_vars"),
+    ("policy", "megatron_cfg", "apply_rope_fusion"),
+    ("policy", "logprob_batch_size"),
+    ("policy", "precision"),
+    ("policy", "generation", "vllm_cfg", "precision"),
+    ("policy", "generation", "vllm_cfg", "tensor_parallel_size"),
+    ("policy", "generation", "vllm_cfg", "kv_cache_dtype"),
+    ("policy", "generation", "vllm_cfg", "enable_prefix_caching"),
+    ("policy", "generation", "vllm_kwargs"),
+    ("policy", "tokenizer", "name"),
+    ("grpo", "num_prompts_per_step"),
 ]
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(allow_nan=False), st.text(max_size=6),
-                     st.sampled_from(["bfloat16", "fp8", "p2p", "all_gather", "FLASH_ATTN", "1"]))
-_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=2) | st.dictionaries(
-    st.sampled_from(["num_layers", "cp_comm_type", "block_size", "max_num_seqs", "attention_backend",
-                     "enable_chunked_prefill", "max_num_batched_tokens", "deterministic_mode", "VLLM_BATCH_INVARIANT",
-                     "CUBLAS_WORKSPACE_CONFIG", "kv_channels"]), inner, max_size=3), max_leaves=5)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 5),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.sampled_from(["bfloat16", "fp8", "p2p", "all_gather", "FLASH_ATTN", "1"]),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=2)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "num_layers",
+                    "cp_comm_type",
+                    "block_size",
+                    "max_num_seqs",
+                    "attention_backend",
+                    "enable_chunked_prefill",
+                    "max_num_batched_tokens",
+                    "deterministic_mode",
+                    "VLLM_BATCH_INVARIANT",
+                    "CUBLAS_WORKSPACE_CONFIG",
+                    "kv_channels",
+                ]
+            ),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=5,
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,12 +11,26 @@ from nemo_rl_attn_align.contract.rollout import hf_rope
 from nemo_rl_attn_align.contract.rope import canonical_rope, megatron_scaling
 
 # Llama-3.1-8B's HF config.json values.
-LLAMA31_HF = SimpleNamespace(rope_theta=500000.0, rope_scaling={
-    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192, "rope_type": "llama3"})
-LLAMA31_HF_V5 = SimpleNamespace(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                 "original_max_position_embeddings": 8192})
+LLAMA31_HF = SimpleNamespace(
+    rope_theta=500000.0,
+    rope_scaling={
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+)
+LLAMA31_HF_V5 = SimpleNamespace(
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+)
 # What Megatron-Bridge's Llama 3.1 provider carries.
 LLAMA31_MEGATRON = {"rotary_base": 500000, "rotary_percent": 1.0, "rope_scaling": True, "rope_scaling_factor": 8.0}
 

@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from nemo_rl_attn_align.cli import main  # noqa: E402
 from nemo_rl_attn_align.drift import shape as drift_shape  # noqa: E402
 from nemo_rl_attn_align.drift import sweep as drift  # noqa: E402
-from nemo_rl_attn_align.cli import main  # noqa: E402
 from nemo_rl_attn_align.errors import UsageError  # noqa: E402
 
 NO_FLAGS = {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": None}
@@ -31,24 +31,38 @@ def test_builtin_table_by_model_name():
 
 
 def test_priority_flags_then_drift_block_then_overrides_then_table():
-    cfg = {"policy": {"model_name": "Qwen/Qwen3-8B",
-                      "megatron_cfg": {"model_overrides": {"num_attention_heads": 16, "window_size": [255, 0]}},
-                      "hf_config_overrides": {"num_key_value_heads": 4, "sliding_window": 4096}},
-           "attention_align": {"drift": {"head_dim": 64}}}
+    cfg = {
+        "policy": {
+            "model_name": "Qwen/Qwen3-8B",
+            "megatron_cfg": {"model_overrides": {"num_attention_heads": 16, "window_size": [255, 0]}},
+            "hf_config_overrides": {"num_key_value_heads": 4, "sliding_window": 4096},
+        },
+        "attention_align": {"drift": {"head_dim": 64}},
+    }
     s = shape_of(cfg, heads=8)
     assert (s.heads, s.kv_heads, s.head_dim, s.window) == (8, 4, 64, 255)
-    assert s.sources == {"heads": "flags", "kv_heads": "policy.hf_config_overrides", "head_dim": "attention_align.drift",
-                         "window": "policy.megatron_cfg.model_overrides", "seq_len": "default"}
-    hf_only = shape_of({"policy": {"hf_config_overrides": {"num_attention_heads": 8, "hidden_size": 512, "sliding_window": 128}}})
-    assert (hf_only.kv_heads, hf_only.head_dim, hf_only.window) == (8, 64, 127)   # HF window counts the query itself
+    assert s.sources == {
+        "heads": "flags",
+        "kv_heads": "policy.hf_config_overrides",
+        "head_dim": "attention_align.drift",
+        "window": "policy.megatron_cfg.model_overrides",
+        "seq_len": "default",
+    }
+    hf_only = shape_of(
+        {"policy": {"hf_config_overrides": {"num_attention_heads": 8, "hidden_size": 512, "sliding_window": 128}}}
+    )
+    assert (hf_only.kv_heads, hf_only.head_dim, hf_only.window) == (8, 64, 127)  # HF window counts the query itself
 
 
-@pytest.mark.parametrize("cfg, flags, message", [
-    ({"policy": {"model_name": "acme/unknown"}}, {}, "--heads N --kv-heads N --head-dim N"),
-    (None, {"heads": 8}, "--head-dim"),
-    (None, {"heads": 8, "kv_heads": 3, "head_dim": 8}, "not a multiple"),
-    (None, {"heads": 0, "head_dim": 8}, "heads=0 is not a positive integer"),
-])
+@pytest.mark.parametrize(
+    "cfg, flags, message",
+    [
+        ({"policy": {"model_name": "acme/unknown"}}, {}, "--heads N --kv-heads N --head-dim N"),
+        (None, {"heads": 8}, "--head-dim"),
+        (None, {"heads": 8, "kv_heads": 3, "head_dim": 8}, "not a multiple"),
+        (None, {"heads": 0, "head_dim": 8}, "heads=0 is not a positive integer"),
+    ],
+)
 def test_shape_errors_name_the_fix(cfg, flags, message):
     with pytest.raises(UsageError, match=message):
         shape_of(cfg, **flags)
@@ -56,7 +70,7 @@ def test_shape_errors_name_the_fix(cfg, flags, message):
 
 def test_ulps_count_dtype_spacing():
     a = torch.tensor([1.0, 1.0, -0.5], dtype=torch.bfloat16)
-    b = torch.tensor([1.0, 1.0078125, -0.5], dtype=torch.bfloat16)   # one bf16 ulp above 1
+    b = torch.tensor([1.0, 1.0078125, -0.5], dtype=torch.bfloat16)  # one bf16 ulp above 1
     assert drift.ulps(a, b, torch.bfloat16).tolist() == [0.0, 1.0, 0.0]
 
 
@@ -64,17 +78,37 @@ SMALL = ["--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--seq-len", "64
 
 
 def test_sweep_json_complete(tmp_path, write_yaml, capsys):
-    cfg = write_yaml("small.yaml", """
+    cfg = write_yaml(
+        "small.yaml",
+        """
         policy:
           model_name: acme/tiny
           max_total_sequence_length: 64
         attention_align:
           drift: {heads: 4, kv_heads: 2, head_dim: 16}
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    code = main(["drift", str(cfg), "--json", "--no-progress", "--out", str(out), "--dtypes", "bf16,fp32",
-                 "--training", "reference", "--training", "te-p2p:cp=2", "--rollout", "reference",
-                 "--rollout", "vllm-fa3:chunk=16,splits=2"])
+    code = main(
+        [
+            "drift",
+            str(cfg),
+            "--json",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--dtypes",
+            "bf16,fp32",
+            "--training",
+            "reference",
+            "--training",
+            "te-p2p:cp=2",
+            "--rollout",
+            "reference",
+            "--rollout",
+            "vllm-fa3:chunk=16,splits=2",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads((out / "drift-report.json").read_text())
@@ -82,10 +116,26 @@ def test_sweep_json_complete(tmp_path, write_yaml, capsys):
     assert (out / "drift-heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["heatmap"]
     # fp32: only the reference runs (TE's flash path and vLLM reject fp32): no rows for the others
     assert len(result["pairs"]) == 2 * 2 + 1 and len(result["engines"]) == 3 + 1
-    assert {(s["engine"], s["dtype"]) for s in result["skipped"]} == {("te-p2p:cp=2", "fp32"), ("vllm-fa3:chunk=16,splits=2", "fp32")}
+    assert {(s["engine"], s["dtype"]) for s in result["skipped"]} == {
+        ("te-p2p:cp=2", "fp32"),
+        ("vllm-fa3:chunk=16,splits=2", "fp32"),
+    }
     assert result["gpu"] == "sm90" and "thd" in result["replays"]["te-p2p:cp=2"]
-    keys = {"out_abs_max", "out_abs_mean", "out_ulp_max", "out_ulp_mean", "out_beyond_1ulp", "lse_abs_max", "lse_abs_mean",
-            "lse_ulp_max", "lse_ulp_mean", "logprob_abs_max", "logprob_abs_mean", "token_mult_prob_error", "bitwise_equal"}
+    keys = {
+        "out_abs_max",
+        "out_abs_mean",
+        "out_ulp_max",
+        "out_ulp_mean",
+        "out_beyond_1ulp",
+        "lse_abs_max",
+        "lse_abs_mean",
+        "lse_ulp_max",
+        "lse_ulp_mean",
+        "logprob_abs_max",
+        "logprob_abs_mean",
+        "token_mult_prob_error",
+        "bitwise_equal",
+    }
     for pair in result["pairs"]:
         assert keys <= set(pair) and all(math.isfinite(pair[k]) for k in keys - {"bitwise_equal"})
     by = {(p["dtype"], p["training"], p["rollout"]): p for p in result["pairs"]}
@@ -100,8 +150,21 @@ def test_sweep_json_complete(tmp_path, write_yaml, capsys):
 
 
 def test_table_and_progress(tmp_path, capsys):
-    code = main(["drift", *SMALL[:-1], "--out", str(tmp_path), "--dtypes", "fp16", "--no-plot",
-                 "--training", "flash", "--rollout", "hf-eager"])
+    code = main(
+        [
+            "drift",
+            *SMALL[:-1],
+            "--out",
+            str(tmp_path),
+            "--dtypes",
+            "fp16",
+            "--no-plot",
+            "--training",
+            "flash",
+            "--rollout",
+            "hf-eager",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0 and "fp16   flash" in captured.out and "mult_prob_err" in captured.out and ">1 ulp" in captured.out
     assert "replays: hf-eager = transformers" in captured.out
@@ -111,22 +174,27 @@ def test_table_and_progress(tmp_path, capsys):
 
 def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    code = main(["drift", *SMALL, "--out", str(tmp_path), "--dtypes", "bf16", "--training", "flash", "--rollout", "flash"])
+    code = main(
+        ["drift", *SMALL, "--out", str(tmp_path), "--dtypes", "bf16", "--training", "flash", "--rollout", "flash"]
+    )
     assert code == 0 and "matplotlib is not installed" in capsys.readouterr().err
     assert json.loads((tmp_path / "drift-report.json").read_text())["heatmap"] is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--dtypes", "bf8"], "unknown dtype bf8"),
-    (["--training", "bogus"], "unknown engine 'bogus'"),
-    (["--rollout", "vllm:chunk=x"], "not key=integer"),
-    (["--training", "te-p2p:cp=3", "--seq-len", "64"], "not divisible by 2*cp=6"),
-    (["--window", "8", "--training", "te-p2p:cp=2"], "te-allgather"),
-    (["--window", "8", "--training", "te-p2p-bshd:cp=2"], "te-allgather"),
-    (["--rollout", "vllm:chunk=16"], "Fix: pass --gpu sm80 or use vllm-fa3"),
-    (["--gpu", "sm70"], "unknown GPU generation"),
-    (["--vocab", "1"], "--vocab 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dtypes", "bf8"], "unknown dtype bf8"),
+        (["--training", "bogus"], "unknown engine 'bogus'"),
+        (["--rollout", "vllm:chunk=x"], "not key=integer"),
+        (["--training", "te-p2p:cp=3", "--seq-len", "64"], "not divisible by 2*cp=6"),
+        (["--window", "8", "--training", "te-p2p:cp=2"], "te-allgather"),
+        (["--window", "8", "--training", "te-p2p-bshd:cp=2"], "te-allgather"),
+        (["--rollout", "vllm:chunk=16"], "Fix: pass --gpu sm80 or use vllm-fa3"),
+        (["--gpu", "sm70"], "unknown GPU generation"),
+        (["--vocab", "1"], "--vocab 1"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, argv, message):
     code = main(["drift", *SMALL, "--out", str(tmp_path / "never"), *argv])
     err = capsys.readouterr().err
@@ -142,16 +210,35 @@ def test_unknown_model_without_flags(write_yaml, capsys):
 
 def test_cli_help_does_not_import_torch():
     code = "import sys; from nemo_rl_attn_align.cli import build_parser; build_parser(); print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_default_out_is_the_configs_report_dir(write_yaml, tmp_path, capsys):
-    cfg = write_yaml("c.yaml", f"""
+    cfg = write_yaml(
+        "c.yaml",
+        f"""
         policy: {{model_name: x, max_total_sequence_length: 32}}
-        logger: {{log_dir: {tmp_path / 'logs'}}}
+        logger: {{log_dir: {tmp_path / "logs"}}}
         attention_align: {{drift: {{heads: 2, kv_heads: 1, head_dim: 8}}}}
-        """)
-    code = main(["drift", str(cfg), "--no-progress", "--no-plot", "--dtypes", "bf16", "--training", "flash", "--rollout", "hf-eager"])
+        """,
+    )
+    code = main(
+        [
+            "drift",
+            str(cfg),
+            "--no-progress",
+            "--no-plot",
+            "--dtypes",
+            "bf16",
+            "--training",
+            "flash",
+            "--rollout",
+            "hf-eager",
+        ]
+    )
     assert code == 0
     assert (tmp_path / "logs" / "attention_align" / "drift-report.json").is_file()
 
@@ -175,8 +262,9 @@ def test_without_torch_drift_is_one_line_exit_2(write_yaml, tmp_path, capsys, mo
     assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize("hf", [{"num_attention_heads": 8, "sliding_window": "4096"},
-                                {"num_attention_heads": 8, "hidden_size": "big"}])
+@pytest.mark.parametrize(
+    "hf", [{"num_attention_heads": 8, "sliding_window": "4096"}, {"num_attention_heads": 8, "hidden_size": "big"}]
+)
 def test_non_integer_config_values_are_usage_errors(hf):
     with pytest.raises(UsageError) as info:
         shape_of({"policy": {"model_name": "x", "hf_config_overrides": hf}})
@@ -184,14 +272,32 @@ def test_non_integer_config_values_are_usage_errors(hf):
 
 
 def test_grpo_example_with_cp2_reports_thd_training_fa3_rollout_and_more_drift_than_bshd(capsys, tmp_path):
-    code = main(["drift", "policy.megatron_cfg.context_parallel_size=2", "--json", "--no-progress", "--no-plot",
-                 "--out", str(tmp_path), "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--seq-len", "256",
-                 "--dtypes", "bf16"])
+    code = main(
+        [
+            "drift",
+            "policy.megatron_cfg.context_parallel_size=2",
+            "--json",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "32",
+            "--seq-len",
+            "256",
+            "--dtypes",
+            "bf16",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["gpu"] == "sm90" and result["config"].endswith("grpo_math_1B_megatron_flash.yaml")
     assert result["training"] == ["reference", "te-p2p:cp=2", "te-p2p-bshd:cp=2"]
-    assert result["rollout"] == ["reference", "vllm-fa3:chunk=256"]     # seq 256: no room for a cascaded prompt
+    assert result["rollout"] == ["reference", "vllm-fa3:chunk=256"]  # seq 256: no room for a cascaded prompt
     assert "qkv_format thd" in result["replays"]["te-p2p:cp=2"] and "FA3" in result["replays"]["vllm-fa3:chunk=256"]
     vs_ref = {e["engine"]: e["vs_reference"] for e in result["engines"]}
     assert vs_ref["te-p2p:cp=2"]["out_abs_mean"] > vs_ref["te-p2p-bshd:cp=2"]["out_abs_mean"]
@@ -204,19 +310,38 @@ def test_default_engines_follow_the_config_and_gpu():
     def engines(mc, gpu="sm90"):
         return drift_shape.default_engines({"policy": {"megatron_cfg": {"enabled": True, **mc}}}, gpu, shape)
 
-    assert engines({"attention_backend": "flash"}) == (["reference", "flash"],
-                                                       ["reference", "vllm-fa3:chunk=256", "vllm-fa3:chunk=256,cascade=512"])
-    assert engines({"attention_backend": "auto"})[0] == ["reference", "te-fused"]        # TE prefers cuDNN on sm90
-    assert engines({"attention_backend": "auto"}, "sm80") == (["reference", "flash"],
-                                                              ["reference", "vllm:chunk=256", "vllm:chunk=256,cascade=512"])
+    assert engines({"attention_backend": "flash"}) == (
+        ["reference", "flash"],
+        ["reference", "vllm-fa3:chunk=256", "vllm-fa3:chunk=256,cascade=512"],
+    )
+    assert engines({"attention_backend": "auto"})[0] == ["reference", "te-fused"]  # TE prefers cuDNN on sm90
+    assert engines({"attention_backend": "auto"}, "sm80") == (
+        ["reference", "flash"],
+        ["reference", "vllm:chunk=256", "vllm:chunk=256,cascade=512"],
+    )
     assert engines({"transformer_impl": "local"})[0] == ["reference", "megatron-local"]
-    assert engines({"attention_backend": "flash", "context_parallel_size": 4})[0] == ["reference", "te-p2p:cp=4",
-                                                                                       "te-p2p-bshd:cp=4"]
+    assert engines({"attention_backend": "flash", "context_parallel_size": 4})[0] == [
+        "reference",
+        "te-p2p:cp=4",
+        "te-p2p-bshd:cp=4",
+    ]
 
 
 def test_not_replayable_engine_is_listed_without_figures(capsys, tmp_path):
-    code = main(["drift", "policy.megatron_cfg.attention_backend=fused", *SMALL, "--out", str(tmp_path), "--no-plot",
-                 "--dtypes", "bf16", "--rollout", "reference"])
+    code = main(
+        [
+            "drift",
+            "policy.megatron_cfg.attention_backend=fused",
+            *SMALL,
+            "--out",
+            str(tmp_path),
+            "--no-plot",
+            "--dtypes",
+            "bf16",
+            "--rollout",
+            "reference",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "not replayable: te-fused" in out and "cuDNN" in out
     report = json.loads((tmp_path / "drift-report.json").read_text())

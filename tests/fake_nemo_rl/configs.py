@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def policy_config(backend: str = "local", precision: str = "bfloat16", impl: str = "local", **extra: Any) -> dict[str, Any]:
+def policy_config(
+    backend: str = "local", precision: str = "bfloat16", impl: str = "local", **extra: Any
+) -> dict[str, Any]:
     """A resolved ``policy`` section for a Megatron policy worker of the stand-in NeMo-RL (tiny model,
     no parallelism); ``extra`` adds or replaces top-level keys (e.g. ``standin_model``, ``generation``)."""
     return {

@@ -22,7 +22,14 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-TINY_MODEL = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2, "vocab_size": 128, "seq_length": 32}
+TINY_MODEL = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "vocab_size": 128,
+    "seq_length": 32,
+}
 
 
 @dataclasses.dataclass

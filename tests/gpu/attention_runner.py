@@ -45,11 +45,15 @@ def _layouts(fmt: str, seqlens: list[int]):
     if fmt != "thd" and len(set(seqlens)) != 1:
         raise ValueError(f"{fmt} needs equal sequence lengths, got {seqlens}")
     if fmt == "bshd":
-        return (lambda x: x.reshape(batch, seq, *x.shape[1:]).contiguous(),
-                lambda o, h, d: o.reshape(batch * seq, h, d))
+        return (
+            lambda x: x.reshape(batch, seq, *x.shape[1:]).contiguous(),
+            lambda o, h, d: o.reshape(batch * seq, h, d),
+        )
     if fmt == "sbhd":
-        return (lambda x: x.reshape(batch, seq, *x.shape[1:]).transpose(0, 1).contiguous(),
-                lambda o, h, d: o.reshape(seq, batch, h, d).transpose(0, 1).reshape(batch * seq, h, d))
+        return (
+            lambda x: x.reshape(batch, seq, *x.shape[1:]).transpose(0, 1).contiguous(),
+            lambda o, h, d: o.reshape(seq, batch, h, d).transpose(0, 1).reshape(batch * seq, h, d),
+        )
     if fmt == "thd":
         return (lambda x: x.contiguous(), lambda o, h, d: o.reshape(-1, h, d))
     raise ValueError(f"format {fmt!r} is not one of bshd, sbhd, thd")
@@ -71,8 +75,11 @@ def compare(case: dict[str, Any], heads: int, kv_heads: int, head_dim: int, seed
     to_te, from_te = _layouts(fmt, seqlens)
     mask = "padding_causal" if fmt == "thd" else "causal"
     dpa = te.DotProductAttention(heads, head_dim, num_gqa_groups=kv_heads, qkv_format=fmt, attn_mask_type=mask)
-    kwargs = ({"cu_seqlens_q": cu, "cu_seqlens_kv": cu, "max_seqlen_q": max(seqlens), "max_seqlen_kv": max(seqlens)}
-              if fmt == "thd" else {})
+    kwargs = (
+        {"cu_seqlens_q": cu, "cu_seqlens_kv": cu, "max_seqlen_q": max(seqlens), "max_seqlen_kv": max(seqlens)}
+        if fmt == "thd"
+        else {}
+    )
     with torch.no_grad():
         out_te = from_te(dpa(to_te(q), to_te(k), to_te(v), **kwargs), heads, head_dim).double()
     observed = te_readback.observe([dpa])
@@ -102,8 +109,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.cuda.set_device(0)
-    cases = [compare(case, spec["heads"], spec["kv_heads"], spec["head_dim"], spec.get("seed", 0) + i)
-             for i, case in enumerate(spec["cases"])]
+    cases = [
+        compare(case, spec["heads"], spec["kv_heads"], spec["head_dim"], spec.get("seed", 0) + i)
+        for i, case in enumerate(spec["cases"])
+    ]
     return {"device": torch.cuda.get_device_name(), "cases": cases}
 
 

@@ -15,8 +15,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,21 @@ REPO = Path(__file__).resolve().parents[2]
 #: Where ``run_gpu_checks.sh`` collects every case's spec and result (unset: nowhere).
 ARTIFACTS_ENV = "NEMO_RL_ATTN_ALIGN_GPU_ARTIFACTS"
 #: Variables a case must not inherit: the backend and determinism switches are set per case.
-CLEARED = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
-           "NVTE_DEBUG", "NVTE_DEBUG_LEVEL", "CUBLAS_WORKSPACE_CONFIG", "NEMO_RL_ATTN_ALIGN",
-           "NEMO_RL_ATTN_ALIGN_SETTINGS", "NEMO_RL_ATTN_ALIGN_REPORT_DIR", "NEMO_RL_ATTN_ALIGN_STRICT",
-           "VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND")
+CLEARED = (
+    "NVTE_FLASH_ATTN",
+    "NVTE_FUSED_ATTN",
+    "NVTE_UNFUSED_ATTN",
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+    "NVTE_DEBUG",
+    "NVTE_DEBUG_LEVEL",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NEMO_RL_ATTN_ALIGN",
+    "NEMO_RL_ATTN_ALIGN_SETTINGS",
+    "NEMO_RL_ATTN_ALIGN_REPORT_DIR",
+    "NEMO_RL_ATTN_ALIGN_STRICT",
+    "VLLM_BATCH_INVARIANT",
+    "VLLM_ATTENTION_BACKEND",
+)
 #: The tiny model every Megatron case builds: head dim 64 (supported by every TE backend and
 #: FA2/FA3), GQA 4:2, no dropout (NeMo-RL trains RL policies without it).
 TINY_GPT = {
@@ -48,8 +60,13 @@ TINY_GPT = {
 
 #: (attention_backend, transformer_impl) of every backend case: each TE backend with the TE layer
 #: spec, ``local`` with Megatron's local spec.
-BACKEND_CASES = (("flash", "transformer_engine"), ("fused", "transformer_engine"), ("unfused", "transformer_engine"),
-                 ("auto", "transformer_engine"), ("local", "local"))
+BACKEND_CASES = (
+    ("flash", "transformer_engine"),
+    ("fused", "transformer_engine"),
+    ("unfused", "transformer_engine"),
+    ("auto", "transformer_engine"),
+    ("local", "local"),
+)
 
 #: The tiny Llama the vLLM test writes (``LlamaConfig`` keyword arguments; default RoPE, theta 10000).
 TINY_LLAMA = {
@@ -82,13 +99,24 @@ def megatron_model_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def policy_config(backend: str, precision: str = "bfloat16", impl: str = "transformer_engine",
-                  model: Mapping[str, Any] | None = None, tokenizer: str = "standin/tiny") -> dict[str, Any]:
+def policy_config(
+    backend: str,
+    precision: str = "bfloat16",
+    impl: str = "transformer_engine",
+    model: Mapping[str, Any] | None = None,
+    tokenizer: str = "standin/tiny",
+) -> dict[str, Any]:
     """The stand-in's resolved ``policy`` section (``tests/fake_nemo_rl/configs.py``) for the tiny GPU
     model; ``standin_model`` takes the place of the checkpoint's model config there (on the real
     worker path, ``real_worker`` writes it into a checkpoint and maps the rest to overrides)."""
-    return standin_policy_config(backend, precision, impl, model_name=tokenizer, tokenizer={"name": tokenizer},
-                                 standin_model={**TINY_GPT, "transformer_impl": impl, **(model or {})})
+    return standin_policy_config(
+        backend,
+        precision,
+        impl,
+        model_name=tokenizer,
+        tokenizer={"name": tokenizer},
+        standin_model={**TINY_GPT, "transformer_impl": impl, **(model or {})},
+    )
 
 
 def model_runner_policies() -> list[dict[str, Any]]:
@@ -110,8 +138,11 @@ def master_config(policy: dict, batch_invariant: bool) -> dict:
     """The NeMo-RL config both runs stand for: Megatron training, vLLM generation."""
     vllm_env = {"VLLM_BATCH_INVARIANT": "1"} if batch_invariant else {}
     megatron_cfg = {**policy["megatron_cfg"], "env_vars": dict(CUBLAS) if batch_invariant else {}}
-    generation = {"backend": "vllm", "vllm_cfg": {"precision": "bfloat16", "tensor_parallel_size": 1, "env_vars": vllm_env},
-                  "vllm_kwargs": {}}
+    generation = {
+        "backend": "vllm",
+        "vllm_cfg": {"precision": "bfloat16", "tensor_parallel_size": 1, "env_vars": vllm_env},
+        "vllm_kwargs": {},
+    }
     return {"policy": {**policy, "megatron_cfg": megatron_cfg, "generation": generation}}
 
 
@@ -123,8 +154,14 @@ def case_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_case(runner: str, spec: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None,
-             timeout: float = 300, name: str = "case") -> dict[str, Any]:
+def run_case(
+    runner: str,
+    spec: Mapping[str, Any],
+    workdir: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+    name: str = "case",
+) -> dict[str, Any]:
     """Run ``tests.gpu.<runner>`` on ``spec`` in a fresh process; its JSON result.
 
     ``env`` is added to the cleaned environment. A crash or a missing result fails the test with the
@@ -136,14 +173,20 @@ def run_case(runner: str, spec: Mapping[str, Any], workdir: Path, env: Mapping[s
     try:
         proc = subprocess.run(
             [sys.executable, "-m", f"tests.gpu.{runner}", str(spec_path), str(result_path)],
-            cwd=REPO, env=case_environment(env), capture_output=True, text=True, timeout=timeout,
+            cwd=REPO,
+            env=case_environment(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"{runner} ({name}) ran past {timeout} s; its stderr ended with:\n{_tail(err.stderr)}")
     (workdir / f"{name}.log").write_text(proc.stdout + proc.stderr)
     _keep(workdir, name)
     if proc.returncode != 0 or not result_path.exists():
-        pytest.fail(f"{runner} ({name}) exited {proc.returncode}; its output ended with:\n{_tail(proc.stdout + proc.stderr)}")
+        pytest.fail(
+            f"{runner} ({name}) exited {proc.returncode}; its output ended with:\n{_tail(proc.stdout + proc.stderr)}"
+        )
     result = json.loads(result_path.read_text())
     if "nemo_rl" in result:  # the runner drove the NeMo-RL the suite's summary names
         assert result["nemo_rl"] == locate().to_dict(), result["nemo_rl"]

@@ -89,7 +89,12 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
     spec = ReferenceSpec(block_q=16, block_kv=32) if quick else ReferenceSpec()
     seq, heads, kv_heads, dim = (101, 4, 2, 16) if quick else (1000, 8, 2, 64)
     plans = [ContextParallel(size, layout, comm) for size in (2, 4, 8) for layout in LAYOUTS for comm in CP_COMMS]
-    plans += [SplitKV(num_splits=3), SplitKV(split_size=200), ChunkedPrefill(64, 16), ChunkedPrefill(7, 1, num_splits=3)]
+    plans += [
+        SplitKV(num_splits=3),
+        SplitKV(split_size=200),
+        ChunkedPrefill(64, 16),
+        ChunkedPrefill(7, 1, num_splits=3),
+    ]
     rows = []
     for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         q, k, v = _qkv(seq, heads, kv_heads, dim, dtype, device)
@@ -97,15 +102,27 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
             base = reference_attention(q, k, v, window=window, spec=spec)
             for plan in plans:
                 got = reference_attention(q, k, v, window=window, plan=plan, spec=spec)
-                rows.append({"dtype": dname, "window": window, "plan": repr(plan),
-                             "equal": bool(torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])),
-                             "max_abs_diff": _max_abs_diff(got, base)})
+                rows.append(
+                    {
+                        "dtype": dname,
+                        "window": window,
+                        "plan": repr(plan),
+                        "equal": bool(torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])),
+                        "max_abs_diff": _max_abs_diff(got, base),
+                    }
+                )
             cu = torch.tensor([0, seq // 3, seq], device=device)
             packed = reference_attention(q, k, v, window=window, spec=spec, cu_seqlens_q=cu, cu_seqlens_k=cu)
-            alone = reference_attention(q[seq // 3:], k[seq // 3:], v[seq // 3:], window=window, spec=spec)
-            rows.append({"dtype": dname, "window": window, "plan": "packed batch (second sequence)",
-                         "equal": bool(torch.equal(packed[0][seq // 3:], alone[0])),
-                         "max_abs_diff": _max_abs_diff((packed[0][seq // 3:],), (alone[0],))})
+            alone = reference_attention(q[seq // 3 :], k[seq // 3 :], v[seq // 3 :], window=window, spec=spec)
+            rows.append(
+                {
+                    "dtype": dname,
+                    "window": window,
+                    "plan": "packed batch (second sequence)",
+                    "equal": bool(torch.equal(packed[0][seq // 3 :], alone[0])),
+                    "max_abs_diff": _max_abs_diff((packed[0][seq // 3 :],), (alone[0],)),
+                }
+            )
     return rows
 
 
@@ -117,7 +134,8 @@ def _max_abs_diff(got, base) -> float:
 def sdpa_kernel(q, k, v, backend: str):
     """Causal SDPA with one backend on ``[S, H, D]`` inputs (KV heads repeated): ``[S, Hq, D]``."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel as use
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import sdpa_kernel as use
 
     g = q.shape[1] // k.shape[1]
     qs, ks, vs = (x.transpose(0, 1)[None] for x in (q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)))
@@ -139,7 +157,7 @@ def fa2_vs_sdpa(device: str, quick: bool) -> list[dict]:
             for kernel in KERNELS:
                 try:
                     kernels[kernel] = sdpa_kernel(q, k, v, kernel)
-                except RuntimeError as err:                       # a backend this build or GPU lacks
+                except RuntimeError as err:  # a backend this build or GPU lacks
                     kernels[kernel] = str(err).splitlines()[0]
             for replay in REPLAYS:
                 out, _ = parse_materializer(replay)(q, k, v)
@@ -163,34 +181,55 @@ def megatron_local(device: str) -> list[dict]:
 
     if not torch.distributed.is_initialized():
         import os
+
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29531")
         torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     from megatron.core import tensor_parallel
+
     tensor_parallel.model_parallel_cuda_manual_seed(0)
     rows = []
     heads, kv_heads, dim, seq = 8, 2, 64, 256
     for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         for window in (None, 63):
-            config = TransformerConfig(num_layers=1, hidden_size=heads * dim, num_attention_heads=heads,
-                                       num_query_groups=kv_heads, kv_channels=dim, attention_dropout=0.0,
-                                       bf16=dname == "bf16", fp16=dname == "fp16", params_dtype=dtype,
-                                       masked_softmax_fusion=False, attention_softmax_in_fp32=True,
-                                       window_size=None if window is None else (window, 0))
-            module = DotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+            config = TransformerConfig(
+                num_layers=1,
+                hidden_size=heads * dim,
+                num_attention_heads=heads,
+                num_query_groups=kv_heads,
+                kv_channels=dim,
+                attention_dropout=0.0,
+                bf16=dname == "bf16",
+                fp16=dname == "fp16",
+                params_dtype=dtype,
+                masked_softmax_fusion=False,
+                attention_softmax_in_fp32=True,
+                window_size=None if window is None else (window, 0),
+            )
+            module = DotProductAttention(
+                config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+            )
             q, k, v = _qkv(seq, heads, kv_heads, dim, dtype, device)
             dout = torch.randn(q.shape, device=device).to(dtype)
             real = [x.clone().requires_grad_() for x in (q, k, v)]
             ours = [x.clone().requires_grad_() for x in (q, k, v)]
             causal = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool, device=device), diagonal=1)
-            out_real = module(real[0][:, None], real[1][:, None], real[2][:, None], attention_mask=causal).view(seq, heads, dim)
+            out_real = module(real[0][:, None], real[1][:, None], real[2][:, None], attention_mask=causal).view(
+                seq, heads, dim
+            )
             out_ours, _ = megatron_local_attention(*ours, Geometry.of(q, k, window, None, seq, seq))
             out_real.backward(dout)
             out_ours.backward(dout)
-            rows.append({"dtype": dname, "window": window, "forward_equal": bool(torch.equal(out_real, out_ours)),
-                         "backward_equal": all(bool(torch.equal(a.grad, b.grad)) for a, b in zip(real, ours))})
+            rows.append(
+                {
+                    "dtype": dname,
+                    "window": window,
+                    "forward_equal": bool(torch.equal(out_real, out_ours)),
+                    "backward_equal": all(bool(torch.equal(a.grad, b.grad)) for a, b in zip(real, ours)),
+                }
+            )
     return rows
 
 
@@ -204,27 +243,34 @@ def main(argv=None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     record = Record(args.out)
-    record.data["environment"] = {"torch": torch.__version__, "device": device,
-                                  "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-                                  "capability": list(torch.cuda.get_device_capability()) if device == "cuda" else None}
-    sections = [("reference_invariance", lambda: reference_invariance(device, args.quick)),
-                ("fa2_vs_sdpa", lambda: fa2_vs_sdpa(device, args.quick)),
-                ("megatron_local", lambda: megatron_local(device))]
+    record.data["environment"] = {
+        "torch": torch.__version__,
+        "device": device,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+        "capability": list(torch.cuda.get_device_capability()) if device == "cuda" else None,
+    }
+    sections = [
+        ("reference_invariance", lambda: reference_invariance(device, args.quick)),
+        ("fa2_vs_sdpa", lambda: fa2_vs_sdpa(device, args.quick)),
+        ("megatron_local", lambda: megatron_local(device)),
+    ]
     failed = False
     for name, run in sections:
         start = time.perf_counter()
         try:
             rows = run()
-        except ImportError as err:                                # megatron-core did not travel
+        except ImportError as err:  # megatron-core did not travel
             record.error(name, err)
             continue
-        except Exception as err:  # noqa: BLE001 - one section's failure must not lose the others
+        except Exception as err:
             record.error(name, err)
             failed = True
             continue
         record.section(name, {"seconds": round(time.perf_counter() - start, 2), "rows": rows})
-        failed |= any(row.get("equal") is False or row.get("forward_equal") is False or row.get("backward_equal") is False
-                      for row in rows)
+        failed |= any(
+            row.get("equal") is False or row.get("forward_equal") is False or row.get("backward_equal") is False
+            for row in rows
+        )
     print(json.dumps({"out": str(record.path), "errors": record.data["errors"], "failed": failed}))
     return 1 if failed else 0
 

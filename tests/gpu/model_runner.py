@@ -33,8 +33,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tests.gpu import nemo_rl_host
 from tests.gpu.runner_io import main
@@ -78,7 +79,6 @@ def forward_backward(model, vocab_size: int, batch: int, seq: int, seed: int):
     The loss is written with ``log_softmax`` and a one-hot product (no gather/scatter) so that
     every op has a deterministic CUDA backward."""
     import torch
-
     from megatron.core.transformer.module import Float16Module
 
     tokens = torch.randint(0, vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(seed)).cuda()
@@ -161,10 +161,15 @@ def _train_step(result: dict[str, Any], spec: dict[str, Any], model: Any, seed: 
     import torch
     from megatron.core.utils import get_attr_wrapped_model
 
-    logits, loss = forward_backward(model, get_attr_wrapped_model(model, "vocab_size"), spec.get("batch", 2),
-                                    spec.get("seq", 128), seed)
+    logits, loss = forward_backward(
+        model, get_attr_wrapped_model(model, "vocab_size"), spec.get("batch", 2), spec.get("seq", 128), seed
+    )
     grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    result["logits"] = {"shape": list(logits.shape), "dtype": str(logits.dtype), "finite": bool(torch.isfinite(logits).all())}
+    result["logits"] = {
+        "shape": list(logits.shape),
+        "dtype": str(logits.dtype),
+        "finite": bool(torch.isfinite(logits).all()),
+    }
     result["loss"] = float(loss)
     result["grads"] = {
         "count": len(grads),
@@ -173,16 +178,18 @@ def _train_step(result: dict[str, Any], spec: dict[str, Any], model: Any, seed: 
         "nonzero": sum(1 for g in grads.values() if bool(g.abs().sum() > 0)),
     }
     if spec.get("save_tensors"):
-        torch.save({"logits": logits.detach().cpu(), "grads": {n: g.detach().cpu() for n, g in grads.items()}},
-                   spec["save_tensors"])
+        torch.save(
+            {"logits": logits.detach().cpu(), "grads": {n: g.detach().cpu() for n, g in grads.items()}},
+            spec["save_tensors"],
+        )
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
-    from nemo_rl_attn_align.hosts import _patching, bootstrap, megatron_worker
     from nemo_rl_attn_align.contract.training import library_versions
+    from nemo_rl_attn_align.hosts import _patching, bootstrap, megatron_worker
+    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 
     seed = spec.get("seed", 1234)
     result: dict[str, Any] = {"plugin_active": bootstrap.activate("gpu-suite"), "bootstrap_origin": bootstrap.origin}
@@ -196,21 +203,27 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     setup, worker_module, build = (_real_worker if host.kind == "real" else _standin_worker)(spec, seed)
     result["seams_wrapped"] = sorted(
         f"{module.__name__}.{name}"
-        for module, name in ((setup, "_apply_performance_config"), (worker_module, "validate_and_set_config"),
-                             (worker_module, "setup_model_and_optimizer"))
+        for module, name in (
+            (setup, "_apply_performance_config"),
+            (worker_module, "validate_and_set_config"),
+            (worker_module, "setup_model_and_optimizer"),
+        )
         if _patching.is_wrapped(getattr(module, name))
     )
     stage, started = "setup", time.perf_counter()
     try:
         model_cfg, model = build()
-        result["model_config"] = {"attention_backend": model_cfg.attention_backend.name,
-                                  "deterministic_mode": model_cfg.deterministic_mode, "params_dtype": str(model_cfg.params_dtype)}
+        result["model_config"] = {
+            "attention_backend": model_cfg.attention_backend.name,
+            "deterministic_mode": model_cfg.deterministic_mode,
+            "params_dtype": str(model_cfg.params_dtype),
+        }
         result["nvte_after_build"] = {name: os.environ.get(name) for name in NVTE_VARIABLES}
         stage, built = "forward", time.perf_counter()
         _train_step(result, spec, model, seed)
         stage = "done"
         result["seconds"] = {"build": built - started, "forward_backward": time.perf_counter() - built}
-    except Exception as exc:  # noqa: BLE001 - the case reports what stopped it; the test judges
+    except Exception as exc:
         result["error"] = _error(exc, stage)
     result["stage"] = stage
     result["observed"] = megatron_worker.record.observed

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_ROOT = REPO / "tests" / "fake_nemo_rl"
@@ -31,8 +31,10 @@ class NemoRLHost:
     def line(self) -> str:
         """One line for the suite's summary."""
         if self.kind == "real":
-            return (f"mcore suite: real NeMo-RL worker path (nemo_rl {self.version or 'version unknown'} "
-                    f"at {self.location})")
+            return (
+                f"mcore suite: real NeMo-RL worker path (nemo_rl {self.version or 'version unknown'} "
+                f"at {self.location})"
+            )
         return f"mcore suite: stand-in NeMo-RL layout {self.location} (NeMo-RL is not importable here)"
 
     def to_dict(self) -> dict:

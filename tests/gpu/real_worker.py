@@ -22,8 +22,9 @@ from __future__ import annotations
 import inspect
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
 RECIPE = Path("examples") / "configs" / "grpo_math_1B_megatron.yaml"
@@ -47,9 +48,11 @@ def nemo_rl_tree() -> Path:
 
     tree = Path(nemo_rl.__file__).resolve().parents[1]
     if not (tree / RECIPE).is_file():
-        raise FileNotFoundError(f"{tree / RECIPE} not found: the real worker path reads its policy config from the "
-                                "NeMo-RL checkout nemo_rl is imported from. Fix: run from a NeMo-RL source checkout "
-                                "(pip install -e), as NeMo-RL's container has it")
+        raise FileNotFoundError(
+            f"{tree / RECIPE} not found: the real worker path reads its policy config from the "
+            "NeMo-RL checkout nemo_rl is imported from. Fix: run from a NeMo-RL source checkout "
+            "(pip install -e), as NeMo-RL's container has it"
+        )
     return tree
 
 
@@ -62,8 +65,9 @@ def _tokenizer(directory: Path, vocab_size: int) -> None:
 
     tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
     tokenizer.pre_tokenizer = Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", bos_token="t1", eos_token="t2",
-                            pad_token="t3").save_pretrained(directory)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="t0", bos_token="t1", eos_token="t2", pad_token="t3"
+    ).save_pretrained(directory)
 
 
 def write_checkpoint(directory: Path, model: Mapping[str, Any]) -> Path:
@@ -72,8 +76,15 @@ def write_checkpoint(directory: Path, model: Mapping[str, Any]) -> Path:
     or ``deterministic_mode``, onto the provider; ``transformer_impl: local`` picks the local spec)."""
     from megatron.bridge import AutoBridge
     from megatron.bridge.models.gpt_provider import local_layer_spec
-    from megatron.bridge.training.config import (CheckpointConfig, ConfigContainer, LoggerConfig, OptimizerConfig,
-                                                 SchedulerConfig, TokenizerConfig, TrainingConfig)
+    from megatron.bridge.training.config import (
+        CheckpointConfig,
+        ConfigContainer,
+        LoggerConfig,
+        OptimizerConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainingConfig,
+    )
     from transformers import LlamaConfig
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -87,9 +98,15 @@ def write_checkpoint(directory: Path, model: Mapping[str, Any]) -> Path:
     if model.get("transformer_impl") == "local":
         provider.transformer_layer_spec = local_layer_spec
     container = ConfigContainer(
-        model=provider, train=TrainingConfig(micro_batch_size=1, global_batch_size=1, train_iters=1),
-        optimizer=OptimizerConfig(), scheduler=SchedulerConfig(), dataset=None, logger=LoggerConfig(),
-        tokenizer=TokenizerConfig(), checkpoint=CheckpointConfig())
+        model=provider,
+        train=TrainingConfig(micro_batch_size=1, global_batch_size=1, train_iters=1),
+        optimizer=OptimizerConfig(),
+        scheduler=SchedulerConfig(),
+        dataset=None,
+        logger=LoggerConfig(),
+        tokenizer=TokenizerConfig(),
+        checkpoint=CheckpointConfig(),
+    )
     (directory / "iter_0000000").mkdir(exist_ok=True)
     container.to_yaml(str(directory / "iter_0000000" / "run_config.yaml"))
     return directory
@@ -98,9 +115,8 @@ def write_checkpoint(directory: Path, model: Mapping[str, Any]) -> Path:
 def register_resolvers() -> None:
     """The OmegaConf resolvers NeMo-RL's recipe scripts register: its own function where it has one
     (>= 0.6), else ``mul``, as ``examples/run_grpo.py`` registers it at v0.5.0."""
-    from omegaconf import OmegaConf
-
     from nemo_rl.utils import config
+    from omegaconf import OmegaConf
 
     register = getattr(config, "register_omegaconf_resolvers", None)
     if register is not None:
@@ -112,13 +128,15 @@ def register_resolvers() -> None:
 def policy_config(tree: Path, checkpoint: Path, overrides: list[str] = ()) -> dict[str, Any]:
     """The resolved ``policy`` of ``tree``'s recipe for ``checkpoint``, with ``overrides`` (Hydra)
     and ``megatron_cfg.train_iters`` (which the algorithm's ``setup()`` sets before the workers start)."""
+    from nemo_rl.utils.config import load_config, parse_hydra_overrides
     from omegaconf import OmegaConf
 
-    from nemo_rl.utils.config import load_config, parse_hydra_overrides
-
     register_resolvers()
-    base = [f"policy.model_name='{checkpoint}'", f"policy.tokenizer.name='{checkpoint}'",
-            "++policy.megatron_cfg.train_iters=1"]
+    base = [
+        f"policy.model_name='{checkpoint}'",
+        f"policy.tokenizer.name='{checkpoint}'",
+        "++policy.megatron_cfg.train_iters=1",
+    ]
     cfg = parse_hydra_overrides(load_config(str(tree / RECIPE)), [*base, *overrides])
     return OmegaConf.to_container(cfg, resolve=True)["policy"]
 
@@ -126,9 +144,19 @@ def policy_config(tree: Path, checkpoint: Path, overrides: list[str] = ()) -> di
 def case_overrides(policy: Mapping[str, Any]) -> list[str]:
     """Hydra overrides that give the recipe's policy the keys of a GPU case (``cases.policy_config``)."""
     megatron = policy["megatron_cfg"]
-    keys = {f"megatron_cfg.{k}": megatron[k] for k in ("attention_backend", "transformer_impl", "tensor_model_parallel_size",
-                                                       "pipeline_model_parallel_size", "context_parallel_size",
-                                                       "sequence_parallel", "apply_rope_fusion") if k in megatron}
+    keys = {
+        f"megatron_cfg.{k}": megatron[k]
+        for k in (
+            "attention_backend",
+            "transformer_impl",
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "sequence_parallel",
+            "apply_rope_fusion",
+        )
+        if k in megatron
+    }
     keys.update({k: policy[k] for k in ("precision", "train_micro_batch_size", "logprob_batch_size") if k in policy})
     out = [f"++policy.{key}={'true' if v is True else 'false' if v is False else v}" for key, v in keys.items()]
     tokenizer = (policy.get("tokenizer") or {}).get("name")
@@ -141,9 +169,11 @@ def configure(worker: Any, policy: dict[str, Any], checkpoint: Path, rank: int =
     """``worker.validate_and_set_config`` as the worker calls it (checkpoint = HF name = pretrained path).
     NeMo-RL 0.5.x builds the model config inside ``MegatronPolicyWorker.__init__``: not driven here."""
     if not hasattr(worker, "validate_and_set_config"):
-        raise NotImplementedError(f"{worker.__name__} has no validate_and_set_config (NeMo-RL 0.5.x builds the model "
-                                  "config inside MegatronPolicyWorker.__init__); the real worker path is driven for "
-                                  "NeMo-RL >= 0.6 only. Fix: run the GPU suite with NeMo-RL >= 0.6")
+        raise NotImplementedError(
+            f"{worker.__name__} has no validate_and_set_config (NeMo-RL 0.5.x builds the model "
+            "config inside MegatronPolicyWorker.__init__); the real worker path is driven for "
+            "NeMo-RL >= 0.6 only. Fix: run the GPU suite with NeMo-RL >= 0.6"
+        )
     return worker.validate_and_set_config(policy, rank, str(checkpoint), str(checkpoint), None, None)
 
 
@@ -152,8 +182,13 @@ def setup_distributed(worker: Any) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
+    for key, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
         os.environ.setdefault(key, value)
     worker.setup_distributed()
 

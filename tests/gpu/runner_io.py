@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None = None) -> int:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND, NVTE_VARIABLES, TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.contract.preview import predict_training
+from nemo_rl_attn_align.contract.schema import Tier, fields_of
+from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND, NVTE_VARIABLES, TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.report.store import read_worker_records
 from tests.gpu.cases import BACKEND_CASES, TINY_GPT, policy_config, run_case
 
@@ -37,13 +37,22 @@ def training_record(report_dir):
 def test_backend_runs_and_te_selected_what_was_asked(backend, impl, tmp_path, record_property):
     report = tmp_path / "report"
     policy = policy_config(backend, impl=impl)
-    result = run_case("model_runner", {"policy": policy, "seed": 1234, "batch": BATCH, "seq": SEQ}, tmp_path,
-                      env={"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report), "NEMO_RL_ATTN_ALIGN_STRICT": "1"}, name=backend)
+    result = run_case(
+        "model_runner",
+        {"policy": policy, "seed": 1234, "batch": BATCH, "seq": SEQ},
+        tmp_path,
+        env={"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report), "NEMO_RL_ATTN_ALIGN_STRICT": "1"},
+        name=backend,
+    )
     assert result.get("error") is None, result["error"]
     assert result["plugin_active"] and len(result["seams_wrapped"]) == 3, result["seams_wrapped"]
     assert result["model_config"]["attention_backend"] == backend
     assert result["nvte_after_build"] == NVTE_BY_BACKEND[backend]  # Megatron set what the plan said
-    assert result["logits"] == {"shape": [BATCH, SEQ, TINY_GPT["vocab_size"]], "dtype": "torch.bfloat16", "finite": True}
+    assert result["logits"] == {
+        "shape": [BATCH, SEQ, TINY_GPT["vocab_size"]],
+        "dtype": "torch.bfloat16",
+        "finite": True,
+    }
     grads = result["grads"]
     assert grads["finite"] and grads["count"] == grads["params"] == grads["nonzero"] > 0, grads
 
@@ -64,7 +73,10 @@ def test_backend_runs_and_te_selected_what_was_asked(backend, impl, tmp_path, re
     assert detail["stage"] == "first_forward" and detail["findings"] == [] and result["findings"] == []
     assert detail["nvte_after_build"] == NVTE_BY_BACKEND[backend] and detail["plan"]["effective"] == backend
     assert contract["backend"].provenance.value == "observed" and contract.value("backend") == observed["backend"]
-    assert contract.value("dtype") == "bf16" and contract.value("head_dim") == TINY_GPT["hidden_size"] // TINY_GPT["num_attention_heads"]
+    assert (
+        contract.value("dtype") == "bf16"
+        and contract.value("head_dim") == TINY_GPT["hidden_size"] // TINY_GPT["num_attention_heads"]
+    )
     assert probe is not None and probe.torch_status == "probed"
     # The semantic tier recorded for what TE ran is what `check` previews for that backend.
     predicted = predict_training({"policy": policy_config(BACKEND_BY_CLASS[observed["backend"]], impl=impl)})
@@ -77,11 +89,19 @@ def test_flash_with_fp32_is_stopped_by_the_plugin_before_te(tmp_path):
     Without it (control, same config): TE's error at the first forward, after the whole setup."""
     policy = policy_config("flash", precision="float32")
     report = tmp_path / "report"
-    stopped = run_case("model_runner", {"policy": policy}, tmp_path, env={"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report)}, name="plugin")
+    stopped = run_case(
+        "model_runner", {"policy": policy}, tmp_path, env={"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report)}, name="plugin"
+    )
     error = stopped["error"]
-    assert (error["type"], error["codes"], error["stage"]) == ("RuleViolation", ["FLASH_REQUIRES_HALF_PRECISION"], "setup"), error
+    assert (error["type"], error["codes"], error["stage"]) == (
+        "RuleViolation",
+        ["FLASH_REQUIRES_HALF_PRECISION"],
+        "setup",
+    ), error
     assert "nemo_rl_attn_align.hosts.megatron_worker" in error["modules"]
-    assert not any(m.startswith(("transformer_engine", "megatron.core.models")) for m in error["modules"]), error["modules"]
+    assert not any(m.startswith(("transformer_engine", "megatron.core.models")) for m in error["modules"]), error[
+        "modules"
+    ]
     assert stopped["te"]["attention_params_set"] is False and stopped["te"]["selections"] == []
     assert stopped["nvte_at_end"] == {name: None for name in NVTE_VARIABLES}  # no model: Megatron never set them
     assert not (report / "workers").exists()

@@ -19,7 +19,11 @@ from tests.gpu.cases import policy_config, run_case
 
 pytestmark = pytest.mark.mcore
 
-DETERMINISTIC_ENV = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NEMO_RL_ATTN_ALIGN_STRICT": "1"}
+DETERMINISTIC_ENV = {
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NEMO_RL_ATTN_ALIGN_STRICT": "1",
+}
 
 
 @pytest.mark.parametrize("backend", ["flash", "fused"])
@@ -30,15 +34,25 @@ def test_deterministic_mode_is_bitwise_repeatable(backend, tmp_path):
     for run in ("first", "second"):
         report = tmp_path / run / "report"
         spec = {"policy": policy, "seed": 77, "deterministic": True, "save_tensors": str(tmp_path / f"{run}.pt")}
-        result = run_case("model_runner", spec, tmp_path / run, env={**DETERMINISTIC_ENV, "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report)}, name=run)
+        result = run_case(
+            "model_runner",
+            spec,
+            tmp_path / run,
+            env={**DETERMINISTIC_ENV, "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report)},
+            name=run,
+        )
         if backend == "fused" and result.get("error") and result["device"]["capability"][0] >= 10:
-            pytest.skip("TE disables FusedAttention for deterministic training on Blackwell (get_attention_backend, determinism filter)")
+            pytest.skip(
+                "TE disables FusedAttention for deterministic training on Blackwell (get_attention_backend, determinism filter)"
+            )
         assert result.get("error") is None, result["error"]
         assert result["observed"]["backend"] == TE_CLASS_BY_BACKEND[backend]
         assert result["model_config"]["deterministic_mode"] is True
         [(contract, probe)] = read_worker_records(report)["records"]
         assert contract.value("deterministic") is True
-        assert probe.env["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "0" and probe.env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert (
+            probe.env["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "0" and probe.env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        )
         assert probe.torch["deterministic_algorithms"] is True
         saved.append(torch.load(tmp_path / f"{run}.pt", weights_only=True))
     first, second = saved

@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).with_name("run_device_checks.sh")
 def test_agreement_counts_equal_elements_and_local_ulps():
     a = torch.tensor([[[1.0, 0.5, 0.25, 0.125]]], dtype=torch.bfloat16)
     b = a.clone()
-    b[0, 0, 1] = 0.50390625                                 # one bf16 ulp at 0.5 = half an ulp at the row max 1.0
+    b[0, 0, 1] = 0.50390625  # one bf16 ulp at 0.5 = half an ulp at the row max 1.0
     got = device_checks.agreement(a, b, torch.bfloat16)
     assert got == {"equal_fraction": 0.75, "max_ulp": 0.5}
 
@@ -36,7 +36,9 @@ def test_sections_run_at_small_sizes_on_cpu():
     unequal = [r for r in rows if not r["equal"]]
     assert len(rows) > 20 and not unequal, f"{len(unequal)} of {len(rows)} plans differ: {unequal[:4]}"
     kernels = device_checks.fa2_vs_sdpa("cpu", quick=True)
-    assert {(r["replay"], r["kernel"]) for r in kernels} == {(p, k) for p in device_checks.REPLAYS for k in device_checks.KERNELS}
+    assert {(r["replay"], r["kernel"]) for r in kernels} == {
+        (p, k) for p in device_checks.REPLAYS for k in device_checks.KERNELS
+    }
     flash = [r for r in kernels if r["kernel"] == "FLASH_ATTENTION"]
     assert flash and all(0.0 <= r["equal_fraction"] <= 1.0 and r["max_ulp"] < 64 for r in flash)
 

@@ -25,7 +25,9 @@ def _package(root, name="nemo_rl", init=True):
 def test_without_nemo_rl_the_stand_in_layout_is_used():
     host = locate([])
     assert (host.kind, host.location) == ("stand-in", "tests/fake_nemo_rl/v0_6")
-    assert host.line() == "mcore suite: stand-in NeMo-RL layout tests/fake_nemo_rl/v0_6 (NeMo-RL is not importable here)"
+    assert (
+        host.line() == "mcore suite: stand-in NeMo-RL layout tests/fake_nemo_rl/v0_6 (NeMo-RL is not importable here)"
+    )
 
 
 def test_the_stand_in_on_sys_path_does_not_count_as_nemo_rl():
@@ -47,7 +49,29 @@ def test_a_bare_folder_named_nemo_rl_is_not_a_nemo_rl(tmp_path):
 
 def test_the_suite_summary_says_which_nemo_rl_it_drives(tmp_path):
     package = _package(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "mcore", "--collect-only",
-                           "tests/gpu/test_backends.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert f"mcore suite: real NeMo-RL worker path (nemo_rl version unknown at {package})" in proc.stdout, proc.stdout[-2000:]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "mcore",
+            "--collect-only",
+            "tests/gpu/test_backends.py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert f"mcore suite: real NeMo-RL worker path (nemo_rl version unknown at {package})" in proc.stdout, proc.stdout[
+        -2000:
+    ]

@@ -14,8 +14,14 @@ import pytest
 
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
-from tests.gpu.cases import BACKEND_CASES, TINY_LLAMA, master_config, megatron_model_from_hf, model_runner_policies, policy_config
-
+from tests.gpu.cases import (
+    BACKEND_CASES,
+    TINY_LLAMA,
+    master_config,
+    megatron_model_from_hf,
+    model_runner_policies,
+    policy_config,
+)
 
 HF_V4 = {**TINY_LLAMA, "rope_theta": 10000.0, "architectures": ["LlamaForCausalLM"]}
 HF_V5 = {**TINY_LLAMA, "head_dim": 64, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}
@@ -34,10 +40,12 @@ def test_the_fp32_case_is_one_the_plugin_stops():
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_the_vllm_case_config_previews_the_semantic_verdict_the_test_expects(batch_invariant):
-    from nemo_rl_attn_align.contract.preview import preview_binding
     from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.contract.preview import preview_binding
 
-    cfg = master_config(policy_config("flash", model=megatron_model_from_hf(HF_V4), tokenizer="/models/tiny"), batch_invariant)
+    cfg = master_config(
+        policy_config("flash", model=megatron_model_from_hf(HF_V4), tokenizer="/models/tiny"), batch_invariant
+    )
     preview = preview_binding(cfg, load_settings(cfg), environ={})
     mismatched = [r.name for r in preview.binding.results if r.status.value == "mismatch"]
     assert mismatched == ([] if batch_invariant else ["reduction_order"])
@@ -45,10 +53,19 @@ def test_the_vllm_case_config_previews_the_semantic_verdict_the_test_expects(bat
 
 def test_megatron_fields_from_both_config_json_styles():
     assert megatron_model_from_hf(HF_V4) == {
-        "num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 4, "num_query_groups": 2,
-        "kv_channels": 64, "vocab_size": 1024, "seq_length": 256, "rotary_base": 10000.0,
+        "num_layers": 2,
+        "hidden_size": 256,
+        "ffn_hidden_size": 1024,
+        "num_attention_heads": 4,
+        "num_query_groups": 2,
+        "kv_channels": 64,
+        "vocab_size": 1024,
+        "seq_length": 256,
+        "rotary_base": 10000.0,
     }
-    assert megatron_model_from_hf(HF_V5)["rotary_base"] == 500000.0 and megatron_model_from_hf(HF_V5)["kv_channels"] == 64
+    assert (
+        megatron_model_from_hf(HF_V5)["rotary_base"] == 500000.0 and megatron_model_from_hf(HF_V5)["kv_channels"] == 64
+    )
 
 
 def test_the_stand_in_model_config_takes_every_key_a_case_sends():

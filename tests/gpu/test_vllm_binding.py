@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.contract.schema import Tier
-from nemo_rl_attn_align.contract.preview import preview_binding
-from nemo_rl_attn_align.report.document import collect
 from nemo_rl_attn_align.config.settings import load_settings
+from nemo_rl_attn_align.contract.preview import preview_binding
+from nemo_rl_attn_align.contract.schema import Tier
+from nemo_rl_attn_align.report.document import collect
 from tests.gpu.cases import CUBLAS, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config, run_case
 
 #: Identity fields one side legitimately cannot observe (the binding then says not comparable).
@@ -37,17 +37,31 @@ UNOBSERVABLE_IDENTITY = {"architecture", "batch_size"}
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch_invariant"])
 def test_vllm_rollout_binds_to_the_training_contract(batch_invariant, tmp_path, record_property):
     report, model_dir = tmp_path / "report", tmp_path / "tiny-llama"
-    rollout_env = {"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report), **({"VLLM_BATCH_INVARIANT": "1"} if batch_invariant else {})}
-    rollout = run_case("vllm_runner", {"model_dir": str(model_dir), "hf_config": TINY_LLAMA, "seed": 0}, tmp_path,
-                       env=rollout_env, timeout=420, name="vllm")
+    rollout_env = {
+        "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report),
+        **({"VLLM_BATCH_INVARIANT": "1"} if batch_invariant else {}),
+    }
+    rollout = run_case(
+        "vllm_runner",
+        {"model_dir": str(model_dir), "hf_config": TINY_LLAMA, "seed": 0},
+        tmp_path,
+        env=rollout_env,
+        timeout=420,
+        name="vllm",
+    )
     assert rollout["seam_wrapped"] and rollout["stage"] == "engine_ready" and rollout["findings"] == [], rollout
-    assert rollout["entry_point_listed"] or rollout["bootstrap_origin"], "the plugin is not installed in this environment"
+    assert rollout["entry_point_listed"] or rollout["bootstrap_origin"], (
+        "the plugin is not installed in this environment"
+    )
     assert len(rollout["generated"]) == 4  # the engine still generates after our hook
     record_property("vllm_layer_backends", sorted(set(rollout["layer_backends"].values())))
 
     policy = policy_config("flash", model=megatron_model_from_hf(rollout["config_json"]), tokenizer=str(model_dir))
-    training_env = {"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report), "NEMO_RL_ATTN_ALIGN_STRICT": "1",
-                    **(CUBLAS if batch_invariant else {})}
+    training_env = {
+        "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report),
+        "NEMO_RL_ATTN_ALIGN_STRICT": "1",
+        **(CUBLAS if batch_invariant else {}),
+    }
     training = run_case("model_runner", {"policy": policy}, tmp_path, env=training_env, name="training")
     assert training.get("error") is None, training["error"]
     assert training["observed"]["backend"] == "FlashAttention"

@@ -48,9 +48,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from nemo_rl_attn_align.hosts import _patching, bootstrap, vllm_worker
 
-    llm = vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
-                   enforce_eager=True, gpu_memory_utilization=0.2, max_model_len=spec["hf_config"]["max_position_embeddings"],
-                   seed=spec.get("seed", 0))
+    llm = vllm.LLM(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        gpu_memory_utilization=0.2,
+        max_model_len=spec["hf_config"]["max_position_embeddings"],
+        seed=spec.get("seed", 0),
+    )
     params = vllm.SamplingParams(max_tokens=4, temperature=0.0, detokenize=False)
     outputs = llm.generate([{"prompt_token_ids": spec.get("prompt", [1, 2, 3, 4, 5])}], params)
     worker_cls = getattr(sys.modules.get("vllm.v1.worker.gpu_worker"), "Worker", None)
@@ -60,7 +67,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "config_json": config_json,
         "entry_point_listed": entry_point_listed(),
         "bootstrap_origin": bootstrap.origin,
-        "seam_wrapped": worker_cls is not None and _patching.is_wrapped(getattr(worker_cls, "compile_or_warm_up_model", None)),
+        "seam_wrapped": worker_cls is not None
+        and _patching.is_wrapped(getattr(worker_cls, "compile_or_warm_up_model", None)),
         "worker_id": record.worker_id if record else None,
         "stage": record.stage if record else None,
         "findings": list(record.findings) if record else None,

@@ -32,7 +32,12 @@ def make_bare_venv(path: Path) -> Path:
 
 
 def site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return Path(out.stdout.strip())
 
 
@@ -47,7 +52,12 @@ def venv_without_plugin(root: Path) -> Path:
         if name.startswith(("nemo_rl_attn_align", "__editable__", "nemo-rl-attn-align")) or name.endswith(".pth"):
             continue
         (links / name).symlink_to(entry)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "driver_site_without_plugin.pth").write_text(f"{links}\n")
     return python
 
@@ -60,7 +70,9 @@ def copy_source_tree(root: Path) -> Path:
             shutil.copy2(REPO / name, root / name)
     if not (root / "README.md").exists():  # pyproject names a readme; its text does not matter here
         (root / "README.md").write_text("nemo-rl-attn-align\n")
-    shutil.copytree(REPO / "nemo_rl_attn_align", root / "nemo_rl_attn_align", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "nemo_rl_attn_align", root / "nemo_rl_attn_align", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return root
 
 
@@ -71,7 +83,8 @@ def plugin_wheel(tmp_path_factory) -> Path:
     wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(root)],
-        check=True, capture_output=True,
+        check=True,
+        capture_output=True,
     )
     return next(wheels.glob("nemo_rl_attn_align-*.whl"))
 
@@ -81,8 +94,20 @@ def plugin_venv(tmp_path_factory, plugin_wheel) -> Path:
     """Python of a fresh stdlib-only venv with the plugin installed from its wheel (``.pth`` included)."""
     python = make_bare_venv(tmp_path_factory.mktemp("plugin-venv") / "venv")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(plugin_wheel)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(plugin_wheel),
+        ],
+        check=True,
+        capture_output=True,
     )
     return python
 
@@ -118,6 +143,7 @@ def ray_cluster(tmp_path_factory) -> str:
 @contextlib.contextmanager
 def standin(root: Path, package: str):
     """Import ``package`` from the stand-in tree ``root``; forget it (and its submodules) afterwards."""
+
     def purge():
         for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
             del sys.modules[name]

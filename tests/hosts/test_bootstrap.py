@@ -47,7 +47,14 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_python(python, code: str, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` in ``python`` from a directory that holds no source tree (``-c`` puts the cwd on sys.path)."""
-    return subprocess.run([str(python), "-c", code], env=clean_env(**env), capture_output=True, text=True, timeout=120, cwd=os.path.dirname(python))
+    return subprocess.run(
+        [str(python), "-c", code],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(python),
+    )
 
 
 def probe(python, **env: str) -> dict:
@@ -105,7 +112,10 @@ def test_switch_off_turns_everything_off(plugin_venv):
     assert seen["origin"] is None
     assert seen["pythonpath"] == ""
     assert "_PostImportFinder" not in seen["finders"]
-    code = "import sys; sys.path.insert(0, %r); import vllm.v1.worker.gpu_worker as w; from nemo_rl_attn_align.hosts._patching import is_wrapped; print(is_wrapped(w.Worker.compile_or_warm_up_model))" % str(FAKE_VLLM)
+    code = (
+        "import sys; sys.path.insert(0, %r); import vllm.v1.worker.gpu_worker as w; from nemo_rl_attn_align.hosts._patching import is_wrapped; print(is_wrapped(w.Worker.compile_or_warm_up_model))"
+        % str(FAKE_VLLM)
+    )
     out = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN="off")
     assert out.stdout.strip() == "False" and "nemo-rl-attn-align" not in out.stderr
 
@@ -129,7 +139,12 @@ def test_hook_fires_on_import_and_attaching_twice_is_harmless(plugin_venv):
     )
     out = run_python(plugin_venv, code)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:4] == ["host imported before: False", "wrapped once: True", "finders: 1", "origin: pth"]
+    assert out.stdout.split("\n")[:4] == [
+        "host imported before: False",
+        "wrapped once: True",
+        "finders: 1",
+        "origin: pth",
+    ]
 
 
 def test_broken_target_module_fails_as_without_plugin(plugin_venv, tmp_path):
@@ -156,9 +171,17 @@ def test_unrecognised_target_warns_once_and_import_goes_on(plugin_venv, tmp_path
     out = run_python(plugin_venv, code)
     assert out.returncode == 0 and out.stdout.strip() == "imported GPUWorker"
     warnings = [line for line in out.stderr.splitlines() if "nemo-rl-attn-align" in line]
-    assert len(warnings) == 1 and "vLLM 9.9.9" in warnings[0] and "Worker.compile_or_warm_up_model not found" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and "vLLM 9.9.9" in warnings[0]
+        and "Worker.compile_or_warm_up_model not found" in warnings[0]
+    )
     strict = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN_STRICT="1")
-    assert strict.returncode == 1 and "HostLayoutError" in strict.stderr and "attention_align.strict is true" in strict.stderr
+    assert (
+        strict.returncode == 1
+        and "HostLayoutError" in strict.stderr
+        and "attention_align.strict is true" in strict.stderr
+    )
 
 
 def test_shim_reaches_an_env_without_the_plugin_and_chains(plugin_venv, tmp_path):
@@ -171,7 +194,9 @@ def test_shim_reaches_an_env_without_the_plugin_and_chains(plugin_venv, tmp_path
     seen = probe(other, PYTHONPATH=os.pathsep.join([shim_dir(plugin_venv), str(user)]))
     assert seen["origin"] == "shim"
     assert seen["user_site_ran"] is True and seen["sitecustomize"] == str(user / "sitecustomize.py")
-    off = run_python(other, PROBE, NEMO_RL_ATTN_ALIGN="0", PYTHONPATH=os.pathsep.join([shim_dir(plugin_venv), str(user)]))
+    off = run_python(
+        other, PROBE, NEMO_RL_ATTN_ALIGN="0", PYTHONPATH=os.pathsep.join([shim_dir(plugin_venv), str(user)])
+    )
     assert json.loads(off.stdout)["origin"] is None and json.loads(off.stdout)["user_site_ran"] is True
 
 
@@ -217,7 +242,10 @@ def test_watched_modules_are_exactly_the_hosts_targets():
     assert targets == bootstrap.WATCHED
 
 
-@pytest.mark.parametrize("value,expected", [("0", False), ("off", False), ("False", False), (" no ", False), ("1", True), ("", True), ("yes", True)])
+@pytest.mark.parametrize(
+    "value,expected",
+    [("0", False), ("off", False), ("False", False), (" no ", False), ("1", True), ("", True), ("yes", True)],
+)
 def test_switch_values(value, expected):
     assert bootstrap.enabled({bootstrap.SWITCH: value}) is expected
     assert bootstrap.enabled({}) is True
@@ -236,7 +264,6 @@ def test_pth_never_prints_a_traceback_whatever_is_importable(plugin_venv, tmp_pa
     assert on.stderr.startswith("nemo-rl-attn-align: not active in this interpreter")
     off = run_python(plugin_venv, "print('ran')", PYTHONPATH=str(tmp_path), NEMO_RL_ATTN_ALIGN="0")
     assert (off.returncode, off.stdout, off.stderr) == (0, "ran\n", "")
-
 
 
 class SlowToCompare:
@@ -272,7 +299,7 @@ def test_the_callback_table_holds_under_concurrent_watch_and_unwatch(bootstrap_s
                     bootstrap.unwatch(name, callback)
             for callback in callbacks:
                 bootstrap.watch(name, callback)
-        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+        except Exception as exc:
             errors.append(repr(exc))
 
     threads = [threading.Thread(target=churn) for _ in range(4)]

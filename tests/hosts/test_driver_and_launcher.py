@@ -18,7 +18,10 @@ def master_config(tmp_path, precision="bfloat16", **align):
     """A GRPO master config for the stand-in ``setup()`` with worker groups of size 0 (no Ray)."""
     return {
         "cluster": {"num_nodes": 1, "gpus_per_node": 0},
-        "policy": {"precision": precision, "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": precision}},
+        "policy": {
+            "precision": precision,
+            "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": precision},
+        },
         "logger": {"log_dir": str(tmp_path / "logs" / "exp_001")},
         "attention_align": {"on_mismatch": "warn", **align},
     }
@@ -43,7 +46,9 @@ def test_setup_exports_settings_every_worker_then_sees(grpo, tmp_path, capsys):
     settings = handoff.worker_settings(policy.worker_group.env_vars)  # what RayWorkerGroup hands each actor
     report_dir = str(tmp_path / "logs" / "exp_001" / "attention_align")
     assert settings == handoff.WorkerSettings(strict=True, report_dir=report_dir, run_id=driver_report.current.run_id)
-    assert "nemo-rl-attn-align report: verdict INCOMPARABLE" in capsys.readouterr().out  # collected once setup() returned
+    assert (
+        "nemo-rl-attn-align report: verdict INCOMPARABLE" in capsys.readouterr().out
+    )  # collected once setup() returned
 
 
 def test_a_config_that_cannot_work_stops_before_any_worker(grpo, tmp_path):
@@ -60,13 +65,21 @@ def test_pydantic_master_config_is_read_too(grpo, tmp_path):
         model_config = ConfigDict(extra="allow")
 
     policy = grpo(MasterConfig(**master_config(tmp_path)), None, None, None)[0]
-    assert json.loads(policy.worker_group.env_vars[handoff.SETTINGS_ENV])["report_dir"].endswith(os.path.join("exp_001", "attention_align"))
+    assert json.loads(policy.worker_group.env_vars[handoff.SETTINGS_ENV])["report_dir"].endswith(
+        os.path.join("exp_001", "attention_align")
+    )
 
 
 def run_cli(*args, **env):
     full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("NEMO_RL_ATTN_ALIGN")}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "run", *args], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "run", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
 
 
 SHOW_ENV = "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('PYTHONPATH', 'NEMO_RL_ATTN_ALIGN_REPORT_DIR', 'NEMO_RL_ATTN_ALIGN_STRICT')}))"
@@ -108,14 +121,19 @@ def test_real_nemo_rl_driver_seams_are_wrapped(bootstrap_state):
 
 def test_preset_aligned_writes_the_settings_before_any_worker_starts(grpo, tmp_path, capsys):
     config = master_config(tmp_path, preset="aligned")
-    config["policy"]["generation"] = {"backend": "vllm", "vllm_cfg": {"env_vars": None, "tensor_parallel_size": 1},
-                                      "colocated": {"resources": {"num_nodes": 1, "gpus_per_node": 0}}}
+    config["policy"]["generation"] = {
+        "backend": "vllm",
+        "vllm_cfg": {"env_vars": None, "tensor_parallel_size": 1},
+        "colocated": {"resources": {"num_nodes": 1, "gpus_per_node": 0}},
+    }
     config["policy"]["megatron_cfg"]["env_vars"] = None
     grpo(config, None, None, None)
     assert config["policy"]["generation"]["vllm_cfg"]["env_vars"] == {"VLLM_BATCH_INVARIANT": "1"}
     assert config["policy"]["megatron_cfg"]["env_vars"] == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     report = json.loads((tmp_path / "logs" / "exp_001" / "attention_align" / "attention_align_report.json").read_text())
     preset = report["settings"]["preset"]
-    assert [c["key"] for c in preset["changes"]] == ["policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT",
-                                                     "policy.megatron_cfg.env_vars.CUBLAS_WORKSPACE_CONFIG"]
+    assert [c["key"] for c in preset["changes"]] == [
+        "policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT",
+        "policy.megatron_cfg.env_vars.CUBLAS_WORKSPACE_CONFIG",
+    ]
     assert preset["aligned"] is True and "preset aligned changed:" in capsys.readouterr().out

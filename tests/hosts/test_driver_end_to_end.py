@@ -24,10 +24,10 @@ import yaml
 pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
-from nemo_rl_attn_align.codes import Code  # noqa: E402
-from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report  # noqa: E402
-from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
-from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO, venv_without_plugin  # noqa: E402
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
+from tests.fake_nemo_rl.configs import policy_config
+from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO, venv_without_plugin
 
 pytestmark = pytest.mark.slow
 SUMMARY = "nemo-rl-attn-align report: verdict"
@@ -39,7 +39,9 @@ def plugin_installed_here():
     """The drivers below get the plugin from this interpreter's ``.pth``: it must be installed."""
     show = "from nemo_rl_attn_align.hosts import bootstrap; print(bootstrap.origin)"
     out = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=driver_env(), timeout=60)
-    assert out.stdout.strip() == "pth", f"the plugin's .pth is not active in {sys.executable}. Fix: pip install -e . ({out.stderr[-500:]})"
+    assert out.stdout.strip() == "pth", (
+        f"the plugin's .pth is not active in {sys.executable}. Fix: pip install -e . ({out.stderr[-500:]})"
+    )
 
 
 def recipe_config(tmp_path, *, policy_workers=1, vllm_workers=2, batch_invariant=True, algorithm="grpo", **align):
@@ -76,8 +78,14 @@ def driver_env(**env) -> dict[str, str]:
 def run_recipe(ray_cluster, tmp_path, config, algorithm="grpo", **env):
     """The recipe as its own driver process, started as a user starts it."""
     script = FAKE_NEMO_RL / "v0_6" / "examples" / f"run_{algorithm}.py"
-    return subprocess.run([sys.executable, str(script), "--config", str(config)], capture_output=True, text=True,
-                          env=driver_env(**env, RAY_ADDRESS=ray_cluster), cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=driver_env(**env, RAY_ADDRESS=ray_cluster),
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def the_report(tmp_path):
@@ -90,7 +98,12 @@ def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster,
     """The vLLM workers run in a venv without the plugin: their records arrive only if the driver
     hook exported the shim before the worker groups copied the driver's environment."""
     other_python = venv_without_plugin(tmp_path / "vllm-venv")
-    out = run_recipe(ray_cluster, tmp_path, recipe_config(tmp_path), STANDIN_PY_EXECUTABLES=json.dumps({VLLM_WORKER: str(other_python)}))
+    out = run_recipe(
+        ray_cluster,
+        tmp_path,
+        recipe_config(tmp_path),
+        STANDIN_PY_EXECUTABLES=json.dumps({VLLM_WORKER: str(other_python)}),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rollout: 2 of 2 workers recorded" in out.stdout  # only the exported shim brings the plugin there
     assert "stand-in run_grpo: finished" in out.stdout
@@ -105,15 +118,20 @@ def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster,
     assert doc["verdict"] == "fail" and [h["point"] for h in doc["history"]] == ["setup", "first_step", "train_end"]
     assert doc["workers"]["found"] == ["vllm-rank0-worker0", "vllm-rank1-worker0", "policy-rank0"]
     assert doc["workers"]["missing"] == [] and doc["workers"]["stale"] == []
-    assert doc["workers"]["stages"] == {"training": {"policy-rank0": "first_forward"},
-                                        "rollout": {"vllm-rank0-worker0": "engine_ready", "vllm-rank1-worker0": "engine_ready"}}
+    assert doc["workers"]["stages"] == {
+        "training": {"policy-rank0": "first_forward"},
+        "rollout": {"vllm-rank0-worker0": "engine_ready", "vllm-rank1-worker0": "engine_ready"},
+    }
     merge = next(r for r in doc["binding"]["fields"] if r["field"] == "merge_rule")
     assert merge["training"]["value"] == "full_softmax" and merge["rollout"]["value"] == "online_softmax_lse"
     (finding,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_FINDING.value]
     assert finding["key"] == "workers.policy-rank0" and "requested AttnBackend.flash" in finding["message"]
     logged = [json.loads(line) for line in (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()]
-    drift = [{"step": e["step"], **{k: e["metrics"][k] for k in ("token_mult_prob_error", "gen_kl_error")}}
-             for e in logged if "loss" in e["metrics"]]
+    drift = [
+        {"step": e["step"], **{k: e["metrics"][k] for k in ("token_mult_prob_error", "gen_kl_error")}}
+        for e in logged
+        if "loss" in e["metrics"]
+    ]
     assert doc["drift"]["steps"] == drift and len(drift) == 2 and drift[0]["token_mult_prob_error"] > 1.0
 
 
@@ -131,13 +149,23 @@ def test_on_mismatch_error_stops_the_run_at_setup_with_the_report_written(ray_cl
 
 def test_a_worker_that_died_in_setup_is_a_visible_gap(ray_cluster, tmp_path):
     report_dir = tmp_path / "logs" / "exp_001" / "attention_align"
-    out = run_recipe(ray_cluster, tmp_path, recipe_config(tmp_path), STANDIN_DIE_RANKS="1",
-                     STANDIN_DIE_AFTER=str(report_dir / "hosts" / "rollout--vllm-rank0-worker0.json"))  # rank 0 is up first
+    out = run_recipe(
+        ray_cluster,
+        tmp_path,
+        recipe_config(tmp_path),
+        STANDIN_DIE_RANKS="1",
+        STANDIN_DIE_AFTER=str(report_dir / "hosts" / "rollout--vllm-rank0-worker0.json"),
+    )  # rank 0 is up first
     assert out.returncode != 0 and "stand-in grpo_train" not in out.stdout
     assert "ActorDiedError" in out.stderr  # NeMo-RL's own error (the dead actor) propagates unchanged
     report_path = report_dir / REPORT_FILENAME
-    assert out.stdout.count("attention_align (setup_failed): verdict incomparable; missing: vllm-rank1-worker0; "
-                            f"report written to {report_path}") == 1
+    assert (
+        out.stdout.count(
+            "attention_align (setup_failed): verdict incomparable; missing: vllm-rank1-worker0; "
+            f"report written to {report_path}"
+        )
+        == 1
+    )
     doc = the_report(tmp_path)
     assert doc["workers"]["found"] == ["vllm-rank0-worker0"] and doc["workers"]["missing"] == ["vllm-rank1-worker0"]
     assert Code.WORKER_MISSING.value in {f["code"] for f in doc["findings"]}
@@ -147,8 +175,10 @@ def test_sft_run_states_that_there_is_no_rollout_side(ray_cluster, tmp_path):
     out = run_recipe(ray_cluster, tmp_path, recipe_config(tmp_path, algorithm="sft"), algorithm="sft")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count(SUMMARY) == 1 and "stand-in run_sft: finished" in out.stdout
-    assert ("no rollout side: sft trains on a fixed dataset and starts no generation workers; "
-            "the training/rollout binding is not applicable") in out.stdout
+    assert (
+        "no rollout side: sft trains on a fixed dataset and starts no generation workers; "
+        "the training/rollout binding is not applicable"
+    ) in out.stdout
     doc = the_report(tmp_path)
     assert doc["binding"] is None and doc["binding_applicable"] is False and doc["verdict"] == "incomparable"
     assert doc["workers"]["stages"]["training"] == {"policy-rank0": "first_forward"}
@@ -167,6 +197,12 @@ def test_a_run_whose_vllm_workers_never_record_shows_0_of_n(ray_cluster, tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rollout: 0 of 2 workers recorded" in out.stdout
     doc = the_report(tmp_path)
-    assert doc["workers"]["coverage"]["rollout"] == {"recorded": 0, "expected": 2, "how": doc["workers"]["coverage"]["rollout"]["how"]}
+    assert doc["workers"]["coverage"]["rollout"] == {
+        "recorded": 0,
+        "expected": 2,
+        "how": doc["workers"]["coverage"]["rollout"]["how"],
+    }
     assert doc["verdict"] == "incomparable" and doc["binding"] is None
-    assert any(f["code"] == Code.SIDE_MISSING.value and f["message"].startswith("rollout: 0 of 2") for f in doc["findings"])
+    assert any(
+        f["code"] == Code.SIDE_MISSING.value and f["message"].startswith("rollout: 0 of 2") for f in doc["findings"]
+    )

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import probe
+from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
@@ -32,7 +32,10 @@ from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
 def config(tmp_path, *, rollout=True, **align):
     cfg = {
-        "policy": {"precision": "bfloat16", "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": "bfloat16"}},
+        "policy": {
+            "precision": "bfloat16",
+            "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": "bfloat16"},
+        },
         "logger": {"log_dir": str(tmp_path / "logs" / "exp_001")},
         "attention_align": align,
     }
@@ -63,8 +66,13 @@ def worker(run, side, worker_id, peers, stage="engine_ready", findings=(), run_i
     run_id = run.run_id if run_id is None else run_id
     contract = full_contract(side, worker_id, **changes)
     write_worker_record(run.settings.report_dir, contract, probe({}, torch_module=False), run_id)
-    write_worker_detail(run.settings.report_dir, side, worker_id,
-                        {"host": "test", "stage": stage, "findings": list(findings), "peers": peers}, run_id)
+    write_worker_detail(
+        run.settings.report_dir,
+        side,
+        worker_id,
+        {"host": "test", "stage": stage, "findings": list(findings), "peers": peers},
+        run_id,
+    )
 
 
 def report_of(run):
@@ -79,14 +87,24 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
     worker(run, "training", "policy-rank0", training_peers(1), stage="model_built")
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1), **SPLIT_KV)
     run.at_setup()
-    assert len(printed) == 1 and printed[0].startswith("nemo-rl-attn-align report: verdict FAIL (on_mismatch: warn; collected at setup)")
+    assert len(printed) == 1 and printed[0].startswith(
+        "nemo-rl-attn-align report: verdict FAIL (on_mismatch: warn; collected at setup)"
+    )
     assert "reduction_order" in printed[0] and "policy-rank0 [model_built]" in printed[0]
 
     driver_report.train_metrics({"mean_gen_tokens_per_sample": 12.0}, 1, "train")  # rollout metrics: no loss yet
     assert len(printed) == 1 and report_of(run)["collected_at"] == "setup"
-    worker(run, "training", "policy-rank0", training_peers(1), stage="first_forward",
-           findings=["attention_backend requested AttnBackend.flash (FlashAttention) but the model ran local"])
-    driver_report.train_metrics({"loss": 0.5, "token_mult_prob_error": np.float32(1.0625), "gen_kl_error": 1e-4}, 1, "train")
+    worker(
+        run,
+        "training",
+        "policy-rank0",
+        training_peers(1),
+        stage="first_forward",
+        findings=["attention_backend requested AttnBackend.flash (FlashAttention) but the model ran local"],
+    )
+    driver_report.train_metrics(
+        {"loss": 0.5, "token_mult_prob_error": np.float32(1.0625), "gen_kl_error": 1e-4}, 1, "train"
+    )
     assert len(printed) == 2 and printed[1].startswith("attention_align (first_step): the report changed since setup:")
     assert f"new: warning {Code.WORKER_FINDING.value}" in printed[1] and "ran local" in printed[1]
     driver_report.train_metrics({"loss": 0.4, "token_mult_prob_error": 1.03125, "gen_kl_error": [0.1, 0.2]}, 2, "train")
@@ -95,13 +113,21 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
 
     driver_report.end_of_training()
     driver_report._at_exit()  # the run already ended: nothing more
-    assert printed[2] == f"attention_align (train_end): verdict fail, unchanged since first_step; report: {run.settings.report_dir}/{REPORT_FILENAME}"
+    assert (
+        printed[2]
+        == f"attention_align (train_end): verdict fail, unchanged since first_step; report: {run.settings.report_dir}/{REPORT_FILENAME}"
+    )
     assert len(printed) == 3
     doc = report_of(run)
-    assert doc["drift"]["steps"] == [{"step": 1, "token_mult_prob_error": 1.0625, "gen_kl_error": 1e-4},
-                                     {"step": 2, "token_mult_prob_error": 1.03125}]
+    assert doc["drift"]["steps"] == [
+        {"step": 1, "token_mult_prob_error": 1.0625, "gen_kl_error": 1e-4},
+        {"step": 2, "token_mult_prob_error": 1.03125},
+    ]
     assert [h["point"] for h in doc["history"]] == ["setup", "first_step", "train_end"]
-    assert doc["workers"]["stages"] == {"training": {"policy-rank0": "first_forward"}, "rollout": {"vllm-rank0-worker0": "engine_ready"}}
+    assert doc["workers"]["stages"] == {
+        "training": {"policy-rank0": "first_forward"},
+        "rollout": {"vllm-rank0-worker0": "engine_ready"},
+    }
     assert doc["run_id"] == run.run_id
 
 
@@ -136,8 +162,14 @@ def test_error_stops_at_the_first_step_when_the_read_back_fails_the_binding(driv
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
     run.at_setup()
     assert report_of(run)["verdict"] == "pass"
-    worker(run, "training", "policy-rank0", training_peers(1), stage="first_forward",
-           merge_rule=FieldValue.configured("full_softmax"))  # TE ran unfused: one softmax over the row
+    worker(
+        run,
+        "training",
+        "policy-rank0",
+        training_peers(1),
+        stage="first_forward",
+        merge_rule=FieldValue.configured("full_softmax"),
+    )  # TE ran unfused: one softmax over the row
     with pytest.raises(AttentionMismatch):
         driver_report.train_metrics({"loss": 1.0}, 1, "train")
     assert "verdict PASS -> FAIL" in printed[1] and report_of(run)["verdict"] == "fail"
@@ -153,9 +185,13 @@ def test_record_prints_one_line_then_only_writes(driver, tmp_path):
     worker(run, "training", "policy-rank0", training_peers(1), stage="first_forward", findings=["NVTE differs"])
     driver_report.train_metrics({"loss": 1.0, "token_mult_prob_error": 1.5}, 1, "train")
     driver_report.end_of_training()
-    assert printed == [f"attention_align (setup): verdict fail; report written to {run.settings.report_dir}/{REPORT_FILENAME}"]
+    assert printed == [
+        f"attention_align (setup): verdict fail; report written to {run.settings.report_dir}/{REPORT_FILENAME}"
+    ]
     doc = report_of(run)
-    assert [h["point"] for h in doc["history"]] == ["setup", "first_step", "train_end"] and doc["drift"]["steps"][0]["step"] == 1
+    assert [h["point"] for h in doc["history"]] == ["setup", "first_step", "train_end"] and doc["drift"]["steps"][0][
+        "step"
+    ] == 1
     assert any(f["code"] == Code.WORKER_FINDING.value for f in doc["findings"])
 
 
@@ -165,7 +201,12 @@ def test_a_worker_that_never_wrote_is_a_gap_named_by_its_peers(driver, tmp_path)
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(4, 2))  # TP 2: engines of actors 0 and 2
     run.at_setup()
     doc = report_of(run)
-    assert doc["workers"]["missing"] == ["policy-rank1", "vllm-rank0-worker1", "vllm-rank2-worker0", "vllm-rank2-worker1"]
+    assert doc["workers"]["missing"] == [
+        "policy-rank1",
+        "vllm-rank0-worker1",
+        "vllm-rank2-worker0",
+        "vllm-rank2-worker1",
+    ]
     assert doc["verdict"] == "incomparable" and doc["binding"]["verdict"] == "pass"
     assert "missing: policy-rank1, vllm-rank0-worker1" in printed[0]
 
@@ -174,7 +215,9 @@ def test_files_of_another_run_in_the_same_dir_are_left_out(driver, tmp_path):
     run, _ = driver(config(tmp_path))
     worker(run, "training", "policy-rank0", training_peers(1))
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
-    worker(run, "training", "policy-rank7", training_peers(8), run_id="an-earlier-run", num_layers=FieldValue.observed(99))
+    worker(
+        run, "training", "policy-rank7", training_peers(8), run_id="an-earlier-run", num_layers=FieldValue.observed(99)
+    )
     run.at_setup()
     doc = report_of(run)
     assert doc["verdict"] == "pass" and doc["workers"]["found"] == ["vllm-rank0-worker0", "policy-rank0"]
@@ -189,8 +232,10 @@ def test_sft_says_there_is_no_rollout_side(driver, tmp_path):
     assert doc["binding"] is None and doc["binding_applicable"] is False and doc["verdict"] == "incomparable"
     codes = {f["code"] for f in doc["findings"]}
     assert Code.SIDE_ABSENT.value in codes and Code.SIDE_MISSING.value not in codes
-    assert ("no rollout side: sft trains on a fixed dataset and starts no generation workers; "
-            "the training/rollout binding is not applicable") in printed[0]
+    assert (
+        "no rollout side: sft trains on a fixed dataset and starts no generation workers; "
+        "the training/rollout binding is not applicable"
+    ) in printed[0]
 
 
 def test_grpo_without_vllm_names_the_config_key(driver, tmp_path):
@@ -200,14 +245,21 @@ def test_grpo_without_vllm_names_the_config_key(driver, tmp_path):
     assert "no rollout side: policy.generation.backend is not vllm" in printed[0]
 
 
-@pytest.mark.parametrize("report_dir,launcher,expected", [
-    (None, None, "logs/exp_001/attention_align"),                          # the default follows log_dir
-    ("logs/attention_align", None, "logs/exp_001/attention_align"),        # ${logger.log_dir}/... resolved before the move
-    ("logs", None, "logs/exp_001"),
-    ("logs/exp_000/attention_align", None, "logs/exp_000/attention_align"),  # another experiment's dir: kept
-    ("elsewhere/align", None, "elsewhere/align"),                          # outside the log dir: kept
-    ("logs/attention_align", "from-the-launcher", "from-the-launcher"),    # nemo-rl-attn-align run --report-dir wins
-])
+@pytest.mark.parametrize(
+    "report_dir,launcher,expected",
+    [
+        (None, None, "logs/exp_001/attention_align"),  # the default follows log_dir
+        (
+            "logs/attention_align",
+            None,
+            "logs/exp_001/attention_align",
+        ),  # ${logger.log_dir}/... resolved before the move
+        ("logs", None, "logs/exp_001"),
+        ("logs/exp_000/attention_align", None, "logs/exp_000/attention_align"),  # another experiment's dir: kept
+        ("elsewhere/align", None, "elsewhere/align"),  # outside the log dir: kept
+        ("logs/attention_align", "from-the-launcher", "from-the-launcher"),  # nemo-rl-attn-align run --report-dir wins
+    ],
+)
 def test_the_report_dir_follows_the_experiment_dir(driver, tmp_path, monkeypatch, report_dir, launcher, expected):
     monkeypatch.chdir(tmp_path)
     if launcher:
@@ -238,10 +290,17 @@ def test_our_own_failure_is_a_warning_unless_strict(driver, tmp_path, caplog):
 
 def test_drift_figures_take_single_finite_numbers():
     torch = pytest.importorskip("torch")
-    metrics = {"token_mult_prob_error": torch.tensor(1.25), "gen_kl_error": np.float64(2e-3), "policy_kl_error": float("nan"),
-               "js_divergence_error": True, "loss": 0.1}
+    metrics = {
+        "token_mult_prob_error": torch.tensor(1.25),
+        "gen_kl_error": np.float64(2e-3),
+        "policy_kl_error": float("nan"),
+        "js_divergence_error": True,
+        "loss": 0.1,
+    }
     assert driver_report.drift_figures(metrics) == {"token_mult_prob_error": 1.25, "gen_kl_error": 2e-3}
-    assert driver_report.drift_figures({"gen_kl_error": [1e-3, 2e-3], "token_mult_prob_error": "1.0"}) == {"token_mult_prob_error": 1.0}
+    assert driver_report.drift_figures({"gen_kl_error": [1e-3, 2e-3], "token_mult_prob_error": "1.0"}) == {
+        "token_mult_prob_error": 1.0
+    }
 
 
 def test_the_logger_seam_reaches_the_report(driver, tmp_path, bootstrap_state):
@@ -262,7 +321,10 @@ def test_the_logger_seam_reaches_the_report(driver, tmp_path, bootstrap_state):
         nemo_rl_driver.detach()
     lines = (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]  # NeMo-RL's own logging is untouched
-    assert report_of(run)["drift"]["steps"] == [{"step": 1, "token_mult_prob_error": 1.001}, {"step": 2, "gen_kl_error": 0.002}]
+    assert report_of(run)["drift"]["steps"] == [
+        {"step": 1, "token_mult_prob_error": 1.001},
+        {"step": 2, "gen_kl_error": 0.002},
+    ]
 
 
 def test_temp_files_of_killed_writers_are_listed_then_removed_at_the_end(driver, tmp_path):
@@ -277,7 +339,10 @@ def test_temp_files_of_killed_writers_are_listed_then_removed_at_the_end(driver,
     leftover.write_text('{"schema_version": 1, "kind": "nemo-rl-att')
     os.utime(leftover, (time.time() - 60, time.time() - 60))
     run.at_setup()
-    assert report_of(run)["workers"]["incomplete_writes"] == [str(leftover)] and report_of(run)["workers"]["unreadable"] == []
+    assert (
+        report_of(run)["workers"]["incomplete_writes"] == [str(leftover)]
+        and report_of(run)["workers"]["unreadable"] == []
+    )
     driver_report.end_of_training()
     assert not leftover.exists() and report_of(run)["workers"]["incomplete_writes"] == [str(leftover)]
 
@@ -290,7 +355,10 @@ def test_a_side_with_no_record_is_0_of_n_from_the_config(driver, tmp_path):
     worker(run, "training", "policy-rank1", training_peers(2))
     run.at_setup()
     doc = report_of(run)
-    assert doc["workers"]["coverage"]["rollout"]["recorded"] == 0 and doc["workers"]["coverage"]["rollout"]["expected"] == 2
+    assert (
+        doc["workers"]["coverage"]["rollout"]["recorded"] == 0
+        and doc["workers"]["coverage"]["rollout"]["expected"] == 2
+    )
     assert "training: 2 of 2 workers recorded; rollout: 0 of 2 workers recorded" in printed[0]
     [missing] = [f for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value]
     assert missing["severity"] == "warning" and missing["message"].startswith("rollout: 0 of 2 workers recorded")

@@ -37,7 +37,9 @@ def editable(tmp_path_factory) -> tuple[Path, Path]:
     python = make_bare_venv(tmp_path_factory.mktemp("editable-venv") / "venv")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return python, source
 

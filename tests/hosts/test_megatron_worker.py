@@ -18,14 +18,14 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES  # noqa: E402
-from nemo_rl_attn_align.errors import RuleViolation  # noqa: E402
-from nemo_rl_attn_align.hosts import _patching, megatron_worker  # noqa: E402
-from nemo_rl_attn_align.preflight.plan import build_plan_for_policy  # noqa: E402
-from nemo_rl_attn_align.contract.preview import predict_training  # noqa: E402
-from nemo_rl_attn_align.report.store import read_worker_records  # noqa: E402
-from tests.fake_nemo_rl.configs import policy_config  # noqa: E402
-from tests.hosts.conftest import FAKE_NEMO_RL, standin  # noqa: E402
+from nemo_rl_attn_align.contract.preview import predict_training
+from nemo_rl_attn_align.errors import RuleViolation
+from nemo_rl_attn_align.hosts import _patching, megatron_worker
+from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
+from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
+from nemo_rl_attn_align.report.store import read_worker_records
+from tests.fake_nemo_rl.configs import policy_config
+from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
 WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
 

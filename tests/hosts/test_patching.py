@@ -17,6 +17,7 @@ from nemo_rl_attn_align.hosts import _patching
 
 def recording(calls: list, label: str):
     """``make_wrapper`` for ``wrap``: logs ``label`` and calls the original."""
+
     def make(original):
         def wrapper(*args, **kwargs):
             calls.append(label)
@@ -29,6 +30,7 @@ def recording(calls: list, label: str):
 
 def third_party(calls: list, func):
     """Someone else's decorator stacked on ``func``, the usual way (``functools.wraps``)."""
+
     @functools.wraps(func)
     def theirs(*args, **kwargs):
         calls.append("theirs")
@@ -125,6 +127,7 @@ def test_unwrapping_restores_the_owners_own_entry_as_it_was():
 
 def test_a_replaced_function_is_wrapped_afresh_and_dead_wrappers_are_forgotten():
     """``importlib.reload`` (or a monkeypatch) puts a new function where our wrapper was."""
+
     def f():
         return 1
 

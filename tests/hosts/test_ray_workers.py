@@ -45,6 +45,7 @@ def driver_environment(bootstrap_state) -> dict[str, str]:
     assert bootstrap.SHIM_DIR not in (before or "").split(os.pathsep)  # activating exported nothing
     with standin(FAKE_NEMO_RL / "v0_6", "nemo_rl"):
         from nemo_rl.algorithms.grpo import setup  # noqa: F401 - examples/run_grpo.py, at its top
+
         env = dict(os.environ)
     nemo_rl_driver.detach()
     assert os.environ.get("PYTHONPATH") == before  # detach takes the export back
@@ -91,7 +92,13 @@ def make_probe_actor():
 
 def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path, bootstrap_state):
     other_python = venv_without_plugin(tmp_path)
-    control = subprocess.run([str(other_python), "-c", "import ray, nemo_rl_attn_align"], capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    control = subprocess.run(
+        [str(other_python), "-c", "import ray, nemo_rl_attn_align"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+    )
     assert "No module named 'nemo_rl_attn_align'" in control.stderr  # ray imports there; the plugin does not
 
     report_dir = tmp_path / "report"
@@ -123,10 +130,15 @@ def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path, 
     assert ids == ["vllm-rank0-worker0", "vllm-rank1-worker0"]  # rank 2 is a visible gap
     for contract, probe in records["records"]:
         assert contract.side == "rollout"
-        assert contract.value("backend") == {"model.layers.0.self_attn.attn": "FLASH_ATTN", "model.layers.1.self_attn.attn": "FLASHINFER"}
+        assert contract.value("backend") == {
+            "model.layers.0.self_attn.attn": "FLASH_ATTN",
+            "model.layers.1.self_attn.attn": "FLASHINFER",
+        }
         assert contract.value("kv_page_size") == 16 and contract.value("chunked_prefill_chunk") == 2048
         assert probe is not None
     details = records["details"]
     assert sorted(details) == [("rollout", "vllm-rank0-worker0"), ("rollout", "vllm-rank1-worker0")]
     assert {d["world_size"] for d in details.values()} == {3}
-    assert {tuple(d["peers"]) for d in details.values()} == {("vllm-rank0-worker0", "vllm-rank1-worker0", "vllm-rank2-worker0")}
+    assert {tuple(d["peers"]) for d in details.values()} == {
+        ("vllm-rank0-worker0", "vllm-rank1-worker0", "vllm-rank2-worker0")
+    }

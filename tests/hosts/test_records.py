@@ -12,19 +12,26 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
-from nemo_rl_attn_align.hosts import _patching
-from nemo_rl_attn_align.contract.training import training_contract
-from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.preview import predict_training
+from nemo_rl_attn_align.contract.rollout import rollout_contract
+from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
 from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES, VLLM_ONLINE_SOFTMAX_BACKENDS
+from nemo_rl_attn_align.contract.training import training_contract
+from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from tests.fake_nemo_rl.configs import policy_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "report-schema.md"
 #: Recorded fields that follow from the same facts as the semantic tier.
-DERIVED = (*fields_of(Tier.SEMANTIC), "reduction_engine", "split_kv_policy", "kv_page_size", "kv_cache_dtype",
-           "chunked_prefill_chunk", "prefix_caching")
+DERIVED = (
+    *fields_of(Tier.SEMANTIC),
+    "reduction_engine",
+    "split_kv_policy",
+    "kv_page_size",
+    "kv_cache_dtype",
+    "chunked_prefill_chunk",
+    "prefix_caching",
+)
 
 
 def test_empty_facts_give_a_whole_contract():
@@ -36,26 +43,69 @@ def test_empty_facts_give_a_whole_contract():
     assert all(fv.provenance.value != "pending" for _, fv in contract)  # pending is for previews only
 
 
-@pytest.mark.parametrize("observed, value, provenance", [
-    ({"status": "observed", "backend": "FlashAttention", "engine": "megatron-te", "source": "TE", "flash_attention_version": 3,
-      "detail": "flash-attn 3.0.0b1"}, 3, "observed"),
-    ({"status": "observed", "backend": "FusedAttention", "engine": "megatron-te", "source": "TE", "detail": "sub-backend 1"}, None, "observed"),
-    ({"status": "observed", "backend": "local", "engine": "megatron-local", "source": "core_attention"}, None, "observed"),
-    ({"status": "observed", "backend": "FlashAttention", "engine": "megatron-te", "source": "NVTE_DEBUG log"}, None, "unobservable"),
-    ({"status": "unobservable", "backend": None, "engine": "megatron-te", "source": "no selection"}, None, "unobservable"),
-    (None, None, "unobservable"),
-])
+@pytest.mark.parametrize(
+    "observed, value, provenance",
+    [
+        (
+            {
+                "status": "observed",
+                "backend": "FlashAttention",
+                "engine": "megatron-te",
+                "source": "TE",
+                "flash_attention_version": 3,
+                "detail": "flash-attn 3.0.0b1",
+            },
+            3,
+            "observed",
+        ),
+        (
+            {
+                "status": "observed",
+                "backend": "FusedAttention",
+                "engine": "megatron-te",
+                "source": "TE",
+                "detail": "sub-backend 1",
+            },
+            None,
+            "observed",
+        ),
+        (
+            {"status": "observed", "backend": "local", "engine": "megatron-local", "source": "core_attention"},
+            None,
+            "observed",
+        ),
+        (
+            {"status": "observed", "backend": "FlashAttention", "engine": "megatron-te", "source": "NVTE_DEBUG log"},
+            None,
+            "unobservable",
+        ),
+        (
+            {"status": "unobservable", "backend": None, "engine": "megatron-te", "source": "no selection"},
+            None,
+            "unobservable",
+        ),
+        (None, None, "unobservable"),
+    ],
+)
 def test_flash_attention_version_is_what_te_reports(observed, value, provenance):
     facts = {"attention_backend": "flash", "params_dtype": "bfloat16", "absent": ["flash_attention_version"]}
     field = training_contract(facts, "policy-rank0", observed)["flash_attention_version"]
     assert (field.value, field.provenance.value) == (value, provenance), field.source
 
 
-@pytest.mark.parametrize("backend, precision, cp, comm", [
-    ("flash", "bfloat16", 1, "p2p"), ("flash", "bfloat16", 2, "p2p"), ("flash", "bfloat16", 2, "a2a+p2p"),
-    ("fused", "bfloat16", 2, "all_gather"), ("fused", "float16", 2, "a2a"), ("unfused", "bfloat16", 2, "p2p"),
-    ("auto", "float32", 1, "p2p"), ("auto", "bfloat16", 2, "a2a+p2p"),
-])
+@pytest.mark.parametrize(
+    "backend, precision, cp, comm",
+    [
+        ("flash", "bfloat16", 1, "p2p"),
+        ("flash", "bfloat16", 2, "p2p"),
+        ("flash", "bfloat16", 2, "a2a+p2p"),
+        ("fused", "bfloat16", 2, "all_gather"),
+        ("fused", "float16", 2, "a2a"),
+        ("unfused", "bfloat16", 2, "p2p"),
+        ("auto", "float32", 1, "p2p"),
+        ("auto", "bfloat16", 2, "a2a+p2p"),
+    ],
+)
 def test_the_training_record_derives_what_check_previews(backend, precision, cp, comm):
     """One rule (``semantics.te_semantics``): the same semantic tier, reduction_engine, split-KV and KV-cache fields."""
     policy = policy_config(backend, precision=precision, impl="transformer_engine")
@@ -65,7 +115,9 @@ def test_the_training_record_derives_what_check_previews(backend, precision, cp,
     recorded = training_contract(facts, "policy-rank0")
     assert {n: recorded.value(n) for n in DERIVED} == {n: predicted.value(n) for n in DERIVED}
     assert {n: predicted[n].provenance.value for n in DERIVED} == {n: "configured" for n in DERIVED}
-    assert {n: recorded[n].provenance.value for n in DERIVED} == {n: "observed" if n == "dtype" else "configured" for n in DERIVED}
+    assert {n: recorded[n].provenance.value for n in DERIVED} == {
+        n: "observed" if n == "dtype" else "configured" for n in DERIVED
+    }
 
 
 def _written(contracts, name):
@@ -77,7 +129,9 @@ def _every_worker_contract():
         facts = {"attention_backend": backend, "params_dtype": dtype, "context_parallel_size": cp, "cp_comm_type": comm}
         yield training_contract(facts, "policy-rank0")
     for backend, invariant in itertools.product((*VLLM_ONLINE_SOFTMAX_BACKENDS, "SOME_NEW_BACKEND"), (False, True)):
-        yield rollout_contract({"layer_backends": {"layer.0": backend}, "batch_invariant": invariant}, "vllm-rank0-worker0")
+        yield rollout_contract(
+            {"layer_backends": {"layer.0": backend}, "batch_invariant": invariant}, "vllm-rank0-worker0"
+        )
 
 
 def _documented(name):
@@ -120,6 +174,13 @@ def test_the_record_modules_import_no_config_path_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     loaded = set(out.stdout.split())
     assert "nemo_rl_attn_align.contract.semantics" in loaded
-    check_path = {"contract.preview", "preflight.plan", "preflight.rules", "config.loader", "config.settings",
-                  "compare.binding", "compare.determinism"}
+    check_path = {
+        "contract.preview",
+        "preflight.plan",
+        "preflight.rules",
+        "config.loader",
+        "config.settings",
+        "compare.binding",
+        "compare.determinism",
+    }
     assert loaded.isdisjoint(f"nemo_rl_attn_align.{name}" for name in check_path), loaded

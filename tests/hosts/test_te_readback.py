@@ -72,7 +72,10 @@ def te_module(dpa):
 
 def test_selection_names_follow_te_forward_order():
     assert te_readback.selection_from_flags(True, None, True, 1, True)["backend"] == "FlashAttention"
-    assert te_readback.selection_from_flags(False, None, True, 1, True) == {"backend": "FusedAttention", "detail": "sub-backend 1"}
+    assert te_readback.selection_from_flags(False, None, True, 1, True) == {
+        "backend": "FusedAttention",
+        "detail": "sub-backend 1",
+    }
     assert te_readback.selection_from_flags(False, None, False, None, True)["backend"] == "UnfusedDotProductAttention"
     assert te_readback.selection_from_flags(False, None, False, None, False)["backend"] is None
 
@@ -84,10 +87,17 @@ def test_wrapped_selection_and_module_global_are_read_back(fake_te):
     assert te_readback.observe([layer])["status"] == "unobservable"  # before the first forward: never "applied"
     layer.forward((False, True, True))
     seen = te_readback.observe([layer])
-    assert seen == {"status": "observed", "engine": "megatron-te", "source": f"{te_readback.DPA_MODULE}._attention_backends",
-                    "backend": "FusedAttention", "detail": "sub-backend 1"}
+    assert seen == {
+        "status": "observed",
+        "engine": "megatron-te",
+        "source": f"{te_readback.DPA_MODULE}._attention_backends",
+        "backend": "FusedAttention",
+        "detail": "sub-backend 1",
+    }
     assert te_readback.selections == [{"backend": "FusedAttention", "detail": "sub-backend 1"}]
-    assert te_readback.mismatch("flash", seen).startswith("attention_backend requested AttnBackend.flash (FlashAttention) but the model ran FusedAttention")
+    assert te_readback.mismatch("flash", seen).startswith(
+        "attention_backend requested AttnBackend.flash (FlashAttention) but the model ran FusedAttention"
+    )
     assert te_readback.mismatch("fused", seen) is None and te_readback.mismatch("auto", seen) is None
 
 
@@ -101,8 +111,12 @@ def test_wrapped_selection_is_the_fallback_when_the_global_is_gone(fake_te):
 
 
 def test_no_attention_module_is_unobservable():
-    assert te_readback.observe([object()]) == {"status": "unobservable", "backend": None, "engine": None,
-                                               "source": "no Megatron or TE core-attention module in the model"}
+    assert te_readback.observe([object()]) == {
+        "status": "unobservable",
+        "backend": None,
+        "engine": None,
+        "source": "no Megatron or TE core-attention module in the model",
+    }
 
 
 def test_a_failing_read_back_never_breaks_the_forward(monkeypatch, caplog):
@@ -119,7 +133,9 @@ def test_a_failing_read_back_never_breaks_the_forward(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
         out = model(torch.ones(1, 4))
     assert out.shape == (1, 4) and seen == []
-    assert any("reading back the attention backend failed (RuntimeError: TE moved" in r.getMessage() for r in caplog.records)
+    assert any(
+        "reading back the attention backend failed (RuntimeError: TE moved" in r.getMessage() for r in caplog.records
+    )
     model(torch.ones(1, 4))  # fired once, then removed
     strict_model = torch.nn.Linear(4, 4)
     te_readback.watch_first_forward(strict_model, seen.append, strict=True)
@@ -133,5 +149,8 @@ def test_the_flash_attn_version_te_ran_is_recorded(fake_te):
     layer = te_module(fake_te)
     layer.forward((True, False, True))
     contract = training_contract({}, "policy-rank0", te_readback.observe([layer]))
-    assert contract.value("flash_attention_version") == 2 and contract["flash_attention_version"].provenance.value == "observed"
+    assert (
+        contract.value("flash_attention_version") == 2
+        and contract["flash_attention_version"].provenance.value == "observed"
+    )
     assert "flash-attn 2.7.3" in contract["flash_attention_version"].source

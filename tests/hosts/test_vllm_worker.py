@@ -12,9 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, vllm_worker
-
 from nemo_rl_attn_align.contract import rollout as vllm_record
+from nemo_rl_attn_align.hosts import _patching, vllm_worker
 from nemo_rl_attn_align.report.store import read_worker_records
 from tests.hosts.conftest import FAKE_VLLM, standin
 
@@ -39,10 +38,37 @@ def test_engine_record_after_warm_up(fake_vllm, tmp_path):
     assert worker.compile_or_warm_up_model() == 0.0 and worker.warmed_up
     [(contract, probe)] = read_worker_records(tmp_path)["records"]
     assert contract.worker_id == "vllm-rank3-worker1" and contract.side == "rollout"
-    values = {name: contract.value(name) for name in ("backend", "num_query_groups", "head_dim", "softmax_scale", "kv_page_size", "prefix_caching", "chunked_prefill_chunk", "mode", "split_kv_policy", "reduction_order", "dtype", "batch_invariant")}
-    assert values == {"backend": "FLASH_ATTN", "num_query_groups": 2, "head_dim": 16, "softmax_scale": 0.25, "kv_page_size": 16,
-                      "prefix_caching": True, "chunked_prefill_chunk": 2048, "mode": "chunked_prefill+decode",
-                      "split_kv_policy": "heuristic", "reduction_order": "split_kv", "dtype": "bf16", "batch_invariant": False}
+    values = {
+        name: contract.value(name)
+        for name in (
+            "backend",
+            "num_query_groups",
+            "head_dim",
+            "softmax_scale",
+            "kv_page_size",
+            "prefix_caching",
+            "chunked_prefill_chunk",
+            "mode",
+            "split_kv_policy",
+            "reduction_order",
+            "dtype",
+            "batch_invariant",
+        )
+    }
+    assert values == {
+        "backend": "FLASH_ATTN",
+        "num_query_groups": 2,
+        "head_dim": 16,
+        "softmax_scale": 0.25,
+        "kv_page_size": 16,
+        "prefix_caching": True,
+        "chunked_prefill_chunk": 2048,
+        "mode": "chunked_prefill+decode",
+        "split_kv_policy": "heuristic",
+        "reduction_order": "split_kv",
+        "dtype": "bf16",
+        "batch_invariant": False,
+    }
     detail = json.loads((tmp_path / "hosts" / "rollout--vllm-rank3-worker1.json").read_text())
     assert detail["stage"] == "engine_ready" and detail["findings"] == []
     assert detail["vllm_config"]["requested_source"].startswith("vllm_config.attention_config.backend")
@@ -60,7 +86,10 @@ def test_chosen_backend_differs_from_request(fake_vllm, tmp_path, monkeypatch, c
     config = fake_vllm.standin_vllm_config("FLASHINFER", ("FLASH_ATTN", "FLASH_ATTN"))
     with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
         fake_vllm.Worker(config).compile_or_warm_up_model()
-    assert any("asked for attention backend FLASHINFER" in r.getMessage() and "chose FLASH_ATTN" in r.getMessage() for r in caplog.records)
+    assert any(
+        "asked for attention backend FLASHINFER" in r.getMessage() and "chose FLASH_ATTN" in r.getMessage()
+        for r in caplog.records
+    )
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
     with pytest.raises(_patching.StrictModeError):
         fake_vllm.Worker(config).compile_or_warm_up_model()
@@ -88,24 +117,46 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model_dir = tmp_path / "tiny-llama"
-    LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, vocab_size=256)).save_pretrained(model_dir)
+    LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+        )
+    ).save_pretrained(model_dir)
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path / "report"))
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process, as NeMo-RL runs it
     vllm_worker.register()
-    vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.2, dtype="bfloat16")
+    vllm.LLM(
+        model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.2, dtype="bfloat16"
+    )
     [(contract, _)] = read_worker_records(tmp_path / "report")["records"]
     assert contract["backend"].provenance.value == "observed" and contract.value("num_layers") == 2
     assert _patching.is_wrapped(sys.modules["vllm.v1.worker.gpu_worker"].Worker.compile_or_warm_up_model)
 
 
-@pytest.mark.parametrize("hf, expected", [
-    (SimpleNamespace(rope_theta=1e6, rope_scaling=None), {"rope_theta": 1e6, "rope_scaling": None, "partial_rotary_factor": None}),
-    (SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
-     {"rope_theta": 1e6, "rope_scaling": None, "partial_rotary_factor": None}),
-    (SimpleNamespace(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "partial_rotary_factor": 0.5}),
-     {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "partial_rotary_factor": 0.5}),
-])
+@pytest.mark.parametrize(
+    "hf, expected",
+    [
+        (
+            SimpleNamespace(rope_theta=1e6, rope_scaling=None),
+            {"rope_theta": 1e6, "rope_scaling": None, "partial_rotary_factor": None},
+        ),
+        (
+            SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+            {"rope_theta": 1e6, "rope_scaling": None, "partial_rotary_factor": None},
+        ),
+        (
+            SimpleNamespace(
+                rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "partial_rotary_factor": 0.5}
+            ),
+            {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "partial_rotary_factor": 0.5},
+        ),
+    ],
+)
 def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
     assert vllm_record.hf_rope(hf) == expected
 
@@ -116,15 +167,20 @@ def _record(fake_vllm, tmp_path, config):
     return contract
 
 
-@pytest.mark.parametrize("layer_windows, expected", [
-    ([4096, 4096], 4095),  # vLLM's FlashAttentionImpl passes (sliding_window - 1, 0): the left window
-    ([None, None], None),  # (-1, -1): no window
-    ([4096, None], 4095),  # the windowed layers' window (Gemma-style interleaving), as Megatron's window_size[0]
-])
+@pytest.mark.parametrize(
+    "layer_windows, expected",
+    [
+        ([4096, 4096], 4095),  # vLLM's FlashAttentionImpl passes (sliding_window - 1, 0): the left window
+        ([None, None], None),  # (-1, -1): no window
+        ([4096, None], 4095),  # the windowed layers' window (Gemma-style interleaving), as Megatron's window_size[0]
+    ],
+)
 def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_path, layer_windows, expected):
     from nemo_rl_attn_align.contract.training import training_contract
 
-    contract = _record(fake_vllm, tmp_path, fake_vllm.standin_vllm_config(sliding_window=4096, layer_windows=layer_windows))
+    contract = _record(
+        fake_vllm, tmp_path, fake_vllm.standin_vllm_config(sliding_window=4096, layer_windows=layer_windows)
+    )
     assert contract.value("sliding_window") == expected and contract["sliding_window"].provenance.value == "observed"
     assert "impl.sliding_window" in contract["sliding_window"].source
     assert contract.value("layer_windows") == [None if w is None else w - 1 for w in layer_windows]
@@ -148,18 +204,29 @@ def test_sliding_window_falls_back_to_the_hf_config_without_an_impl_window():
     assert differ.value("layer_windows") == [4095, 1023]
 
 
-@pytest.mark.parametrize("window, expected", [
-    ((4095, 0), (True, 4095)), ((-1, -1), (True, None)),  # FLASH_ATTN / FLASHINFER / TRITON_ATTN pairs
-    (4096, (True, 4095)), (-1, (True, None)), (None, (True, None)),  # CPU_ATTN / FLEX_ATTENTION ints (HF's count)
-    ("4096", (False, None)),
-])
+@pytest.mark.parametrize(
+    "window, expected",
+    [
+        ((4095, 0), (True, 4095)),
+        ((-1, -1), (True, None)),  # FLASH_ATTN / FLASHINFER / TRITON_ATTN pairs
+        (4096, (True, 4095)),
+        (-1, (True, None)),
+        (None, (True, None)),  # CPU_ATTN / FLEX_ATTENTION ints (HF's count)
+        ("4096", (False, None)),
+    ],
+)
 def test_impl_windows_as_pairs_and_as_ints(window, expected):
     assert vllm_record.impl_left_window(window) == expected
 
 
 def test_softcapping_kv_cache_dtype_and_context_parallel_sizes():
-    facts = {"layer_soft_caps": [50.0, 50.0], "kv_cache_dtype": "auto", "dtype": "torch.bfloat16",
-             "prefill_context_parallel_size": 2, "decode_context_parallel_size": 4}
+    facts = {
+        "layer_soft_caps": [50.0, 50.0],
+        "kv_cache_dtype": "auto",
+        "dtype": "torch.bfloat16",
+        "prefill_context_parallel_size": 2,
+        "decode_context_parallel_size": 4,
+    }
     contract = vllm_record.rollout_contract(facts, "vllm-rank0-worker0")
     assert contract.value("logit_softcapping") == 50.0 and contract["logit_softcapping"].provenance.value == "observed"
     assert contract.value("kv_cache_dtype") == "bf16" and contract["kv_cache_dtype"].provenance.value == "configured"
@@ -182,7 +249,10 @@ def test_the_tokenizer_is_compared_by_content(tmp_path):
     assert tokenizer_identity(str(a))[0].startswith("sha256:")
     assert tokenizer_identity("Qwen/Qwen3-0.6B") == ("Qwen/Qwen3-0.6B", "compared by name (not a local directory)")
     contract = vllm_record.rollout_contract({"tokenizer": str(b)}, "w")
-    assert contract.value("tokenizer") == tokenizer_identity(str(a))[0] and "sha256 of tokenizer.json" in contract["tokenizer"].source
+    assert (
+        contract.value("tokenizer") == tokenizer_identity(str(a))[0]
+        and "sha256 of tokenizer.json" in contract["tokenizer"].source
+    )
 
 
 def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_vllm, tmp_path, monkeypatch, caplog):
@@ -190,8 +260,10 @@ def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASHINFER")
     with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
         fake_vllm.Worker(fake_vllm.standin_vllm_config(None)).compile_or_warm_up_model()
-    assert any("asked for attention backend FLASHINFER (VLLM_ATTENTION_BACKEND) but chose FLASH_ATTN" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "asked for attention backend FLASHINFER (VLLM_ATTENTION_BACKEND) but chose FLASH_ATTN" in r.getMessage()
+        for r in caplog.records
+    )
     config = fake_vllm.standin_vllm_config("TRITON_ATTN")
     assert vllm_record.requested_backend(config, {"VLLM_ATTENTION_BACKEND": "FLASHINFER"})[0] == "TRITON_ATTN"
 

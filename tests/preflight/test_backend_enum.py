@@ -7,10 +7,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_attn_align.preflight.backend import ATTN_BACKEND_VALUES, BACKEND_NAMES, NVTE_BY_BACKEND, NVTE_VARIABLES, to_attn_backend
+from nemo_rl_attn_align.preflight.backend import (
+    ATTN_BACKEND_VALUES,
+    BACKEND_NAMES,
+    NVTE_BY_BACKEND,
+    NVTE_VARIABLES,
+    to_attn_backend,
+)
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
 
-enums = pytest.importorskip("megatron.core.transformer.enums", reason="megatron-core is not installed (pip install -e .[test])")
+enums = pytest.importorskip(
+    "megatron.core.transformer.enums", reason="megatron-core is not installed (pip install -e .[test])"
+)
 language_module = pytest.importorskip("megatron.core.models.common.language_module.language_module")
 
 

@@ -20,13 +20,14 @@ from nemo_rl_attn_align.preflight.facts import (
     read_policy_facts,
     read_recipe_facts,
 )
-
 from tests.conftest import EXAMPLES
 
 
 def test_a_packaged_recipe_reads_into_facts_with_their_keys():
-    cfg = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml",
-                      ["policy.generation.vllm_cfg.tensor_parallel_size=2", "++policy.megatron_cfg.env_vars.A=1"])
+    cfg = load_config(
+        EXAMPLES / "grpo_math_1B_megatron_flash.yaml",
+        ["policy.generation.vllm_cfg.tensor_parallel_size=2", "++policy.megatron_cfg.env_vars.A=1"],
+    )
     facts = read_recipe_facts(cfg, {"NVTE_FLASH_ATTN": "1"})
     policy = facts.require_policy()
     assert policy.megatron_enabled and policy.backend == "flash" and policy.precision == "bfloat16"
@@ -35,7 +36,9 @@ def test_a_packaged_recipe_reads_into_facts_with_their_keys():
     assert policy.env_vars["A"] == "1" and policy.nvte_env == {"NVTE_FLASH_ATTN": ("1", "environment NVTE_FLASH_ATTN")}
     gen = facts.generation
     assert gen.is_vllm and gen.tensor_parallel_size == Fact(2, "policy.generation.vllm_cfg.tensor_parallel_size")
-    assert gen.precision == Fact(cfg["policy"]["generation"]["vllm_cfg"]["precision"], "policy.generation.vllm_cfg.precision")
+    assert gen.precision == Fact(
+        cfg["policy"]["generation"]["vllm_cfg"]["precision"], "policy.generation.vllm_cfg.precision"
+    )
     assert facts.model_name == cfg["policy"]["model_name"]
     grpo = cfg["grpo"]
     assert facts.rollout_batch_size == grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"]
@@ -83,9 +86,16 @@ def test_megatron_enabled_is_read_by_truthiness_as_nemo_rl_does(value, expected)
 
 
 def test_odd_megatron_values_keep_what_was_written():
-    mcfg = {"enabled": True, "attention_backend": "Flash", "context_parallel_size": "2", "transformer_impl": "TE",
-            "tensor_model_parallel_size": None, "apply_rope_fusion": "no", "model_overrides": "oops",
-            "env_vars": ["NVTE_FLASH_ATTN=1"]}
+    mcfg = {
+        "enabled": True,
+        "attention_backend": "Flash",
+        "context_parallel_size": "2",
+        "transformer_impl": "TE",
+        "tensor_model_parallel_size": None,
+        "apply_rope_fusion": "no",
+        "model_overrides": "oops",
+        "env_vars": ["NVTE_FLASH_ATTN=1"],
+    }
     policy = read_policy_facts({"megatron_cfg": mcfg, "logprob_batch_size": True, "train_micro_batch_size": 4}, {})
     assert (policy.backend_raw, policy.backend, policy.effective_backend) == ("Flash", None, None)
     assert (policy.context_parallel_size, policy.raw["context_parallel_size"]) == (1, "2")
@@ -102,8 +112,10 @@ def test_odd_megatron_values_keep_what_was_written():
 def test_env_vars_overlay_the_environment_for_nvte_and_are_strings_for_the_worker():
     mcfg = {"enabled": True, "env_vars": {"NVTE_FUSED_ATTN": 0, "NVTE_FLASH_ATTN": None, "N": 2}}
     policy = read_policy_facts({"megatron_cfg": mcfg}, {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "1"})
-    assert policy.nvte_env == {"NVTE_FUSED_ATTN": ("0", "policy.megatron_cfg.env_vars.NVTE_FUSED_ATTN"),
-                               "NVTE_FLASH_ATTN": ("1", "environment NVTE_FLASH_ATTN")}
+    assert policy.nvte_env == {
+        "NVTE_FUSED_ATTN": ("0", "policy.megatron_cfg.env_vars.NVTE_FUSED_ATTN"),
+        "NVTE_FLASH_ATTN": ("1", "environment NVTE_FLASH_ATTN"),
+    }
     assert policy.env_vars == {"NVTE_FUSED_ATTN": "0", "NVTE_FLASH_ATTN": "None", "N": "2"}
 
 
@@ -116,9 +128,16 @@ def test_generation_that_is_not_vllm(generation):
 
 
 def test_generation_values_as_written_or_the_engine_default():
-    cfg = {"policy": {"precision": "bfloat16", "generation": {
-        "backend": "vllm", "vllm_cfg": {"kv_cache_dtype": None, "enable_prefix_caching": "on", "env_vars": {"X": 1}},
-        "vllm_kwargs": {"block_size": 32, "enable_chunked_prefill": False, "max_num_seqs": 8}}}}
+    cfg = {
+        "policy": {
+            "precision": "bfloat16",
+            "generation": {
+                "backend": "vllm",
+                "vllm_cfg": {"kv_cache_dtype": None, "enable_prefix_caching": "on", "env_vars": {"X": 1}},
+                "vllm_kwargs": {"block_size": 32, "enable_chunked_prefill": False, "max_num_seqs": 8},
+            },
+        }
+    }
     gen = read_recipe_facts(cfg, {}).generation
     assert gen.precision == Fact("bfloat16", "policy.precision")  # vllm_cfg.precision absent
     cfg["policy"]["generation"]["vllm_cfg"]["precision"] = "fp8"
@@ -134,35 +153,55 @@ def test_generation_values_as_written_or_the_engine_default():
 
 
 def test_shape_layers_in_priority_order_with_their_sections():
-    cfg = {"attention_align": {"drift": {"heads": 4}}, "policy": {
-        "megatron_cfg": {"model_overrides": {"num_query_groups": 2, "window_size": [127, 0]}},
-        "hf_config_overrides": {"head_dim": 64, "sliding_window": 128, "hidden_size": 256}}}
+    cfg = {
+        "attention_align": {"drift": {"heads": 4}},
+        "policy": {
+            "megatron_cfg": {"model_overrides": {"num_query_groups": 2, "window_size": [127, 0]}},
+            "hf_config_overrides": {"head_dim": 64, "sliding_window": 128, "hidden_size": 256},
+        },
+    }
     layers = read_recipe_facts(cfg, {}).shape.layers
     assert [layer.key for layer in layers] == [
-        "attention_align.drift", "policy.megatron_cfg.model_overrides", "policy.hf_config_overrides"]
+        "attention_align.drift",
+        "policy.megatron_cfg.model_overrides",
+        "policy.hf_config_overrides",
+    ]
     assert layers[0].value == {"heads": 4}
     assert layers[1].value["kv_heads"] == 2 and layers[1].value["window"] == 127
     assert layers[2].value == {"heads": None, "kv_heads": None, "head_dim": 64, "window": 127, "hidden": 256}
 
 
-@pytest.mark.parametrize("window_size,sliding,expected", [
-    (-1, 0, (None, None)), ([], None, (None, None)), ((-1, 0), 1, (None, 0)), (None, True, (None, True))])
+@pytest.mark.parametrize(
+    "window_size,sliding,expected",
+    [(-1, 0, (None, None)), ([], None, (None, None)), ((-1, 0), 1, (None, 0)), (None, True, (None, True))],
+)
 def test_shape_windows_are_left_windows(window_size, sliding, expected):
-    cfg = {"policy": {"megatron_cfg": {"model_overrides": {"window_size": window_size}},
-                      "hf_config_overrides": {"sliding_window": sliding}}}
+    cfg = {
+        "policy": {
+            "megatron_cfg": {"model_overrides": {"window_size": window_size}},
+            "hf_config_overrides": {"sliding_window": sliding},
+        }
+    }
     layers = read_recipe_facts(cfg, {}).shape.layers
     assert (layers[0].value["window"], layers[1].value["window"]) == expected
 
 
 def test_shape_sections_that_are_not_dicts_are_no_layers():
-    cfg = {"attention_align": {"drift": "big"}, "policy": {"megatron_cfg": {"model_overrides": [1]},
-                                                           "hf_config_overrides": None}}
+    cfg = {
+        "attention_align": {"drift": "big"},
+        "policy": {"megatron_cfg": {"model_overrides": [1]}, "hf_config_overrides": None},
+    }
     assert read_recipe_facts(cfg, {}).shape.layers == ()
 
 
 def test_tokenizer_and_batch_size_fall_back_or_stay_unset():
-    facts = read_recipe_facts({"policy": {"model_name": "m", "tokenizer": {"name": ""}},
-                               "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": True}}, {})
+    facts = read_recipe_facts(
+        {
+            "policy": {"model_name": "m", "tokenizer": {"name": ""}},
+            "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": True},
+        },
+        {},
+    )
     assert facts.tokenizer == "m" and facts.rollout_batch_size is None
 
 
@@ -173,7 +212,9 @@ def test_as_facts_reads_a_config_once_and_passes_facts_through():
 
 
 def test_the_facts_module_imports_only_stdlib_and_plugin_leaves():
-    code = ("import sys\nimport nemo_rl_attn_align.preflight.facts\n"
-            "print(' '.join(m for m in ('torch', 'omegaconf', 'yaml', 'megatron') if m in sys.modules))")
+    code = (
+        "import sys\nimport nemo_rl_attn_align.preflight.facts\n"
+        "print(' '.join(m for m in ('torch', 'omegaconf', 'yaml', 'megatron') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == ""

@@ -10,10 +10,9 @@ import sys
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.preflight.preset import align, blocking_causes, minimal, set_key
-from nemo_rl_attn_align.contract.preview import preview_binding
 from nemo_rl_attn_align.config.settings import load_settings
-
+from nemo_rl_attn_align.contract.preview import preview_binding
+from nemo_rl_attn_align.preflight.preset import align, blocking_causes, minimal, set_key
 from tests.conftest import EXAMPLES, REPO
 
 #: The stock recipe (no preset): the shipped mismatch example.
@@ -24,8 +23,14 @@ CUBLAS = "policy.megatron_cfg.env_vars.CUBLAS_WORKSPACE_CONFIG"
 
 
 def check(*args):
-    return subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "check", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "check", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
 
 
 def aligned(*overrides, alter_ok=False, environ=None):
@@ -49,15 +54,22 @@ def test_a_chosen_rollout_precision_is_refused_by_the_preset_and_fixed_by_fix():
     _, result, _ = aligned("++policy.generation.vllm_cfg.precision=float16")
     assert result.refusal.key == "policy.generation.vllm_cfg.precision"
     _, fixed, _ = aligned("++policy.generation.vllm_cfg.precision=float16", alter_ok=True)
-    assert ("policy.generation.vllm_cfg.precision", "bfloat16", True) in [(c.key, c.value, c.alters_run) for c in fixed.changes]
+    assert ("policy.generation.vllm_cfg.precision", "bfloat16", True) in [
+        (c.key, c.value, c.alters_run) for c in fixed.changes
+    ]
     assert fixed.aligned
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
-    (["policy.megatron_cfg.context_parallel_size=2"], "policy.megatron_cfg.context_parallel_size"),
-    (["policy.megatron_cfg.tensor_model_parallel_size=2", "policy.generation.vllm_cfg.tensor_parallel_size=2"],
-     "policy.megatron_cfg.tensor_model_parallel_size"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["policy.megatron_cfg.context_parallel_size=2"], "policy.megatron_cfg.context_parallel_size"),
+        (
+            ["policy.megatron_cfg.tensor_model_parallel_size=2", "policy.generation.vllm_cfg.tensor_parallel_size=2"],
+            "policy.megatron_cfg.tensor_model_parallel_size",
+        ),
+    ],
+)
 def test_the_preset_keeps_the_layout_and_refuses_with_one_finding(overrides, key):
     _, result, _ = aligned(*overrides)
     assert not result.aligned
@@ -67,8 +79,11 @@ def test_the_preset_keeps_the_layout_and_refuses_with_one_finding(overrides, key
 
 
 def test_fix_may_change_the_layout_and_is_minimal():
-    cfg, result, preview_of = aligned("policy.megatron_cfg.context_parallel_size=2",
-                                      "++policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT='1'", alter_ok=True)
+    cfg, result, preview_of = aligned(
+        "policy.megatron_cfg.context_parallel_size=2",
+        "++policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT='1'",
+        alter_ok=True,
+    )
     assert result.aligned
     keys = [c.key for c in minimal(cfg, result, preview_of)]
     assert keys == ["policy.megatron_cfg.context_parallel_size", CUBLAS]  # BI is already set

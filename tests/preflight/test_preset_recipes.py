@@ -13,8 +13,11 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 SNAPSHOTS = os.environ.get("ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS")
 #: The only reasons a recipe with both sides may stay unaligned: a parallel layout the preset keeps.
-KNOWN_REFUSALS = {"policy.megatron_cfg.tensor_model_parallel_size", "policy.megatron_cfg.context_parallel_size",
-                  "policy.generation.vllm_cfg.precision"}
+KNOWN_REFUSALS = {
+    "policy.megatron_cfg.tensor_model_parallel_size",
+    "policy.megatron_cfg.context_parallel_size",
+    "policy.generation.vllm_cfg.precision",
+}
 
 
 def sweep_module():

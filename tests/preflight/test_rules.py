@@ -6,13 +6,12 @@ import copy
 
 import pytest
 
+from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
-from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
 from nemo_rl_attn_align.preflight.facts import read_policy_facts
-from nemo_rl_attn_align.codes import Code, Kind, codes_of
+from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
 from nemo_rl_attn_align.preflight.rules import RULES, rule
-
 from tests.conftest import EXAMPLES
 
 BASE = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")["policy"]
@@ -42,84 +41,223 @@ def codes(policy_cfg, environ=None):
 
 # (code, config that triggers it, environ, a near-miss config that must not trigger it, its environ)
 CASES = [
-    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size="2"), {},
-     policy(megatron_cfg__context_parallel_size=2), {}),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__context_parallel_size="2"),
+        {},
+        policy(megatron_cfg__context_parallel_size=2),
+        {},
+    ),
     (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=2.0), {}, policy(), {}),
     (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=0), {}, policy(), {}),
-    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__transformer_impl="TE"), {},
-     policy(megatron_cfg__transformer_impl="transformer_engine"), {}),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__transformer_impl="TE"),
+        {},
+        policy(megatron_cfg__transformer_impl="transformer_engine"),
+        {},
+    ),
     (Code.CONFIG_VALUE_INVALID, {**BASE, "megatron_cfg": "flash"}, {}, policy(), {}),
-    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__model_overrides="oops"), {},
-     policy(megatron_cfg__model_overrides=None), {}),
-    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__env_vars=["NVTE_FLASH_ATTN=1"]), {},
-     policy(megatron_cfg__env_vars={}), {}),
-    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__model_overrides={"softmax_type": "sinks"}), {},
-     policy(megatron_cfg__model_overrides={"softmax_type": "off-by-one"}), {}),
-    (Code.CONFIG_VALUE_INVALID,
-     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": "ring"}), {},
-     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": ["p2p", "a2a"]}), {}),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__model_overrides="oops"),
+        {},
+        policy(megatron_cfg__model_overrides=None),
+        {},
+    ),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__env_vars=["NVTE_FLASH_ATTN=1"]),
+        {},
+        policy(megatron_cfg__env_vars={}),
+        {},
+    ),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__model_overrides={"softmax_type": "sinks"}),
+        {},
+        policy(megatron_cfg__model_overrides={"softmax_type": "off-by-one"}),
+        {},
+    ),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": "ring"}),
+        {},
+        policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"cp_comm_type": ["p2p", "a2a"]}),
+        {},
+    ),
     (Code.CONFIG_VALUE_INVALID, policy(model_name=7), {}, policy(model_name="Qwen/Qwen3-8B"), {}),
-    (Code.FLAG_NOT_BOOLEAN, policy(megatron_cfg__model_overrides={"batch_invariant_mode": 1}), {},
-     policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}), {}),
+    (
+        Code.FLAG_NOT_BOOLEAN,
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": 1}),
+        {},
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}),
+        {},
+    ),
     (Code.ATTN_BACKEND_INVALID, policy(megatron_cfg__attention_backend="Flash"), {}, policy(), {}),
-    (Code.ATTN_BACKEND_NULL, policy(megatron_cfg__attention_backend=None), {},
-     policy(megatron_cfg__attention_backend=DELETE), {}),
+    (
+        Code.ATTN_BACKEND_NULL,
+        policy(megatron_cfg__attention_backend=None),
+        {},
+        policy(megatron_cfg__attention_backend=DELETE),
+        {},
+    ),
     (Code.PRECISION_INVALID, policy(precision="bf16"), {}, policy(precision="float16"), {}),
     (Code.PRECISION_INVALID, policy(megatron_cfg__pipeline_dtype="half"), {}, policy(), {}),
-    (Code.FLASH_REQUIRES_HALF_PRECISION, policy(precision="float32", megatron_cfg__pipeline_dtype="float32"), {},
-     policy(precision="float16", megatron_cfg__pipeline_dtype="float16"), {}),
-    (Code.FUSED_REQUIRES_HALF_PRECISION,
-     policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="fused"), {},
-     policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="unfused"), {}),
-    (Code.PRECISION_OVERRIDE_IGNORED, policy(megatron_cfg__model_overrides={"params_dtype": "float32"}), {},
-     policy(megatron_cfg__model_overrides={"num_layers": 2}), {}),
-    (Code.LOCAL_REQUIRES_LOCAL_SPEC, policy(megatron_cfg__attention_backend="local"), {},
-     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"), {}),
-    (Code.LOCAL_NO_CONTEXT_PARALLEL,
-     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local",
-            megatron_cfg__context_parallel_size=2), {},
-     policy(megatron_cfg__attention_backend="flash", megatron_cfg__context_parallel_size=2), {}),
-    (Code.LOCAL_NO_CONTEXT_PARALLEL,
-     policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local",
-            megatron_cfg__context_parallel_size=2), {},
-     policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local"), {}),
-    (Code.BACKEND_IGNORED_BY_LOCAL_SPEC, policy(megatron_cfg__transformer_impl="local"), {},
-     policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"), {}),
-    (Code.UNFUSED_NO_CONTEXT_PARALLEL,
-     policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=2), {},
-     policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=1), {}),
-    (Code.FP32_CONTEXT_PARALLEL_NO_BACKEND,
-     policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="auto",
-            megatron_cfg__context_parallel_size=4), {},
-     policy(precision="bfloat16", megatron_cfg__attention_backend="auto", megatron_cfg__context_parallel_size=4), {}),
-    (Code.FLASH_UNSUPPORTED_SOFTMAX, policy(megatron_cfg__model_overrides={"softmax_type": "learnable"}), {},
-     policy(megatron_cfg__model_overrides={"softmax_type": "vanilla"}), {}),
-    (Code.FLASH_UNSUPPORTED_SOFTMAX, policy(model_name="openai/gpt-oss-20b"), {},
-     policy(model_name="openai/gpt-oss-20b", megatron_cfg__attention_backend="fused"), {}),
-    (Code.BATCH_INVARIANT_REQUIRES_FLASH,
-     policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": True}), {},
-     policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}), {}),
-    (Code.BATCH_INVARIANT_REQUIRES_BF16,
-     policy(precision="float16", megatron_cfg__pipeline_dtype="float16",
-            megatron_cfg__model_overrides={"batch_invariant_mode": True}), {},
-     policy(precision="float16", megatron_cfg__pipeline_dtype="float16",
-            megatron_cfg__model_overrides={"batch_invariant_mode": False}), {}),
-    (Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL,
-     policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"batch_invariant_mode": True}), {},
-     policy(megatron_cfg__context_parallel_size=2), {}),
-    (Code.MODEL_OVERRIDE_CONFLICT, policy(megatron_cfg__model_overrides={"attention_backend": "fused"}), {},
-     policy(megatron_cfg__model_overrides={"hidden_dropout": 0.0}), {}),
-    (Code.NVTE_ENV_CONFLICT, policy(megatron_cfg__attention_backend=DELETE), {"NVTE_FLASH_ATTN": "0"},
-     policy(megatron_cfg__attention_backend=DELETE), {"NVTE_FLASH_ATTN": "1"}),
-    (Code.NVTE_ENV_CONFLICT, policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FUSED_ATTN": 0}),
-     {}, policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FUSED_ATTN": "1"}), {}),
+    (
+        Code.FLASH_REQUIRES_HALF_PRECISION,
+        policy(precision="float32", megatron_cfg__pipeline_dtype="float32"),
+        {},
+        policy(precision="float16", megatron_cfg__pipeline_dtype="float16"),
+        {},
+    ),
+    (
+        Code.FUSED_REQUIRES_HALF_PRECISION,
+        policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="fused"),
+        {},
+        policy(precision="float32", megatron_cfg__pipeline_dtype="float32", megatron_cfg__attention_backend="unfused"),
+        {},
+    ),
+    (
+        Code.PRECISION_OVERRIDE_IGNORED,
+        policy(megatron_cfg__model_overrides={"params_dtype": "float32"}),
+        {},
+        policy(megatron_cfg__model_overrides={"num_layers": 2}),
+        {},
+    ),
+    (
+        Code.LOCAL_REQUIRES_LOCAL_SPEC,
+        policy(megatron_cfg__attention_backend="local"),
+        {},
+        policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"),
+        {},
+    ),
+    (
+        Code.LOCAL_NO_CONTEXT_PARALLEL,
+        policy(
+            megatron_cfg__attention_backend="local",
+            megatron_cfg__transformer_impl="local",
+            megatron_cfg__context_parallel_size=2,
+        ),
+        {},
+        policy(megatron_cfg__attention_backend="flash", megatron_cfg__context_parallel_size=2),
+        {},
+    ),
+    (
+        Code.LOCAL_NO_CONTEXT_PARALLEL,
+        policy(
+            megatron_cfg__attention_backend=DELETE,
+            megatron_cfg__transformer_impl="local",
+            megatron_cfg__context_parallel_size=2,
+        ),
+        {},
+        policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__transformer_impl="local"),
+        {},
+    ),
+    (
+        Code.BACKEND_IGNORED_BY_LOCAL_SPEC,
+        policy(megatron_cfg__transformer_impl="local"),
+        {},
+        policy(megatron_cfg__attention_backend="local", megatron_cfg__transformer_impl="local"),
+        {},
+    ),
+    (
+        Code.UNFUSED_NO_CONTEXT_PARALLEL,
+        policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=2),
+        {},
+        policy(megatron_cfg__attention_backend="unfused", megatron_cfg__context_parallel_size=1),
+        {},
+    ),
+    (
+        Code.FP32_CONTEXT_PARALLEL_NO_BACKEND,
+        policy(
+            precision="float32",
+            megatron_cfg__pipeline_dtype="float32",
+            megatron_cfg__attention_backend="auto",
+            megatron_cfg__context_parallel_size=4,
+        ),
+        {},
+        policy(precision="bfloat16", megatron_cfg__attention_backend="auto", megatron_cfg__context_parallel_size=4),
+        {},
+    ),
+    (
+        Code.FLASH_UNSUPPORTED_SOFTMAX,
+        policy(megatron_cfg__model_overrides={"softmax_type": "learnable"}),
+        {},
+        policy(megatron_cfg__model_overrides={"softmax_type": "vanilla"}),
+        {},
+    ),
+    (
+        Code.FLASH_UNSUPPORTED_SOFTMAX,
+        policy(model_name="openai/gpt-oss-20b"),
+        {},
+        policy(model_name="openai/gpt-oss-20b", megatron_cfg__attention_backend="fused"),
+        {},
+    ),
+    (
+        Code.BATCH_INVARIANT_REQUIRES_FLASH,
+        policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": True}),
+        {},
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": True}),
+        {},
+    ),
+    (
+        Code.BATCH_INVARIANT_REQUIRES_BF16,
+        policy(
+            precision="float16",
+            megatron_cfg__pipeline_dtype="float16",
+            megatron_cfg__model_overrides={"batch_invariant_mode": True},
+        ),
+        {},
+        policy(
+            precision="float16",
+            megatron_cfg__pipeline_dtype="float16",
+            megatron_cfg__model_overrides={"batch_invariant_mode": False},
+        ),
+        {},
+    ),
+    (
+        Code.BATCH_INVARIANT_NO_CONTEXT_PARALLEL,
+        policy(megatron_cfg__context_parallel_size=2, megatron_cfg__model_overrides={"batch_invariant_mode": True}),
+        {},
+        policy(megatron_cfg__context_parallel_size=2),
+        {},
+    ),
+    (
+        Code.MODEL_OVERRIDE_CONFLICT,
+        policy(megatron_cfg__model_overrides={"attention_backend": "fused"}),
+        {},
+        policy(megatron_cfg__model_overrides={"hidden_dropout": 0.0}),
+        {},
+    ),
+    (
+        Code.NVTE_ENV_CONFLICT,
+        policy(megatron_cfg__attention_backend=DELETE),
+        {"NVTE_FLASH_ATTN": "0"},
+        policy(megatron_cfg__attention_backend=DELETE),
+        {"NVTE_FLASH_ATTN": "1"},
+    ),
+    (
+        Code.NVTE_ENV_CONFLICT,
+        policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FUSED_ATTN": 0}),
+        {},
+        policy(megatron_cfg__attention_backend=DELETE, megatron_cfg__env_vars={"NVTE_FUSED_ATTN": "1"}),
+        {},
+    ),
     (Code.NVTE_ENV_DISCARDED, policy(), {"NVTE_FUSED_ATTN": "1"}, policy(), {"NVTE_FUSED_ATTN": "0"}),
-    (Code.BACKEND_WITHOUT_MEGATRON, policy(megatron_cfg__enabled=False), {},
-     policy(megatron_cfg__enabled=False, megatron_cfg__attention_backend=DELETE), {}),
+    (
+        Code.BACKEND_WITHOUT_MEGATRON,
+        policy(megatron_cfg__enabled=False),
+        {},
+        policy(megatron_cfg__enabled=False, megatron_cfg__attention_backend=DELETE),
+        {},
+    ),
 ]
 
 
-@pytest.mark.parametrize("code, bad, bad_env, good, good_env", CASES, ids=[f"{c[0].value}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "code, bad, bad_env, good, good_env", CASES, ids=[f"{c[0].value}-{i}" for i, c in enumerate(CASES)]
+)
 def test_rule_triggers_and_near_miss_does_not(code, bad, bad_env, good, good_env):
     assert code.value in codes(bad, bad_env)
     assert code.value not in codes(good, good_env)
@@ -136,9 +274,19 @@ def test_every_rule_code_is_declared_by_one_rule_and_the_rules_run_in_their_old_
     assert sorted(declared) == sorted(codes_of(Kind.RULE))
     # the order findings come out in (unchanged since the rules were a hand-written tuple)
     assert [check.__name__ for check, _ in RULES] == [
-        "_config_values", "_backend_value", "_precision_values", "_half_precision", "_precision_overrides",
-        "_local_spec", "_context_parallel", "_softmax_type", "_batch_invariant", "_model_override_conflict",
-        "_nvte_environment", "_without_megatron"]
+        "_config_values",
+        "_backend_value",
+        "_precision_values",
+        "_half_precision",
+        "_precision_overrides",
+        "_local_spec",
+        "_context_parallel",
+        "_softmax_type",
+        "_batch_invariant",
+        "_model_override_conflict",
+        "_nvte_environment",
+        "_without_megatron",
+    ]
 
 
 def test_a_rule_raises_only_the_codes_it_declares():
@@ -218,7 +366,9 @@ def test_build_plan_needs_a_policy_section():
 @pytest.mark.parametrize("value, on", [(1, True), ("false", True), ("no", True), (0, False), ("", False), ([], False)])
 def test_batch_invariant_mode_follows_megatron_truthiness(value, on):
     """Megatron's ``if config.batch_invariant_mode:`` decides; the checks follow it and say so."""
-    found = codes(policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": value}))
+    found = codes(
+        policy(megatron_cfg__attention_backend="fused", megatron_cfg__model_overrides={"batch_invariant_mode": value})
+    )
     assert ("BATCH_INVARIANT_REQUIRES_FLASH" in found) is on
     assert "FLAG_NOT_BOOLEAN" in found
 

@@ -35,7 +35,9 @@ def snapshots_root() -> Path | None:
 def snapshot(ref: str) -> Path:
     """The source tree of ``ref``; skips the calling test (one line) when it is not available."""
     if os.environ.get(LANE_VARIABLE) != "nemo_rl":
-        pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has the real NeMo-RL's dependencies")
+        pytest.skip(
+            f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has the real NeMo-RL's dependencies"
+        )
     root = snapshots_root()
     if root is None:
         pytest.skip(f"{SNAPSHOTS_VARIABLE} is not set to the NeMo-RL snapshots folder (.ci/run sets it)")

@@ -42,8 +42,9 @@ def test_importing_the_real_grpo_module_exports_the_shim_and_wraps_the_seams():
     outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # a checkout under test
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(STAND_INS), *outer])}
     env = {k: v for k, v in env.items() if not k.startswith("NEMO_RL_ATTN_ALIGN")}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", DRIVER], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", DRIVER], cwd=tree, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["origin"] == "pth"

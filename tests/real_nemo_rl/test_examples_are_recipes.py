@@ -32,7 +32,7 @@ EXAMPLE_RECIPES = {
 }
 
 #: What runs in the NeMo-RL tree: argv[1] = JSON list of [algorithm, example path, upstream recipe path].
-_LAUNCHER_STEPS = r'''
+_LAUNCHER_STEPS = r"""
 import importlib, json, sys
 from omegaconf import OmegaConf
 from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
@@ -77,18 +77,27 @@ def launcher_steps(algorithm, path, upstream):
 
 for args in json.loads(sys.argv[1]):
     print(json.dumps(launcher_steps(*args)))
-'''
+"""
 
 
 def _run_launcher_steps(tree) -> dict[str, dict]:
     """example -> what the launcher steps gave, for every shipped example, in one process of ``tree``."""
     names = sorted(EXAMPLE_RECIPES)
-    jobs = [[EXAMPLE_RECIPES[n][0], str(EXAMPLES / n), str(tree / "examples/configs" / EXAMPLE_RECIPES[n][1])] for n in names]
+    jobs = [
+        [EXAMPLE_RECIPES[n][0], str(EXAMPLES / n), str(tree / "examples/configs" / EXAMPLE_RECIPES[n][1])]
+        for n in names
+    ]
     env = dict(os.environ, PYTHONPATH=str(tree), RAY_ADDRESS="local")
-    proc = subprocess.run([sys.executable, "-c", _LAUNCHER_STEPS, json.dumps(jobs)],
-                          cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER_STEPS, json.dumps(jobs)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"at {tree.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
-    return dict(zip(names, (json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names):])))
+    return dict(zip(names, (json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names) :])))
 
 
 def test_every_shipped_example_is_covered():

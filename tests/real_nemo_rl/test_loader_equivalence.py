@@ -60,9 +60,12 @@ def override_variants(cfg) -> dict[str, list[str]]:
         applies += [f"{leaves[1]}=7", f"++{leaves[2]}=true"]
     if len(leaves) >= 4:
         applies.append(f"~{leaves[3]}")
-    variants = {"none": [], "set, ++ add, ~ delete, ${...}": applies,
-                "missing key without ++ (must fail)": ["attn_align_probe_missing.key=1"],
-                "delete a missing key (must fail)": ["~attn_align_probe_missing"]}
+    variants = {
+        "none": [],
+        "set, ++ add, ~ delete, ${...}": applies,
+        "missing key without ++ (must fail)": ["attn_align_probe_missing.key=1"],
+        "delete a missing key (must fail)": ["~attn_align_probe_missing"],
+    }
     if leaves:
         variants["+ on an existing key (must fail)"] = [f"+{leaves[-1]}=9"]
     return variants
@@ -71,7 +74,7 @@ def override_variants(cfg) -> dict[str, list[str]]:
 def _outcome(load):
     try:
         return ("ok", load())
-    except Exception as err:  # noqa: BLE001 - either side may fail; both failing is equal
+    except Exception as err:
         return ("error", type(err).__name__)
 
 
@@ -125,8 +128,10 @@ def test_loader_equals_nemo_rl_on_every_yaml(ref, parse_once, capsys):
         nonlocal loads, both_failed
         loads += 1
         if expected[0] != got[0] or (expected[0] == "ok" and expected[1] != got[1]):
-            differences.append(f"{where} {overrides}: NeMo-RL {expected[0]} {expected[1] if expected[0] == 'error' else ''}, "
-                               f"ours {got[0]} {got[1] if got[0] == 'error' else ''}")
+            differences.append(
+                f"{where} {overrides}: NeMo-RL {expected[0]} {expected[1] if expected[0] == 'error' else ''}, "
+                f"ours {got[0]} {got[1] if got[0] == 'error' else ''}"
+            )
         elif expected[0] == "error":
             both_failed += 1
 
@@ -139,12 +144,19 @@ def test_loader_equals_nemo_rl_on_every_yaml(ref, parse_once, capsys):
             continue
         for name, overrides in override_variants(composed[1]).items():
             expected = _outcome(lambda: theirs(composed[1], overrides))
-            compare(f"{where} [{name}]", overrides, expected, _outcome(lambda: finish_config(copy.deepcopy(ours[1]), overrides)))
+            compare(
+                f"{where} [{name}]",
+                overrides,
+                expected,
+                _outcome(lambda: finish_config(copy.deepcopy(ours[1]), overrides)),
+            )
             if name.endswith("(must fail)"):
                 assert expected[0] == "error", f"{where} {overrides}: NeMo-RL accepted an override that must fail"
     with capsys.disabled():
-        print(f"\nloader equivalence {ref}: {len(yamls)} YAMLs, {loads} loads, {both_failed} failed in both, "
-              f"{len(differences)} differences")
+        print(
+            f"\nloader equivalence {ref}: {len(yamls)} YAMLs, {loads} loads, {both_failed} failed in both, "
+            f"{len(differences)} differences"
+        )
     assert not differences, "\n".join(differences[:20])
 
 
@@ -153,7 +165,10 @@ def test_loader_equals_nemo_rl_on_every_yaml(ref, parse_once, capsys):
 #: section that carries ``_override_`` (before and after it).
 EDGE_CASES = {
     "parent key from child": {"parent.yaml": "a: 3\nb: 4\n", "child.yaml": "defaults: parent.yaml\nc: ${a}\n"},
-    "resolver over parent key": {"parent.yaml": "a: 3\nb: 4\n", "child.yaml": "defaults: parent.yaml\nc: ${mul:2,${b}}\n"},
+    "resolver over parent key": {
+        "parent.yaml": "a: 3\nb: 4\n",
+        "child.yaml": "defaults: parent.yaml\nc: ${mul:2,${b}}\n",
+    },
     "interpolated _override_ section first": {
         "parent.yaml": "a: {v: 0, z: 9}\nc: {q: 1}\n",
         "child.yaml": "defaults: parent.yaml\nc: ${a}\na: {_override_: true, w: 1}\n",
@@ -162,7 +177,10 @@ EDGE_CASES = {
         "parent.yaml": "a: {v: 0, z: 9}\nc: {q: 1}\n",
         "child.yaml": "defaults: parent.yaml\na: {_override_: true, w: 1}\nc: ${a}\n",
     },
-    "nested interpolation of a parent key": {"parent.yaml": "a: 3\n", "child.yaml": "defaults: parent.yaml\nsec: {c: '${a}'}\n"},
+    "nested interpolation of a parent key": {
+        "parent.yaml": "a: 3\n",
+        "child.yaml": "defaults: parent.yaml\nsec: {c: '${a}'}\n",
+    },
     "mandatory value filled by the child": {"parent.yaml": "a: ???\n", "child.yaml": "defaults: parent.yaml\na: 5\n"},
 }
 

@@ -31,12 +31,14 @@ SEAM_TESTS = "tests/unit/models/megatron/test_megatron_setup.py"
 def _environment(tree: Path, plugin: str) -> dict[str, str]:
     env = dict(os.environ)
     outer = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # a checkout under test
-    env.update({
-        "NEMO_RL_ATTN_ALIGN": plugin,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(STAND_INS), *outer]),
-        # A fresh local Ray cluster for NeMo-RL's session fixture, never one another process started.
-        "RAY_ADDRESS": "local",
-    })
+    env.update(
+        {
+            "NEMO_RL_ATTN_ALIGN": plugin,
+            "PYTHONPATH": os.pathsep.join([str(tree), str(STAND_INS), *outer]),
+            # A fresh local Ray cluster for NeMo-RL's session fixture, never one another process started.
+            "RAY_ADDRESS": "local",
+        }
+    )
     env.pop("ATTN_ALIGN_TEST_REQUIRE_REAL", None)  # NeMo-RL's own skips are its business
     return env
 
@@ -44,11 +46,30 @@ def _environment(tree: Path, plugin: str) -> dict[str, str]:
 def _outcomes(tree: Path, plugin: str, junit: Path) -> dict[str, str]:
     """Test id -> passed/failed/error/skipped for one run of NeMo-RL's seam tests."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "attn_align_stand_ins", "-p", "no:cacheprovider", "--mcore-only",
-         "-o", "addopts=", "-q", f"--junitxml={junit}", SEAM_TESTS],
-        cwd=tree, env=_environment(tree, plugin), capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "attn_align_stand_ins",
+            "-p",
+            "no:cacheprovider",
+            "--mcore-only",
+            "-o",
+            "addopts=",
+            "-q",
+            f"--junitxml={junit}",
+            SEAM_TESTS,
+        ],
+        cwd=tree,
+        env=_environment(tree, plugin),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    assert junit.is_file(), f"NeMo-RL's tests did not run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert junit.is_file(), (
+        f"NeMo-RL's tests did not run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     outcomes = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         kinds = {child.tag for child in case}
@@ -58,11 +79,19 @@ def _outcomes(tree: Path, plugin: str, junit: Path) -> dict[str, str]:
 
 
 def _seam_wrapped(tree: Path, plugin: str) -> bool:
-    code = ("import attn_align_stand_ins, nemo_rl.models.megatron.setup as setup\n"
-            "from nemo_rl_attn_align.hosts._patching import is_wrapped\n"
-            "print(is_wrapped(setup._apply_performance_config))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=_environment(tree, plugin),
-                          capture_output=True, text=True, timeout=600)
+    code = (
+        "import attn_align_stand_ins, nemo_rl.models.megatron.setup as setup\n"
+        "from nemo_rl_attn_align.hosts._patching import is_wrapped\n"
+        "print(is_wrapped(setup._apply_performance_config))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tree,
+        env=_environment(tree, plugin),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1] == "True"
 
@@ -75,8 +104,10 @@ def test_nemo_rl_seam_tests_same_with_plugin_on_and_off(ref, tmp_path, capsys):
     on = _outcomes(tree, "1", tmp_path / "on.xml")
     counts_on, counts_off = Counter(on.values()), Counter(off.values())
     with capsys.disabled():
-        print(f"\nNeMo-RL {ref} {SEAM_TESTS}: plugin on: {counts_on['passed']} passed = plugin off: "
-              f"{counts_off['passed']} passed (on {dict(counts_on)}, off {dict(counts_off)})")
+        print(
+            f"\nNeMo-RL {ref} {SEAM_TESTS}: plugin on: {counts_on['passed']} passed = plugin off: "
+            f"{counts_off['passed']} passed (on {dict(counts_on)}, off {dict(counts_off)})"
+        )
     assert off, "no test ran"
     differing = sorted(test for test in on.keys() | off.keys() if on.get(test) != off.get(test))
     assert not differing, "\n".join(f"{t}: on {on.get(t)}, off {off.get(t)}" for t in differing[:30])

@@ -72,10 +72,18 @@ def serve(name: str, model: Path, report_dir: Path, engine_args: dict, env: dict
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NEMO_RL_ATTN_ALIGN", "VLLM_"))}
     full_env = {**base, "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report_dir), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, **env}
     spec = {"model": str(model), "engine": engine_args, "prompt": PROMPT if generate else None}
-    done = subprocess.run([sys.executable, str(HERE / "serve.py"), json.dumps(spec)], env=full_env, cwd=report_dir.parent,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "serve.py"), json.dumps(spec)],
+        env=full_env,
+        cwd=report_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
-        raise AssertionError(f"engine {name} failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+        raise AssertionError(
+            f"engine {name} failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        )
     [line] = [line for line in done.stdout.splitlines() if line.startswith("SERVE_RESULT ")]
     result = json.loads(line.removeprefix("SERVE_RESULT "))
     return Engine(name, model, engine_args, env, report_dir, result["pid"], result["tokens"])
@@ -89,8 +97,15 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {arch: make_model(root / arch, arch) for arch in ARCHITECTURES}
 
 
-BASE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 4,
-             "max_num_batched_tokens": 256, "block_size": 32, "seed": 0}  # CPU_ATTN: block sizes are multiples of 32
+BASE_ARGS = {
+    "dtype": "bfloat16",
+    "enforce_eager": True,
+    "max_model_len": 256,
+    "max_num_seqs": 4,
+    "max_num_batched_tokens": 256,
+    "block_size": 32,
+    "seed": 0,
+}  # CPU_ATTN: block sizes are multiples of 32
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 #: name -> (architecture, engine args over BASE_ARGS, environment). "qwen3" runs vLLM's default
@@ -100,8 +115,16 @@ ENGINES = {
     "qwen3": ("qwen3", {}, {}),
     "mistral": ("mistral", {}, IN_PROCESS),
     "gemma2": ("gemma2", {}, IN_PROCESS),
-    "qwen3-variant": ("qwen3", {"enable_chunked_prefill": False, "max_num_batched_tokens": 512, "block_size": 64,
-                                "enable_prefix_caching": False}, {**IN_PROCESS, "VLLM_BATCH_INVARIANT": "1"}),
+    "qwen3-variant": (
+        "qwen3",
+        {
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": 512,
+            "block_size": 64,
+            "enable_prefix_caching": False,
+        },
+        {**IN_PROCESS, "VLLM_BATCH_INVARIANT": "1"},
+    ),
     "qwen3-off": ("qwen3", {}, {**IN_PROCESS, "NEMO_RL_ATTN_ALIGN": "0"}),
 }
 
@@ -116,8 +139,14 @@ def engines(models, tmp_path_factory):
             arch, args, env = ENGINES[name]
             report_dir = tmp_path_factory.mktemp(f"engine-{name}") / "report"
             report_dir.mkdir()
-            started[name] = serve(name, models[arch], report_dir, {**BASE_ARGS, **args}, env,
-                                  generate=env.get("VLLM_BATCH_INVARIANT") != "1")
+            started[name] = serve(
+                name,
+                models[arch],
+                report_dir,
+                {**BASE_ARGS, **args},
+                env,
+                generate=env.get("VLLM_BATCH_INVARIANT") != "1",
+            )
         return started[name]
 
     return get

@@ -73,9 +73,28 @@ def expected_fields(engine) -> dict:
 
 
 #: Fields the hook reads back from the running engine (the rest are configured or derived).
-OBSERVED = ("architecture", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "softmax_scale",
-            "sliding_window", "layer_windows", "logit_softcapping", "vocab_size", "tokenizer", "dtype", "backend",
-            "kv_page_size", "kv_cache_dtype", "prefix_caching", "tp_size", "batch_invariant", "versions")
+OBSERVED = (
+    "architecture",
+    "num_layers",
+    "num_attention_heads",
+    "num_query_groups",
+    "head_dim",
+    "softmax_scale",
+    "sliding_window",
+    "layer_windows",
+    "logit_softcapping",
+    "vocab_size",
+    "tokenizer",
+    "dtype",
+    "backend",
+    "kv_page_size",
+    "kv_cache_dtype",
+    "prefix_caching",
+    "tp_size",
+    "batch_invariant",
+    "versions",
+)
+
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_every_field_against_the_model_config_and_engine_args(engines, name):
@@ -83,15 +102,22 @@ def test_every_field_against_the_model_config_and_engine_args(engines, name):
     fields = engine.record()["contract"]["fields"]
     expected = expected_fields(engine)
     table = {field: (fields[field]["value"], want) for field, want in expected.items()}
-    wrong = {field: {"recorded": got, "expected": want, "source": fields[field]["source"]}
-             for field, (got, want) in table.items() if got != want or type(got) is not type(want)}
+    wrong = {
+        field: {"recorded": got, "expected": want, "source": fields[field]["source"]}
+        for field, (got, want) in table.items()
+        if got != want or type(got) is not type(want)
+    }
     assert not wrong, json.dumps(wrong, indent=1)
     not_observed = {f: fields[f]["provenance"] for f in OBSERVED if fields[f]["provenance"] != "observed"}
     assert not not_observed, not_observed
     # Every field the table does not know is there too, never claimed as observed without a value.
     for field, value in fields.items():
         assert value["provenance"] in ("observed", "configured", "unobservable"), field
-        if value["provenance"] == "observed" and field not in ("sliding_window", "logit_softcapping", "chunked_prefill_chunk"):
+        if value["provenance"] == "observed" and field not in (
+            "sliding_window",
+            "logit_softcapping",
+            "chunked_prefill_chunk",
+        ):
             assert value["value"] is not None, field
 
 
@@ -109,8 +135,10 @@ def test_the_multiprocess_engine_records_in_its_engine_core_process(engines):
     assert record["pid"] != engine.pid != os.getpid()
     assert record["worker_id"] == "vllm-rank0-worker0" and detail["stage"] == "engine_ready"
     assert detail["findings"] == [] and detail["peers"] == ["vllm-rank0-worker0"]
-    assert detail["vllm_config"]["layer_backends"] == {"model.layers.0.self_attn.attn": "CPU_ATTN",
-                                                       "model.layers.1.self_attn.attn": "CPU_ATTN"}
+    assert detail["vllm_config"]["layer_backends"] == {
+        "model.layers.0.self_attn.attn": "CPU_ATTN",
+        "model.layers.1.self_attn.attn": "CPU_ATTN",
+    }
 
 
 def test_the_in_process_engine_records_in_the_users_process(engines):
@@ -150,6 +178,9 @@ def test_gemma2_full_layers_are_not_windowed_and_softcapping_is_recorded(engines
     fields = engines("gemma2").record()["contract"]["fields"]
     assert fields["layer_windows"]["value"] == [63, None]
     assert "1 of 2 layers have no window" in fields["sliding_window"]["source"]
-    assert fields["logit_softcapping"] == {"value": 50.0, "provenance": "observed",
-                                           "source": "attention layers' impl.logits_soft_cap (0: none)"}
-    assert math.isclose(fields["softmax_scale"]["value"], 64 ** -0.5)  # query_pre_attn_scalar, not head_dim
+    assert fields["logit_softcapping"] == {
+        "value": 50.0,
+        "provenance": "observed",
+        "source": "attention layers' impl.logits_soft_cap (0: none)",
+    }
+    assert math.isclose(fields["softmax_scale"]["value"], 64**-0.5)  # query_pre_attn_scalar, not head_dim

@@ -21,10 +21,17 @@ pytestmark = pytest.mark.real_vllm
 
 def megatron_config(hf: dict) -> dict:
     """The TransformerConfig of the same model (what Megatron-Bridge's Qwen3 provider maps config.json to)."""
-    return {"num_layers": hf["num_hidden_layers"], "hidden_size": hf["hidden_size"], "ffn_hidden_size": hf["intermediate_size"],
-            "num_attention_heads": hf["num_attention_heads"], "num_query_groups": hf["num_key_value_heads"],
-            "kv_channels": hf["head_dim"], "vocab_size": hf["vocab_size"], "rotary_base": int(hf["rope_parameters"]["rope_theta"])
-            if "rope_parameters" in hf else int(hf["rope_theta"]), "seq_length": 64}
+    return {
+        "num_layers": hf["num_hidden_layers"],
+        "hidden_size": hf["hidden_size"],
+        "ffn_hidden_size": hf["intermediate_size"],
+        "num_attention_heads": hf["num_attention_heads"],
+        "num_query_groups": hf["num_key_value_heads"],
+        "kv_channels": hf["head_dim"],
+        "vocab_size": hf["vocab_size"],
+        "rotary_base": int(hf["rope_parameters"]["rope_theta"]) if "rope_parameters" in hf else int(hf["rope_theta"]),
+        "seq_length": 64,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +40,20 @@ def bound(engines, tmp_path_factory):
     report_dir = tmp_path_factory.mktemp("real-binding") / "report"
     shutil.copytree(engine.report_dir, report_dir)
     hf = json.loads((engine.model / "config.json").read_text())
-    spec = {"paths": [str(FAKE_NEMO_RL / "v0_6"), str(REPO)], "model": megatron_config(hf), "tokenizer": str(engine.model)}
+    spec = {
+        "paths": [str(FAKE_NEMO_RL / "v0_6"), str(REPO)],
+        "model": megatron_config(hf),
+        "tokenizer": str(engine.model),
+    }
     env = {"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report_dir), "PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": "1"}
-    done = subprocess.run([sys.executable, str(HERE / "train_side.py"), json.dumps(spec)], env=env, cwd=report_dir.parent,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "train_side.py"), json.dumps(spec)],
+        env=env,
+        cwd=report_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0 and "TRAIN_SIDE_DONE" in done.stdout, done.stderr[-4000:]
     # No mandate: the CPU stand-in for TE is megatron-core's local attention, one full softmax, which the
     # default mandate (online_softmax_lse) refuses by design; the sides are bound against each other.
@@ -44,28 +61,52 @@ def bound(engines, tmp_path_factory):
 
 
 def test_both_real_contracts_are_bound(bound):
-    assert [(c["side"], c["worker_id"]) for c in bound["contracts"]] == [("rollout", "vllm-rank0-worker0"), ("training", "policy-rank0")]
+    assert [(c["side"], c["worker_id"]) for c in bound["contracts"]] == [
+        ("rollout", "vllm-rank0-worker0"),
+        ("training", "policy-rank0"),
+    ]
     assert bound["binding"] is not None and bound["workers"]["missing"] == []
 
 
 def test_identity_passes_on_every_field_both_sides_observe(bound):
     rows = {r["field"]: r for r in bound["binding"]["fields"]}
     known = ("observed", "configured")
-    both = [n for n in fields_of(Tier.IDENTITY) if rows[n]["training"]["provenance"] in known and rows[n]["rollout"]["provenance"] in known]
+    both = [
+        n
+        for n in fields_of(Tier.IDENTITY)
+        if rows[n]["training"]["provenance"] in known and rows[n]["rollout"]["provenance"] in known
+    ]
     assert {r: rows[r]["status"] for r in both} == {r: "match" for r in both}
     # The tokenizer binds by content: two different path spellings of the same files would too.
     assert rows["tokenizer"]["training"]["value"] == rows["tokenizer"]["rollout"]["value"]
     assert rows["tokenizer"]["training"]["value"].startswith("sha256:")
-    assert set(both) >= {"num_layers", "num_attention_heads", "num_query_groups", "head_dim", "softmax_scale", "causal",
-                         "sliding_window", "layer_windows", "logit_softcapping", "rope_type", "rope_parameters",
-                         "vocab_size", "tokenizer"}
+    assert set(both) >= {
+        "num_layers",
+        "num_attention_heads",
+        "num_query_groups",
+        "head_dim",
+        "softmax_scale",
+        "causal",
+        "sliding_window",
+        "layer_windows",
+        "logit_softcapping",
+        "rope_type",
+        "rope_parameters",
+        "vocab_size",
+        "tokenizer",
+    }
     assert rows["dtype"]["status"] == "match"
 
 
 def test_what_stays_unobservable_is_listed_never_a_match(bound):
     rows = {r["field"]: r for r in bound["binding"]["fields"]}
-    unobservable = {n for n, r in rows.items() if "unobservable" in (r["training"]["provenance"], r["rollout"]["provenance"])}
-    assert {"architecture", "batch_size"} <= unobservable  # Megatron's config has no HF class; nobody knows the batch yet
+    unobservable = {
+        n for n, r in rows.items() if "unobservable" in (r["training"]["provenance"], r["rollout"]["provenance"])
+    }
+    assert {
+        "architecture",
+        "batch_size",
+    } <= unobservable  # Megatron's config has no HF class; nobody knows the batch yet
     statuses = {n: rows[n]["status"] for n in unobservable if rows[n]["tier"] != "recorded"}
     assert statuses == {n: "not_comparable" for n in statuses}, statuses
     assert all(rows[n]["status"] != "match" for n in unobservable)

@@ -5,16 +5,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHAPE = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000, "max_position_embeddings": 512}
+SHAPE = {
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+}
 
 #: Architecture -> (transformers config class, model class, extra config keys).
 ARCHITECTURES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64, "rope_theta": 10000.0}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 64, "attn_logit_softcapping": 50.0,
-                                                     "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 64,
-                                                     "tie_word_embeddings": True}),  # vLLM's Gemma2 has no lm_head
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "sliding_window": 64,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "query_pre_attn_scalar": 64,
+            "tie_word_embeddings": True,
+        },
+    ),  # vLLM's Gemma2 has no lm_head
 }
 
 
@@ -26,7 +42,9 @@ def save_tokenizer(directory: Path, vocab_size: int) -> None:
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(directory)
+    PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(directory)
 
 
 def make_model(directory: Path, architecture: str, seed: int = 0) -> Path:

@@ -17,8 +17,9 @@ def main() -> None:
 
     from tests.fake_nemo_rl.configs import policy_config
 
-    config = policy_config("local", model_name=spec["tokenizer"], tokenizer={"name": spec["tokenizer"]},
-                           standin_model=spec["model"])
+    config = policy_config(
+        "local", model_name=spec["tokenizer"], tokenizer={"name": spec["tokenizer"]}, standin_model=spec["model"]
+    )
     MegatronPolicyWorker(config).get_logprobs()
     print("TRAIN_SIDE_DONE", flush=True)
 

@@ -19,9 +19,9 @@ def test_within_one_ulp_of_fp64(dtype, window, spec):
     q, k, v = make_qkv(dtype, seq_q=150, seq_kv=170, head_dim=32)
     out, lse = reference_attention(q, k, v, window=window, spec=spec)
     out64, lse64 = exact_attention(q, k, v, window=window)
-    bound = ulp_of(out64, dtype) + 2.0 ** -20 * v.abs().max().double()
+    bound = ulp_of(out64, dtype) + 2.0**-20 * v.abs().max().double()
     assert ((out.double() - out64).abs() <= bound).all()
-    assert ((lse.double() - lse64).abs() <= 2.0 ** -20 * (1 + lse64.abs())).all()
+    assert ((lse.double() - lse64).abs() <= 2.0**-20 * (1 + lse64.abs())).all()
     # and the error is real rounding, not zero: bf16/fp16 output cannot hold the FP64 value
     assert (out.double() - out64).abs().max() > 0
 
@@ -30,8 +30,8 @@ def test_fp32_inputs_bound():
     q, k, v = make_qkv(torch.float32, seq_q=150, head_dim=32)
     out, lse = reference_attention(q, k, v, spec=SPEC)
     out64, lse64 = exact_attention(q, k, v)
-    assert (out.double() - out64).abs().max() <= 2.0 ** -19 * v.abs().max()
-    assert ((lse.double() - lse64).abs() <= 2.0 ** -20 * (1 + lse64.abs())).all()
+    assert (out.double() - out64).abs().max() <= 2.0**-19 * v.abs().max()
+    assert ((lse.double() - lse64).abs() <= 2.0**-20 * (1 + lse64.abs())).all()
 
 
 def large_logit_case(dtype, q_scale):
@@ -42,9 +42,15 @@ def large_logit_case(dtype, q_scale):
     out, lse = reference_attention(q, k, v, spec=SPEC)
     out64, lse64 = exact_attention(q, k, v)
     d, vmax, m = q.shape[-1], float(v.abs().max()), logit_magnitude(q, k)
-    base = 2.0 ** -19 * vmax if dtype == torch.float32 else ulp_of(out64, dtype) + 2.0 ** -20 * vmax
-    lse_bound = 2.0 ** -20 * (1 + lse64.abs()) + 2.0 ** -24 * (d + 2) * m
-    return (out.double() - out64).abs(), (lse.double() - lse64).abs(), base + 2.0 ** -23 * (d + 2) * m * vmax, lse_bound, base
+    base = 2.0**-19 * vmax if dtype == torch.float32 else ulp_of(out64, dtype) + 2.0**-20 * vmax
+    lse_bound = 2.0**-20 * (1 + lse64.abs()) + 2.0**-24 * (d + 2) * m
+    return (
+        (out.double() - out64).abs(),
+        (lse.double() - lse64).abs(),
+        base + 2.0**-23 * (d + 2) * m * vmax,
+        lse_bound,
+        base,
+    )
 
 
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float32])
@@ -62,10 +68,10 @@ def test_the_logit_term_is_needed(dtype):
 
 
 def test_logit_magnitude_is_the_largest_scaled_abs_dot_product():
-    q = torch.tensor([[[1.0, -2.0]], [[0.5, 0.5]]])        # [2 tokens, 1 head, D=2]
+    q = torch.tensor([[[1.0, -2.0]], [[0.5, 0.5]]])  # [2 tokens, 1 head, D=2]
     k = torch.tensor([[[3.0, 1.0]], [[-1.0, 4.0]]])
     # |q0|.|k1| = 1 + 8 = 9 is the largest; scale 1/sqrt(2)
-    assert logit_magnitude(q, k) == pytest.approx(9 / 2 ** 0.5)
+    assert logit_magnitude(q, k) == pytest.approx(9 / 2**0.5)
 
 
 def test_rejects_mismatched_inputs():

@@ -17,7 +17,7 @@ from tests.reference.conftest import DTYPES, SPEC, assert_same_bits, make_qkv, p
 
 WINDOWS = [None, 23]
 #: The FP32 term of the bound in ``backward.py``.
-FP32_SLACK = 2.0 ** -14
+FP32_SLACK = 2.0**-14
 
 
 def incoming(q, seed=7):
@@ -42,13 +42,13 @@ def fp64_attention(q, k, v, window=None):
     """Plain differentiable FP64 attention of one sequence (bottom-right causal, GQA): ``(out, lse, P)``."""
     sq, hq, d = q.shape
     skv, hkv, _ = k.shape
-    kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))            # [Skv, Hq, D]
-    s = torch.einsum("ihd,jhd->hij", q, kk) / math.sqrt(d)                       # [Hq, Sq, Skv]
+    kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))  # [Skv, Hq, D]
+    s = torch.einsum("ihd,jhd->hij", q, kk) / math.sqrt(d)  # [Hq, Sq, Skv]
     i = torch.arange(sq)[:, None] + skv - sq
     j = torch.arange(skv)[None, :]
     visible = (j <= i) & (j >= i - window) if window is not None else j <= i
     s = s.masked_fill(~visible, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)                                             # [Hq, Sq]
+    lse = torch.logsumexp(s, dim=-1)  # [Hq, Sq]
     p = torch.exp(s - lse[..., None])
     return torch.einsum("hij,jhd->ihd", p, vv), lse.T, p
 
@@ -62,7 +62,10 @@ def fp64_grads_and_magnitudes(q, k, v, dout, dlse, window=None):
     hkv, g = k.shape[1], q.shape[1] // k.shape[1]
     p, out = p.detach(), out.detach()
     ak, av = (x.detach().abs().repeat_interleave(g, dim=1) for x in (k64, v64))
-    c = torch.einsum("ihd,jhd->hij", dout64.abs(), av) + ((dout64.abs() * out.abs()).sum(-1) + dlse64.abs()).T[..., None]
+    c = (
+        torch.einsum("ihd,jhd->hij", dout64.abs(), av)
+        + ((dout64.abs() * out.abs()).sum(-1) + dlse64.abs()).T[..., None]
+    )
     scale = 1.0 / math.sqrt(q.shape[-1])
     a_q = scale * torch.einsum("hij,jhd->ihd", p * c, ak)
     a_k = scale * torch.einsum("hij,ihd->jhd", p * c, q64.detach().abs()).unflatten(1, (hkv, g)).sum(2)
@@ -103,17 +106,23 @@ def test_grads_same_bits_whatever_the_forward_plan(dtype, window):
     dout, dlse = incoming(q)
     base = reference_grads(q, k, v, dout, dlse, window)
     assert all(g.abs().max() > 0 for g in base[2:])
-    plans = [SinglePass(), ContextParallel(4), ContextParallel(2, "contiguous", "all_gather"), SplitKV(num_splits=3),
-             SplitKV(split_size=20), ChunkedPrefill(7, 16, num_splits=3)]
+    plans = [
+        SinglePass(),
+        ContextParallel(4),
+        ContextParallel(2, "contiguous", "all_gather"),
+        SplitKV(num_splits=3),
+        SplitKV(split_size=20),
+        ChunkedPrefill(7, 16, num_splits=3),
+    ]
     for plan in plans:
         assert_same_grads(base, reference_grads(q, k, v, dout, dlse, window, plan))
-    assert_same_grads(base, reference_grads(q, k, v, dout, dlse, window))          # and run to run
+    assert_same_grads(base, reference_grads(q, k, v, dout, dlse, window))  # and run to run
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_grads_same_bits_alone_and_packed(dtype, window):
-    q, k, v = make_qkv(dtype, seq_q=37, seq_kv=70, seed=1)                       # a 33-token cached prefix
+    q, k, v = make_qkv(dtype, seq_q=37, seq_kv=70, seed=1)  # a 33-token cached prefix
     dout, dlse = incoming(q)
     alone = reference_grads(q, k, v, dout, dlse, window)
     others = [make_qkv(dtype, seq_q=n, seq_kv=m, seed=s) for n, m, s in ((50, 50, 2), (0, 9, 3), (64, 64, 4))]
@@ -124,10 +133,17 @@ def test_grads_same_bits_alone_and_packed(dtype, window):
         rows = slice(int(cu_q[position]), int(cu_q[position + 1]))
         keys = slice(int(cu_k[position]), int(cu_k[position + 1]))
         pdout[rows], pdlse[rows] = dout, dlse
-        got = reference_grads(*packed, pdout, pdlse, window, ChunkedPrefill(8) if position % 2 else None,
-                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        got = reference_grads(
+            *packed,
+            pdout,
+            pdlse,
+            window,
+            ChunkedPrefill(8) if position % 2 else None,
+            cu_seqlens_q=cu_q,
+            cu_seqlens_k=cu_k,
+        )
         assert_same_grads(alone, (got[0][rows], got[1][rows], got[2][rows], got[3][keys], got[4][keys]))
-        no_queries = 2 if position <= 1 else 1                                      # where others[1] (no queries) sits
+        no_queries = 2 if position <= 1 else 1  # where others[1] (no queries) sits
         zero_keys = slice(int(cu_k[no_queries]), int(cu_k[no_queries + 1]))
         assert not got[3][zero_keys].any() and not got[4][zero_keys].any()
 
@@ -142,14 +158,16 @@ def test_grads_within_the_bound_of_fp64(dtype, window, spec, uses):
     if uses == "lse":
         dout = torch.zeros_like(dout)
     got = reference_grads(q, k, v, dout, dlse if "lse" in uses else None, window, spec=spec)
-    exact, magnitudes = fp64_grads_and_magnitudes(q, k, v, dout, dlse if "lse" in uses else torch.zeros_like(dlse), window)
+    exact, magnitudes = fp64_grads_and_magnitudes(
+        q, k, v, dout, dlse if "lse" in uses else torch.zeros_like(dlse), window
+    )
     for name, g, g64, a in zip(("dq", "dk", "dv"), got[2:], exact, magnitudes):
         assert g.dtype == dtype
         assert bound_ratio(g, g64, a, dtype) <= 1.0, name
         if dtype != torch.float32 and not (uses == "lse" and name == "dv"):
-            assert (g.double() - g64).abs().max() > 0                        # real rounding, not a copy
+            assert (g.double() - g64).abs().max() > 0  # real rounding, not a copy
     if uses == "lse":
-        assert not got[4].any()                                              # dv = P^T dO = 0
+        assert not got[4].any()  # dv = P^T dO = 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,7 +176,7 @@ def test_bound_is_tight_enough_to_reject_plain_input_dtype_autograd(dtype):
     q, k, v = make_qkv(dtype, seq_q=101, seq_kv=120)
     dout, _ = incoming(q)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, _, _ = fp64_attention(*leaves)                     # same formula, run in bf16/fp16
+    out, _, _ = fp64_attention(*leaves)  # same formula, run in bf16/fp16
     (out * dout).sum().backward()
     exact, magnitudes = fp64_grads_and_magnitudes(q, k, v, dout, torch.zeros(q.shape[:2]))
     assert max(bound_ratio(x.grad, g64, a, dtype) for x, g64, a in zip(leaves, exact, magnitudes)) > 4
@@ -174,9 +192,10 @@ def test_fp32_grads_close_to_sdpa_autograd(window):
     if window is not None:
         i, j = torch.arange(q.shape[0])[:, None], torch.arange(k.shape[0])[None, :]
         mask = (j <= i) & (j >= i - window)
-    heads_first = [x.transpose(0, 1) for x in leaves]                                # [H, S, D]
-    out = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=mask, is_causal=mask is None,
-                                                           enable_gqa=True).transpose(0, 1)
+    heads_first = [x.transpose(0, 1) for x in leaves]  # [H, S, D]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *heads_first, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+    ).transpose(0, 1)
     out.backward(dout)
     torch.testing.assert_close(got[0], out.detach(), rtol=1e-5, atol=1e-5)
     for g, x in zip(got[2:], leaves):
@@ -199,7 +218,13 @@ def test_every_tensor_is_made_on_the_inputs_device():
     (``masked_fill_`` demands the mask on ``self``'s device)."""
     q, k, v = make_qkv(torch.bfloat16)
     dout, dlse = incoming(q)
-    for plan in (None, ContextParallel(4), ContextParallel(2, comm="all_gather"), SplitKV(num_splits=3), ChunkedPrefill(7, 16)):
+    for plan in (
+        None,
+        ContextParallel(4),
+        ContextParallel(2, comm="all_gather"),
+        SplitKV(num_splits=3),
+        ChunkedPrefill(7, 16),
+    ):
         with torch.device("meta"):
             out, lse, dq, dk, dv = reference_grads(q, k, v, dout, dlse, 23, plan)
         assert {x.device.type for x in (out, lse, dq, dk, dv)} == {"cpu"}

@@ -6,11 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from nemo_rl_attn_align.reference.attention import reference_attention  # noqa: E402
-from nemo_rl_attn_align.reference.plans import (  # noqa: E402
-    CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV, cp_chunks)
+from nemo_rl_attn_align.reference.plans import CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV, cp_chunks  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, assert_same_bits, make_qkv  # noqa: E402
 
 WINDOWS = [None, 23]
@@ -42,7 +42,9 @@ def test_load_balanced_layout_is_te_dual_chunk():
 def test_kv_splits_by_count_and_by_size(dtype, window):
     q, k, v = make_qkv(dtype)
     base = ref(q, k, v, window)
-    for plan in [SplitKV(num_splits=n) for n in (1, 2, 3, 4, 7, 16)] + [SplitKV(split_size=s) for s in (1, 20, 32, 50, 200)]:
+    for plan in [SplitKV(num_splits=n) for n in (1, 2, 3, 4, 7, 16)] + [
+        SplitKV(split_size=s) for s in (1, 20, 32, 50, 200)
+    ]:
         assert_same_bits(base, ref(q, k, v, window, plan))
 
 
@@ -59,7 +61,7 @@ def test_chunked_prefill_chunk_size(dtype, window):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_paged_kv_page_size(dtype, window):
-    q, k, v = make_qkv(dtype, seq_q=40, seq_kv=101)          # a 61-token cached prefix, then 40 queries
+    q, k, v = make_qkv(dtype, seq_q=40, seq_kv=101)  # a 61-token cached prefix, then 40 queries
     base = ref(q, k, v, window)
     for page in (1, 3, 16, 32, 64, 128):
         assert_same_bits(base, ref(q, k, v, window, ChunkedPrefill(13, page_size=page, seed=page)))
@@ -76,20 +78,32 @@ def test_batch_makeup(dtype, window):
         cu_q = torch.tensor([0] + [b[0].shape[0] for b in batch]).cumsum(0)
         cu_k = torch.tensor([0] + [b[1].shape[0] for b in batch]).cumsum(0)
         packed = [torch.cat([b[i] for b in batch]) for i in range(3)]
-        out, lse = ref(*packed, window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                       plan=ChunkedPrefill(8) if position % 2 else None)
+        out, lse = ref(
+            *packed, window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, plan=ChunkedPrefill(8) if position % 2 else None
+        )
         rows = slice(int(cu_q[position]), int(cu_q[position + 1]))
         assert_same_bits(alone, (out[rows], lse[rows]))
 
 
 @settings(max_examples=12, deadline=None)
-@given(seq=st.integers(1, 80), cp=st.sampled_from([1, 2, 4, 8]), layout=st.sampled_from(LAYOUTS),
-       splits=st.integers(1, 6), chunk=st.integers(1, 40), page=st.integers(1, 40),
-       window=st.one_of(st.none(), st.integers(0, 30)), dtype=st.sampled_from(DTYPES))
+@given(
+    seq=st.integers(1, 80),
+    cp=st.sampled_from([1, 2, 4, 8]),
+    layout=st.sampled_from(LAYOUTS),
+    splits=st.integers(1, 6),
+    chunk=st.integers(1, 40),
+    page=st.integers(1, 40),
+    window=st.one_of(st.none(), st.integers(0, 30)),
+    dtype=st.sampled_from(DTYPES),
+)
 def test_property_any_plan_same_bits(seq, cp, layout, splits, chunk, page, window, dtype):
     q, k, v = make_qkv(dtype, seq_q=seq, seed=seq)
     base = ref(q, k, v, window)
-    for plan in (ContextParallel(cp, layout), SplitKV(num_splits=splits), ChunkedPrefill(chunk, page, num_splits=splits)):
+    for plan in (
+        ContextParallel(cp, layout),
+        SplitKV(num_splits=splits),
+        ChunkedPrefill(chunk, page, num_splits=splits),
+    ):
         assert_same_bits(base, ref(q, k, v, window, plan))
 
 

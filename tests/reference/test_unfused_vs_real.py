@@ -25,7 +25,7 @@ from nemo_rl_attn_align.reference.unfused import hf_eager_attention, megatron_lo
 from tests.reference.conftest import DTYPES, make_qkv  # noqa: E402
 
 WINDOWS = [None, 23]
-HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32          # head dim 32: head_dim**-0.5 != 1/sqrt(head_dim) in the last bit
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32  # head dim 32: head_dim**-0.5 != 1/sqrt(head_dim) in the last bit
 
 
 class _CpuTorch:
@@ -58,14 +58,24 @@ def megatron_module(dtype, window):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from tests.fake_nemo_rl.cpu_megatron import ensure_model_parallel
 
     ensure_model_parallel()
-    config = TransformerConfig(num_layers=1, hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS,
-                               num_query_groups=KV_HEADS, kv_channels=HEAD_DIM, attention_dropout=0.0,
-                               bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
-                               masked_softmax_fusion=False, attention_softmax_in_fp32=True,
-                               window_size=None if window is None else (window, 0))
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=HEADS * HEAD_DIM,
+        num_attention_heads=HEADS,
+        num_query_groups=KV_HEADS,
+        kv_channels=HEAD_DIM,
+        attention_dropout=0.0,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype,
+        masked_softmax_fusion=False,
+        attention_softmax_in_fp32=True,
+        window_size=None if window is None else (window, 0),
+    )
     return DotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
 
 
@@ -83,14 +93,19 @@ def real_hf_eager(q, k, v, window):
     from transformers.masking_utils import causal_mask_function, eager_mask, sliding_window_causal_mask_function
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaConfig, eager_attention_forward
 
-    config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         head_dim=HEAD_DIM, attention_dropout=0.0)
+    config = LlamaConfig(
+        hidden_size=HEADS * HEAD_DIM,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        attention_dropout=0.0,
+    )
     module = LlamaAttention(config, layer_idx=0).eval()
     sq, skv = q.shape[0], k.shape[0]
     # HF's sliding_window counts the query itself: the left window W is sliding_window W + 1
     fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window + 1)
     mask = eager_mask(1, sq, skv, q_offset=skv - sq, mask_function=fn, dtype=q.dtype)
-    heads_first = [x.transpose(0, 1)[None] for x in (q, k, v)]              # [1, H, S, D] views, as HF's
+    heads_first = [x.transpose(0, 1)[None] for x in (q, k, v)]  # [1, H, S, D] views, as HF's
     out, _ = eager_attention_forward(module, *heads_first, mask, scaling=module.scaling)
     return out[0]
 
@@ -133,12 +148,12 @@ def test_the_materializers_are_these_replays_and_differ_from_each_other(dtype):
     hf, _ = parse_materializer("hf-eager")(q, k, v, window=23)
     assert torch.equal(mega, real_megatron(q, k, v, 23))
     assert torch.equal(hf, real_hf_eager(q, k, v, 23))
-    assert not torch.equal(mega, hf)      # scores rounded to the input dtype before (HF) or after (Megatron) the scale
+    assert not torch.equal(mega, hf)  # scores rounded to the input dtype before (HF) or after (Megatron) the scale
 
 
 def test_hf_scale_is_a_python_float_not_rounded_to_the_input_dtype():
     """The old ``plain`` rounded the scale to bf16 (1/sqrt(32) -> 0.1767578125): HF does not."""
     q, k, v = make_qkv(torch.bfloat16, seq_q=70, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM)
     geom = geometry(q, k, None)
-    rounded = Geometry.of(q, k, None, float(torch.tensor(HEAD_DIM ** -0.5, dtype=torch.bfloat16)), 70, 70)
+    rounded = Geometry.of(q, k, None, float(torch.tensor(HEAD_DIM**-0.5, dtype=torch.bfloat16)), 70, 70)
     assert not torch.equal(hf_eager_attention(q, k, v, geom)[0], hf_eager_attention(q, k, v, rounded)[0])

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.binding import Mandate
-from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.compare.determinism import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
+from nemo_rl_attn_align.config.settings import load_settings
+from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,
@@ -38,8 +39,6 @@ from nemo_rl_attn_align.report.store import (
     write_worker_detail,
     write_worker_record,
 )
-from nemo_rl_attn_align.config.settings import load_settings
-
 from tests.contract_samples import MANDATE_OF_SAMPLES, full_contract
 
 MANDATE = Mandate(**MANDATE_OF_SAMPLES)
@@ -49,7 +48,9 @@ _CTX = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_s
 
 def _write_pair(report_dir, **rollout_changes):
     write_worker_record(report_dir, full_contract("training", "policy-0"), probe({}, torch_module=False))
-    write_worker_record(report_dir, full_contract("rollout", "vllm-0", **rollout_changes), probe({}, torch_module=False))
+    write_worker_record(
+        report_dir, full_contract("rollout", "vllm-0", **rollout_changes), probe({}, torch_module=False)
+    )
 
 
 def test_records_collect_into_one_report(tmp_path):
@@ -82,6 +83,7 @@ def test_the_report_says_why_a_binding_fails(tmp_path):
 
 # --- many writers at once ----------------------------------------------------------------------
 
+
 def _writer(report_dir: str, side: str, worker_id: str, rounds: int) -> None:
     for i in range(rounds):
         contract = full_contract(side, worker_id, physical_batch=FieldValue.observed(i + 1))
@@ -112,7 +114,11 @@ def test_many_processes_write_at_once_and_every_read_is_whole(tmp_path):
         p.join(60)
         assert p.exitcode == 0
     doc = collect(tmp_path, mandate=MANDATE, expected=[wid for _, wid in workers])
-    assert doc["workers"]["missing"] == [] and doc["workers"]["unreadable"] == [] and doc["workers"]["incomplete_writes"] == []
+    assert (
+        doc["workers"]["missing"] == []
+        and doc["workers"]["unreadable"] == []
+        and doc["workers"]["incomplete_writes"] == []
+    )
     assert sorted(doc["workers"]["found"]) == sorted(wid for _, wid in workers)
     assert all(c["fields"]["physical_batch"]["value"] == 15 for c in doc["contracts"])  # each worker's last write won
     assert doc["verdict"] == "pass"
@@ -137,8 +143,16 @@ def test_a_worker_that_died_leaves_a_gap_not_a_corrupt_file(tmp_path):
     assert "missing: vllm-1" in render_summary(doc)
 
 
-@pytest.mark.parametrize("content", ['{"kind": "nemo-rl-attn-align/worker", "schema_ver', "", "[]", '{"kind": "other"}',
-                                     '{"kind": "nemo-rl-attn-align/worker", "schema_version": 99}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"kind": "nemo-rl-attn-align/worker", "schema_ver',
+        "",
+        "[]",
+        '{"kind": "other"}',
+        '{"kind": "nemo-rl-attn-align/worker", "schema_version": 99}',
+    ],
+)
 def test_a_corrupt_or_foreign_record_is_reported_not_fatal(tmp_path, content):
     _write_pair(tmp_path)
     (tmp_path / "workers" / "rollout--vllm-9.json").write_text(content)
@@ -180,9 +194,15 @@ def test_determinism_probes_join_the_binding(tmp_path):
 
 # --- the driver ---------------------------------------------------------------------------------
 
+
 def _settings(tmp_path, on_mismatch):
-    return load_settings({"policy": {"precision": "bfloat16"}, "logger": {"log_dir": str(tmp_path)},
-                          "attention_align": {"on_mismatch": on_mismatch}})
+    return load_settings(
+        {
+            "policy": {"precision": "bfloat16"},
+            "logger": {"log_dir": str(tmp_path)},
+            "attention_align": {"on_mismatch": on_mismatch},
+        }
+    )
 
 
 @pytest.mark.parametrize("on_mismatch", ["error", "warn", "record"])
@@ -211,6 +231,7 @@ def test_finalize_passes_quietly_through_a_passing_run_with_error(tmp_path):
 
 
 # --- drift ---------------------------------------------------------------------------------------
+
 
 def test_drift_is_recorded_under_both_frameworks_names(tmp_path):
     _write_pair(tmp_path)
@@ -246,6 +267,7 @@ def test_the_schema_names_only_report_functions_that_exist():
 
 # --- reading, and `report PATH` ------------------------------------------------------------------
 
+
 def test_load_report_from_a_directory_with_only_worker_records(tmp_path):
     _write_pair(tmp_path)
     doc = load_report(tmp_path)
@@ -253,14 +275,23 @@ def test_load_report_from_a_directory_with_only_worker_records(tmp_path):
     assert "collected from worker records" in render_summary(doc)
 
 
-@pytest.mark.parametrize("setup,match", [
-    (lambda p: p / "nope.json", "cannot read"),
-    (lambda p: p, "no attention_align_report.json and no workers/"),
-    (lambda p: (p / "r.json").write_text("{bad") and p / "r.json", r"not valid JSON \(line 1"),
-    (lambda p: (p / "r.json").write_text("[]") and p / "r.json", "not a nemo-rl-attn-align report"),
-    (lambda p: atomic_write_json(p / "r.json", {"kind": "nemo-rl-attn-align/report", "schema_version": 7}), "schema_version 7"),
-    (lambda p: atomic_write_json(p / "r.json", {"kind": "nemo-rl-attn-align/report", "schema_version": 1}), "report lacks"),
-])
+@pytest.mark.parametrize(
+    "setup,match",
+    [
+        (lambda p: p / "nope.json", "cannot read"),
+        (lambda p: p, "no attention_align_report.json and no workers/"),
+        (lambda p: (p / "r.json").write_text("{bad") and p / "r.json", r"not valid JSON \(line 1"),
+        (lambda p: (p / "r.json").write_text("[]") and p / "r.json", "not a nemo-rl-attn-align report"),
+        (
+            lambda p: atomic_write_json(p / "r.json", {"kind": "nemo-rl-attn-align/report", "schema_version": 7}),
+            "schema_version 7",
+        ),
+        (
+            lambda p: atomic_write_json(p / "r.json", {"kind": "nemo-rl-attn-align/report", "schema_version": 1}),
+            "report lacks",
+        ),
+    ],
+)
 def test_unreadable_reports_raise_one_line(tmp_path, setup, match):
     with pytest.raises(ReportError, match=match) as err:
         load_report(setup(tmp_path))
@@ -276,7 +307,9 @@ def test_report_command_exit_codes(tmp_path, capsys):
     passing = _report_file(tmp_path / "ok")
     assert main(["report", str(passing)]) == 0
     out = capsys.readouterr().out
-    assert "verdict PASS" in out and "match on both sides (40)" in out and not re.search(r"architecture\s+identity", out)
+    assert (
+        "verdict PASS" in out and "match on both sides (40)" in out and not re.search(r"architecture\s+identity", out)
+    )
     assert main(["report", "--all", str(passing)]) == 0
     assert re.search(r"architecture\s+identity\s+match\s+Qwen2ForCausalLM \[obs\]", capsys.readouterr().out)
     failing = _report_file(tmp_path / "bad", dtype=FieldValue.observed("fp32"))
@@ -297,10 +330,14 @@ def test_report_command_exit_codes(tmp_path, capsys):
 
 def test_report_command_in_a_real_subprocess(tmp_path):
     path = _report_file(tmp_path, split_kv_policy=FieldValue.observed("heuristic"))
-    out = subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "report", str(path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "report", str(path)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert re.search(r"split_kv_policy\s+recorded\s+different", out.stdout)
-    bad = subprocess.run([sys.executable, "-m", "nemo_rl_attn_align", "report", str(tmp_path / "x.json")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "report", str(tmp_path / "x.json")], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
@@ -317,8 +354,17 @@ def test_the_schema_doc_covers_every_top_level_key(tmp_path):
 def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
     _write_pair(tmp_path)
     write_worker_record(tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(27)))
-    write_worker_detail(tmp_path, "training", "policy-0", {"host": "megatron_worker", "stage": "first_forward",
-                                                            "findings": ["TE ran FusedAttention"], "peers": ["policy-0"]})
+    write_worker_detail(
+        tmp_path,
+        "training",
+        "policy-0",
+        {
+            "host": "megatron_worker",
+            "stage": "first_forward",
+            "findings": ["TE ran FusedAttention"],
+            "peers": ["policy-0"],
+        },
+    )
     (tmp_path / "workers" / "rollout--vllm-9.json").write_text("[]")
     doc = collect(tmp_path, mandate=MANDATE, expected=["policy-0", "policy-7"])
     seen = set()
@@ -330,7 +376,9 @@ def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
     # the one report code whose severity varies: warning, an error in strict mode with a known count
     write_worker_record(tmp_path / "alone", full_contract("training", "policy-0"))
     for strict, severity in ((False, "warning"), (True, "error")):
-        doc = collect(tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": {"count": 2, "how": "cfg"}})
+        doc = collect(
+            tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": {"count": 2, "how": "cfg"}}
+        )
         (f,) = [f for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value]
         assert Code.SIDE_MISSING.varies and f["severity"] == severity
         assert f["severity"] in Code.SIDE_MISSING.severity_text
@@ -338,32 +386,63 @@ def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
 
 # --- host details, later collections, other runs -------------------------------------------------
 
+
 def test_host_details_give_stages_findings_and_the_peers_that_never_wrote(tmp_path):
     _write_pair(tmp_path)
-    write_worker_detail(tmp_path, "training", "policy-0", {"host": "megatron_worker", "stage": "first_forward",
-                                                            "findings": ["TE ran FusedAttention"], "peers": ["policy-0", "policy-1"]})
-    write_worker_detail(tmp_path, "rollout", "vllm-0", {"host": "vllm_worker", "stage": "engine_ready", "findings": [], "peers": ["vllm-0"]})
-    worker_detail_path(tmp_path, "rollout", "vllm-9").write_text('{"kind": "nemo-rl-attn-align/host-detail"}')  # no side
+    write_worker_detail(
+        tmp_path,
+        "training",
+        "policy-0",
+        {
+            "host": "megatron_worker",
+            "stage": "first_forward",
+            "findings": ["TE ran FusedAttention"],
+            "peers": ["policy-0", "policy-1"],
+        },
+    )
+    write_worker_detail(
+        tmp_path,
+        "rollout",
+        "vllm-0",
+        {"host": "vllm_worker", "stage": "engine_ready", "findings": [], "peers": ["vllm-0"]},
+    )
+    worker_detail_path(tmp_path, "rollout", "vllm-9").write_text(
+        '{"kind": "nemo-rl-attn-align/host-detail"}'
+    )  # no side
     (tmp_path / "hosts" / ".rollout--vllm-8.json.abc.tmp").write_text("{")  # a writer died mid-write
     doc = collect(tmp_path, mandate=MANDATE)
     assert doc["workers"]["missing"] == ["policy-1"] and doc["verdict"] == "incomparable"
-    assert doc["workers"]["stages"] == {"training": {"policy-0": "first_forward"}, "rollout": {"vllm-0": "engine_ready"}}
+    assert doc["workers"]["stages"] == {
+        "training": {"policy-0": "first_forward"},
+        "rollout": {"vllm-0": "engine_ready"},
+    }
     assert [u["path"].endswith("rollout--vllm-9.json") for u in doc["workers"]["unreadable"]] == [True]
     assert doc["workers"]["incomplete_writes"][0].endswith(".tmp")
     (finding,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_FINDING.value]
-    assert finding == {"code": "REPORT_WORKER_FINDING", "severity": "warning", "key": "workers.policy-0", "value": "first_forward",
-                       "message": "training worker policy-0 (megatron_worker): TE ran FusedAttention",
-                       "fix": "see hosts/training--policy-0.json for what the hook saw; attention_align.strict: true stops the run on such a finding"}
+    assert finding == {
+        "code": "REPORT_WORKER_FINDING",
+        "severity": "warning",
+        "key": "workers.policy-0",
+        "value": "first_forward",
+        "message": "training worker policy-0 (megatron_worker): TE ran FusedAttention",
+        "fix": "see hosts/training--policy-0.json for what the hook saw; attention_align.strict: true stops the run on such a finding",
+    }
     assert "training policy-0 [first_forward]" in render_summary(doc)
 
 
 def test_files_of_another_run_are_stale_not_collected(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-0"), run_id="now")
     write_worker_record(tmp_path, full_contract("rollout", "vllm-0"), run_id="now")
-    write_worker_record(tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(3)), run_id="before")
+    write_worker_record(
+        tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(3)), run_id="before"
+    )
     assert collect(tmp_path, mandate=MANDATE)["verdict"] == "fail"  # all files: policy-1 diverges
     doc = collect(tmp_path, mandate=MANDATE, run_id="now")
-    assert doc["verdict"] == "pass" and doc["run_id"] == "now" and doc["workers"]["stale"][0].endswith("training--policy-1.json")
+    assert (
+        doc["verdict"] == "pass"
+        and doc["run_id"] == "now"
+        and doc["workers"]["stale"][0].endswith("training--policy-1.json")
+    )
     assert "stale files of other runs: 1" in render_summary(doc)
 
 
@@ -372,7 +451,10 @@ def test_a_side_absent_by_design_is_stated_not_missing(tmp_path):
     doc = collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "sft starts no generation workers"})
     assert doc["binding_applicable"] is False and doc["binding"] is None and doc["verdict"] == "incomparable"
     assert [f["code"] for f in doc["findings"]] == [Code.SIDE_ABSENT.value]
-    assert "no rollout side: sft starts no generation workers; the training/rollout binding is not applicable" in render_summary(doc)
+    assert (
+        "no rollout side: sft starts no generation workers; the training/rollout binding is not applicable"
+        in render_summary(doc)
+    )
     _write_pair(tmp_path)  # a rollout record after all: it is bound
     assert collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "x"})["binding_applicable"] is True
 
@@ -389,7 +471,10 @@ def test_a_later_collection_keeps_drift_and_says_only_what_changed(tmp_path):
     later = finalize(settings, printer=printed.append, previous=same, point="train_end", final=True)
     assert later["drift"]["steps"] == [{"step": 1, "gen_kl_error": 0.5}]
     assert [h["point"] for h in later["history"]] == ["setup", "first_step", "train_end"]
-    assert printed[1].splitlines()[:2] == ["attention_align (train_end): the report changed since first_step:", "  verdict PASS -> FAIL"]
+    assert printed[1].splitlines()[:2] == [
+        "attention_align (train_end): the report changed since first_step:",
+        "  verdict PASS -> FAIL",
+    ]
     assert any(line.startswith("  new: error ATTN_SEMANTIC_MANDATE") for line in printed[1].splitlines())
     assert printed[1].endswith(f"report updated: {settings.report_dir}/{REPORT_FILENAME}") and len(printed) == 2
 
@@ -399,5 +484,7 @@ def test_the_same_worker_id_on_both_sides_keeps_both_records(tmp_path):
     write_worker_record(tmp_path, full_contract("rollout", "w0"), probe({"NCCL_ALGO": "Tree"}, torch_module=False))
     doc = collect(tmp_path, mandate=MANDATE, collective="allreduce")
     probes = doc["determinism_probes"]
-    assert probes["training"]["w0"]["env"]["NCCL_ALGO"] == "Ring" and probes["rollout"]["w0"]["env"]["NCCL_ALGO"] == "Tree"
+    assert (
+        probes["training"]["w0"]["env"]["NCCL_ALGO"] == "Ring" and probes["rollout"]["w0"]["env"]["NCCL_ALGO"] == "Tree"
+    )
     assert doc["binding"]["determinism"]["blocking"] and doc["verdict"] == "fail"

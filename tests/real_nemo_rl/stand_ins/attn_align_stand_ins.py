@@ -35,8 +35,11 @@ class _StandInModule(types.ModuleType):
         if name[:1].isupper() and not name.isupper():
             import torch
 
-            value = type(name, (torch.nn.Module,), {"__module__": self.__name__,
-                                                    "__init__": lambda self, *a, **k: torch.nn.Module.__init__(self)})
+            value = type(
+                name,
+                (torch.nn.Module,),
+                {"__module__": self.__name__, "__init__": lambda self, *a, **k: torch.nn.Module.__init__(self)},
+            )
         else:
             value = importlib.import_module(f"{self.__name__}.{name}")
         setattr(self, name, value)
@@ -74,10 +77,18 @@ def install_transformer_engine() -> None:
 #: (module, missing name, module, name it aliases): names NeMo-RL imports that megatron-core 0.19.2
 #: has elsewhere or under another name.
 ALIASES = (
-    ("megatron.core.distributed.fsdp.mcore_fsdp_adapter", "FullyShardedDataParallelV1",
-     "megatron.core.distributed.fsdp.mcore_fsdp_adapter", "FullyShardedDataParallel"),
-    ("megatron.core.distributed.fsdp.mcore_fsdp_adapter", "FullyShardedDataParallelV2",
-     "megatron.core.distributed.fsdp.mcore_fsdp_adapter", "FullyShardedDataParallel"),
+    (
+        "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
+        "FullyShardedDataParallelV1",
+        "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
+        "FullyShardedDataParallel",
+    ),
+    (
+        "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
+        "FullyShardedDataParallelV2",
+        "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
+        "FullyShardedDataParallel",
+    ),
     ("megatron.training.utils", "unwrap_model", "megatron.core.utils", "unwrap_model"),  # NeMo-RL v0.6.0
 )
 

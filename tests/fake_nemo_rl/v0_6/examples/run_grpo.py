@@ -16,10 +16,32 @@ def main():
     config["logger"]["log_dir"] = get_next_experiment_dir(config["logger"]["log_dir"])
     print(f"Using log directory: {config['logger']['log_dir']}", flush=True)
     init_ray()
-    (policy, policy_generation, cluster, dataloader, val_dataloader, loss_fn, logger, checkpointer, grpo_state,
-     master_config) = setup(config, None, None, None)
-    grpo_train(policy, policy_generation, dataloader, val_dataloader, None, loss_fn, None, None, logger, checkpointer,
-               grpo_state, master_config)
+    (
+        policy,
+        policy_generation,
+        cluster,
+        dataloader,
+        val_dataloader,
+        loss_fn,
+        logger,
+        checkpointer,
+        grpo_state,
+        master_config,
+    ) = setup(config, None, None, None)
+    grpo_train(
+        policy,
+        policy_generation,
+        dataloader,
+        val_dataloader,
+        None,
+        loss_fn,
+        None,
+        None,
+        logger,
+        checkpointer,
+        grpo_state,
+        master_config,
+    )
     print("stand-in run_grpo: finished", flush=True)
 
 

@@ -12,7 +12,8 @@ def main():
     config["logger"]["log_dir"] = get_next_experiment_dir(config["logger"]["log_dir"])
     init_ray()
     policy, cluster, train_dataloader, val_dataloader, loss_fn, logger, checkpointer, sft_state, master_config = setup(
-        config, None, None, None)
+        config, None, None, None
+    )
     sft_train(policy, train_dataloader, val_dataloader, None, loss_fn, master_config, logger, checkpointer, sft_state)
     print("stand-in run_sft: finished", flush=True)
 

@@ -34,8 +34,21 @@ def setup(master_config, tokenizer, dataset, val_dataset, processor=None):
     return policy, policy_generation, train_cluster, None, None, None, logger, None, {}, master_config
 
 
-def grpo_train(policy, policy_generation, dataloader, val_dataloader, tokenizer, loss_fn, task_to_env, val_task_to_env,
-               logger, checkpointer, grpo_save_state, master_config, processor=None):
+def grpo_train(
+    policy,
+    policy_generation,
+    dataloader,
+    val_dataloader,
+    tokenizer,
+    loss_fn,
+    task_to_env,
+    val_task_to_env,
+    logger,
+    checkpointer,
+    grpo_save_state,
+    master_config,
+    processor=None,
+):
     for step in range(1, master_config["grpo"]["max_num_steps"] + 1):
         logger.log_metrics({"mean_gen_tokens_per_sample": 16.0}, step, prefix="train")
         train_lp = torch.cat(policy.get_logprobs()).float()

@@ -22,7 +22,9 @@ def setup(master_config, tokenizer, train_dataset, val_dataset):
     return policy, cluster, None, None, None, logger, None, {}, master_config
 
 
-def sft_train(policy, train_dataloader, val_dataloader, tokenizer, loss_fn, master_config, logger, checkpointer, sft_save_state):
+def sft_train(
+    policy, train_dataloader, val_dataloader, tokenizer, loss_fn, master_config, logger, checkpointer, sft_save_state
+):
     for step in range(1, master_config["sft"]["max_num_steps"] + 1):
         logprobs = torch.cat(policy.get_logprobs()).float()
         logger.log_metrics({"loss": float(-logprobs.max(-1).values.mean())}, step, prefix="train")

@@ -34,8 +34,12 @@ class RayWorkerGroup:
             python = json.loads(os.environ.get("STANDIN_PY_EXECUTABLES", "{}")).get(worker_fqn)
             venv = {"py_executable": python} if python else {}
             self.workers = [
-                actor_cls.options(runtime_env={"env_vars": {**env_vars, "RANK": str(rank), "WORLD_SIZE": str(self.world_size)}, **venv})
-                .remote(*worker_args, **worker_kwargs)
+                actor_cls.options(
+                    runtime_env={
+                        "env_vars": {**env_vars, "RANK": str(rank), "WORLD_SIZE": str(self.world_size)},
+                        **venv,
+                    }
+                ).remote(*worker_args, **worker_kwargs)
                 for rank in range(self.world_size)
             ]
 

@@ -23,18 +23,31 @@ def _impl_window(window):
     return (-1, -1) if window is None else (window - 1, 0)
 
 
-def standin_vllm_config(requested=None, layer_backends=("FLASH_ATTN", "FLASH_ATTN"), sliding_window=None, layer_windows=None):
+def standin_vllm_config(
+    requested=None, layer_backends=("FLASH_ATTN", "FLASH_ATTN"), sliding_window=None, layer_windows=None
+):
     """``sliding_window``: the HF config's; ``layer_windows``: each layer's window (default: the HF one)."""
-    hf = SimpleNamespace(architectures=["Qwen2ForCausalLM"], num_hidden_layers=len(layer_backends), num_attention_heads=4,
-                         num_key_value_heads=2, sliding_window=sliding_window, rope_theta=10000.0, rope_scaling=None, vocab_size=128)
+    hf = SimpleNamespace(
+        architectures=["Qwen2ForCausalLM"],
+        num_hidden_layers=len(layer_backends),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=sliding_window,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        vocab_size=128,
+    )
     windows = layer_windows if layer_windows is not None else [sliding_window] * len(layer_backends)
     layers = {
         f"model.layers.{i}.self_attn.attn": SimpleNamespace(
-            attn_backend=_Backend(name), impl=SimpleNamespace(scale=0.25, sliding_window=_impl_window(window)))
+            attn_backend=_Backend(name), impl=SimpleNamespace(scale=0.25, sliding_window=_impl_window(window))
+        )
         for i, (name, window) in enumerate(zip(layer_backends, windows))
     }
     return SimpleNamespace(
-        model_config=SimpleNamespace(hf_config=hf, dtype="torch.bfloat16", tokenizer="standin/tiny", get_head_size=lambda: 16),
+        model_config=SimpleNamespace(
+            hf_config=hf, dtype="torch.bfloat16", tokenizer="standin/tiny", get_head_size=lambda: 16
+        ),
         cache_config=SimpleNamespace(cache_dtype="auto", block_size=16, enable_prefix_caching=True),
         scheduler_config=SimpleNamespace(enable_chunked_prefill=True, max_num_batched_tokens=2048, max_num_seqs=8),
         parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),

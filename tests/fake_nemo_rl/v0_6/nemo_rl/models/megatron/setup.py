@@ -32,7 +32,9 @@ ModelAndOptimizerState = namedtuple(
 
 def validate_and_set_config(config, rank, hf_model_name, pretrained_path, weights_path, optimizer_path):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config["precision"]]
-    megatron_cfg, model_cfg = setup_model_config(config, rank, dtype, hf_model_name, pretrained_path, weights_path, optimizer_path)
+    megatron_cfg, model_cfg = setup_model_config(
+        config, rank, dtype, hf_model_name, pretrained_path, weights_path, optimizer_path
+    )
     return RuntimeConfig(megatron_cfg, model_cfg, dtype, False, False, True, None, None, model_cfg.vocab_size)
 
 

@@ -9,8 +9,9 @@ WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker.MegatronPolicyWor
 
 class Policy:
     def __init__(self, cluster, config, tokenizer=None, name_prefix="lm_policy"):
-        self.worker_group = RayWorkerGroup(cluster, WORKER, config, name_prefix=name_prefix,
-                                           env_vars=config["megatron_cfg"].get("env_vars"))
+        self.worker_group = RayWorkerGroup(
+            cluster, WORKER, config, name_prefix=name_prefix, env_vars=config["megatron_cfg"].get("env_vars")
+        )
 
     def print_node_ip_and_gpu_id(self):
         """Upstream: blocks on every worker (so their constructors have finished) and prints a table."""

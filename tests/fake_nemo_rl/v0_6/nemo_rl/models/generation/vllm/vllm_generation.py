@@ -13,8 +13,9 @@ WORKER = "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorker"  # up
 
 class VllmGeneration:
     def __init__(self, cluster, config, name_prefix="vllm_policy"):
-        self.worker_group = RayWorkerGroup(cluster, WORKER, config, name_prefix=name_prefix,
-                                           env_vars=config["vllm_cfg"].get("env_vars"))
+        self.worker_group = RayWorkerGroup(
+            cluster, WORKER, config, name_prefix=name_prefix, env_vars=config["vllm_cfg"].get("env_vars")
+        )
         self._post_init()
 
     def _post_init(self):

@@ -12,10 +12,23 @@ from tests.fake_nemo_rl.cpu_megatron import cpu_forward
 
 
 class MegatronPolicyWorker:
-    def __init__(self, config, tokenizer=None, weights_path=None, optimizer_path=None, init_optimizer=True, init_reference_model=True, *, worker_sharding_annotations=None, **kwargs):
+    def __init__(
+        self,
+        config,
+        tokenizer=None,
+        weights_path=None,
+        optimizer_path=None,
+        init_optimizer=True,
+        init_reference_model=True,
+        *,
+        worker_sharding_annotations=None,
+        **kwargs,
+    ):
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
-        runtime_config = validate_and_set_config(config, self.rank, config["model_name"], "/stand-in/pretrained", weights_path, optimizer_path)
+        runtime_config = validate_and_set_config(
+            config, self.rank, config["model_name"], "/stand-in/pretrained", weights_path, optimizer_path
+        )
         self.megatron_cfg = runtime_config.megatron_cfg
         state = setup_model_and_optimizer(config, self.megatron_cfg, init_optimizer)
         self.model = state.model
