@@ -1,12 +1,12 @@
 """Chaining ``sitecustomize`` for interpreters that reach the plugin only through ``PYTHONPATH``.
 
-NeMo-RL runs each worker in its own uv venv, without the packages of the driver's environment,
-but with the driver's whole environment (``PYTHONPATH`` included) in Ray's runtime_env. The
-NeMo-RL driver hook (when it attaches, before ``init_ray()``) and ``nemo-rl-attn-align run --`` put
-this directory first on ``PYTHONPATH``; a worker interpreter then imports this file as ``sitecustomize``. It makes ``nemo_rl_attn_align`` (and only it) importable from where it is
-installed, activates the lazy bootstrap, and then runs the ``sitecustomize`` that this file
-shadows, as ``opentelemetry-instrument`` and ``ddtrace-run`` do. Stdlib only, never raises for
-its own part.
+NeMo-RL runs each worker in its own uv venv, without the packages of the driver's environment, but
+with the driver's whole environment (``PYTHONPATH`` included) in Ray's runtime_env. The NeMo-RL
+driver hook (when it attaches, before ``init_ray()``) and ``nemo-rl-attn-align run --`` put this
+directory first on ``PYTHONPATH``; a worker interpreter then imports this file as ``sitecustomize``.
+It makes ``nemo_rl_attn_align`` (and only it) importable from where it is installed, activates the
+lazy bootstrap, and then runs the ``sitecustomize`` that this file shadows, as ``opentelemetry-instrument``
+and ``ddtrace-run`` do. Stdlib only, never raises for its own part.
 """
 
 import os
@@ -66,6 +66,7 @@ def _chain():
     spec.loader.exec_module(module)
 
 
-if sys.version_info >= (3, 10):
+# A worker venv may run an older Python than the plugin supports: there it only chains.
+if sys.version_info >= (3, 10):  # noqa: UP036 - the shim is imported by any interpreter on PYTHONPATH
     _activate()
 _chain()

@@ -1,1 +1,2 @@
-"""Reading a NeMo-RL recipe: the loader (as NeMo-RL reads it), the ``attention_align`` settings, the packaged examples."""
+"""Reading a NeMo-RL recipe: the loader (as NeMo-RL reads it), the ``attention_align`` settings, the packaged
+examples."""

@@ -75,7 +75,8 @@ def _read_config_text(path: Path) -> str:
     except (OSError, ValueError) as err:  # permission, symlink loop, name too long, NUL in the path
         why = getattr(err, "strerror", None) or str(err)
         raise UsageError(
-            f"config file {where} cannot be opened: {first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML file."
+            f"config file {where} cannot be opened: {first_line(why)}. Fix: pass the path of a readable NeMo-RL YAML "
+            f"file."
         ) from None
 
 
@@ -119,7 +120,8 @@ def _load_one(path: Path, state: _LoadState):
         raise UsageError(f"{shown_path(path)}: {type(err).__name__}: {first_line(err)}. Fix the YAML.") from None
     if not isinstance(cfg, DictConfig):
         raise UsageError(
-            f"{shown_path(path)}: the top level is a {type(cfg).__name__}, not a mapping. Fix: a NeMo-RL config is a YAML mapping."
+            f"{shown_path(path)}: the top level is a {type(cfg).__name__}, not a mapping. Fix: a NeMo-RL config is a "
+            f"YAML mapping."
         )
     return cfg
 

@@ -111,7 +111,8 @@ class AttentionContract:
             raise ContractError(f"worker_id must be a non-empty string, got {self.worker_id!r}")
         if self.schema_version != CONTRACT_SCHEMA_VERSION:
             raise ContractError(
-                f"contract schema_version {self.schema_version!r} is not supported (this version reads {CONTRACT_SCHEMA_VERSION})"
+                f"contract schema_version {self.schema_version!r} is not supported (this version reads "
+                f"{CONTRACT_SCHEMA_VERSION})"
             )
         missing = [name for name in FIELD_NAMES if name not in self.fields]
         if missing:

@@ -7,7 +7,8 @@ the configuration, not observable at all, or (in a preview) not knowable before 
 
 The schema is versioned (``CONTRACT_SCHEMA_VERSION``) and ``to_dict``/``from_dict`` round-trip
 exactly through JSON. ``FIELDS`` is the documented field list; the contract object itself (``AttentionContract``, its
-``FieldValue``s and the ``ContractBuilder`` the hooks fill it with) is in ``contract.contract``. Stdlib only: importing this module imports nothing heavy.
+``FieldValue``s and the ``ContractBuilder`` the hooks fill it with) is in ``contract.contract``. Stdlib only:
+importing this module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         "softmax_scale",
         _ID,
         _kind_fp32,
-        "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, flash-attn: C float)",
+        "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, "
+        "flash-attn: C float)",
         fix=_MODEL_FIX,
     ),
     _spec("causal", _ID, _kind_bool, "causal mask", fix=_MODEL_FIX),
@@ -290,7 +292,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         "layer_windows",
         _ID,
         _kind_layer_windows,
-        "per layer, in order: the left window the kernel receives (null = full attention); tells interleaved sliding/full layers apart",
+        "per layer, in order: the left window the kernel receives (null = full attention); tells interleaved "
+        "sliding/full layers apart",
         fix=_MODEL_FIX,
     ),
     _spec(
@@ -326,7 +329,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         "tokenizer",
         _ID,
         _kind_str,
-        "tokenizer that produced the token ids: sha256 of its files for a local directory (compared by content), else its name",
+        "tokenizer that produced the token ids: sha256 of its files for a local directory (compared by content), else "
+        "its name",
         fix="use one tokenizer on both sides (policy.tokenizer.name)",
     ),
     _spec(
@@ -341,15 +345,21 @@ FIELDS: tuple[FieldSpec, ...] = (
         "merge_rule",
         _SEM,
         _choice(*MERGE_RULES),
-        "how partial results combine: online_softmax_lse (merge (out, lse) partials) or full_softmax (one softmax over the whole row)",
-        fix="use a FlashAttention/FusedAttention-family backend on both sides (unfused and local compute one full softmax), or relax attention_align.mandate.merge_rule",
+        "how partial results combine: online_softmax_lse (merge (out, lse) partials) or full_softmax (one softmax over "
+        "the whole row)",
+        fix="use a FlashAttention/FusedAttention-family backend on both sides (unfused and local compute one full "
+        "softmax), or relax attention_align.mandate.merge_rule",
     ),
     _spec(
         "reduction_order",
         _SEM,
         _choice(*REDUCTION_ORDERS),
-        "order partials are folded: kv_index (by global KV block index, canonical), ring_step (TE CP ring), split_kv (split-KV combine), unspecified",
-        fix="attention_align.preset: aligned (or check --fix) sets it: rollout VLLM_BATCH_INVARIANT=1 in policy.generation.vllm_cfg.env_vars (one KV split); training context_parallel_size 1 (NeMo-RL packs sequences under CP and TE runs packed attention only over its p2p ring); or relax attention_align.mandate.reduction_order",
+        "order partials are folded: kv_index (by global KV block index, canonical), ring_step (TE CP ring), split_kv "
+        "(split-KV combine), unspecified",
+        fix="attention_align.preset: aligned (or check --fix) sets it: rollout VLLM_BATCH_INVARIANT=1 in "
+        "policy.generation.vllm_cfg.env_vars (one KV split); training context_parallel_size 1 (NeMo-RL packs "
+        "sequences under CP and TE runs packed attention only over its p2p ring); or relax "
+        "attention_align.mandate.reduction_order",
     ),
     _spec(
         "acc_dtype",
@@ -363,14 +373,16 @@ FIELDS: tuple[FieldSpec, ...] = (
         _SEM,
         _choice(*DOWNCASTS),
         "where the output leaves acc_dtype: final_write (once) or per_partial (each partial before the merge)",
-        fix="per-partial downcasts come from TE context parallelism over a p2p ring (NeMo-RL's packed sequences run no other): use context_parallel_size 1, or relax attention_align.mandate.downcast",
+        fix="per-partial downcasts come from TE context parallelism over a p2p ring (NeMo-RL's packed sequences "
+        "run no other): use context_parallel_size 1, or relax attention_align.mandate.downcast",
     ),
     _spec(
         "dtype",
         _SEM,
         _kind_dtype,
         "dtype of Q/K/V and of the attention output",
-        fix="set policy.precision and policy.generation.vllm_cfg.precision to the same dtype, or set attention_align.allow_dtype_difference: true for a deliberate sweep",
+        fix="set policy.precision and policy.generation.vllm_cfg.precision to the same dtype, or set "
+        "attention_align.allow_dtype_difference: true for a deliberate sweep",
     ),
     # recorded: how it was materialized; every difference is listed, none rejected
     _spec("engine", _REC, _kind_str, "engine: megatron-te, megatron-local, vllm"),
@@ -378,13 +390,15 @@ FIELDS: tuple[FieldSpec, ...] = (
         "backend",
         _REC,
         _kind_backend,
-        "attention backend id (TE FlashAttention/FusedAttention/UnfusedDotProductAttention, vLLM FLASH_ATTN/FLASHINFER/...); a mapping layer -> backend when layers differ",
+        "attention backend id (TE FlashAttention/FusedAttention/UnfusedDotProductAttention, vLLM "
+        "FLASH_ATTN/FLASHINFER/...); a mapping layer -> backend when layers differ",
     ),
     _spec(
         "reduction_engine",
         _REC,
         _kind_str,
-        "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, te_cp_a2a+p2p, fa_split_combine, ...",
+        "who merges partials: single_kernel, te_cp_p2p, te_cp_all_gather, te_cp_a2a, te_cp_a2a+p2p, fa_split_combine, "
+        "...",
     ),
     _spec(
         "split_kv_policy",

@@ -81,7 +81,8 @@ def te_semantics(
         b.configured(name, None, "full-sequence forward: no KV cache")
     if backend is None or dtype is None:
         what = "the attention backend" if backend is None else "the dtype"
-        why = f"{what} is not known ({'see the pre-flight findings' if preview else 'not readable from the model config'})"
+        where = "see the pre-flight findings" if preview else "not readable from the model config"
+        why = f"{what} is not known ({where})"
         for name in (*fields_of(Tier.SEMANTIC), "reduction_engine"):
             unknown(name, why)
         return
@@ -126,12 +127,14 @@ def te_semantics(
         b.configured(
             "reduction_order",
             "ring_step",
-            f"context_parallel_size {cp}, cp_comm_type {comm}: TE merges per-step (out, lse) partials in ring-step order, which depends on rank and cp_size",
+            f"context_parallel_size {cp}, cp_comm_type {comm}: TE merges per-step (out, lse) partials in ring-step "
+            f"order, which depends on rank and cp_size",
         )
         b.configured(
             "downcast",
             "per_partial",
-            f"cp_comm_type {comm}: each ring step's kernel writes its partial output in {dtype} before the LSE correction",
+            f"cp_comm_type {comm}: each ring step's kernel writes its partial output in {dtype} before the LSE "
+            f"correction",
         )
     else:
         why = f"cp_comm_type {comm}: the full KV is gathered, one kernel pass"
@@ -181,7 +184,8 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
     b.configured(
         "reduction_order",
         "split_kv",
-        "decode may split the KV (FlashAttention num_splits heuristic, FlashInfer/Triton split-KV decode); the order depends on the batch",
+        "decode may split the KV (FlashAttention num_splits heuristic, FlashInfer/Triton split-KV decode); the order "
+        "depends on the batch",
     )
     if chosen == {"FLASH_ATTN"}:
         b.configured(

@@ -33,7 +33,7 @@ def tokenizer_identity(name: str | None) -> tuple[str | None, str]:
         paths = [os.path.join(name, file) for file in group]
         if all(os.path.isfile(path) for path in paths):
             digest = hashlib.sha256()
-            for file, path in zip(group, paths):
+            for file, path in zip(group, paths, strict=True):
                 digest.update(file.encode() + b"\0")
                 with open(path, "rb") as handle:
                     for block in iter(lambda: handle.read(1 << 20), b""):

@@ -5,10 +5,10 @@ Attention shapes come, field by field, from the first of: explicit flags, the co
 ``num_query_groups``, ``kv_channels``, ``window_size``), ``policy.hf_config_overrides``
 (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the model's
 ``config.json`` on local disk (``hf_model``: a local path or the Hugging Face cache, never the
-network), and only then the built-in table of well-known ``policy.model_name`` values. ``kv_heads`` defaults to ``heads`` (MHA) and
-``window`` to none (full causal), as in Megatron and Hugging Face. The config's part is read once
-into ``preflight.facts.RecipeFacts`` (its ``shape`` layers); the public functions take the config
-or those facts.
+network), and only then the built-in table of well-known ``policy.model_name`` values. ``kv_heads``
+defaults to ``heads`` (MHA) and ``window`` to none (full causal), as in Megatron and Hugging Face.
+The config's part is read once into ``preflight.facts.RecipeFacts`` (its ``shape`` layers); the
+public functions take the config or those facts.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -
 def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shape:
     """Attention shape for the sweep: flags > drift block > model_overrides > hf overrides > built-in."""
     facts = as_facts(cfg)
-    layers = [("flags", {k: v for k, v in flags.items() if v is not None})] + _sources(facts)
+    layers = [("flags", {k: v for k, v in flags.items() if v is not None}), *_sources(facts)]
     picked: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in ("heads", "kv_heads", "head_dim", "window", "seq_len", "hidden"):
@@ -221,6 +221,7 @@ def parse_dtypes(text: str) -> list[str]:
     bad = [n for n in names if n not in DTYPE_NAMES]
     if bad or not names:
         raise UsageError(
-            f"--dtypes {text!r}: unknown dtype {bad[0] if bad else '(empty)'}. Fix: a comma list of {', '.join(DTYPE_NAMES)}."
+            f"--dtypes {text!r}: unknown dtype {bad[0] if bad else '(empty)'}. "
+            f"Fix: a comma list of {', '.join(DTYPE_NAMES)}."
         )
     return names

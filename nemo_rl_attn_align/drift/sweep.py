@@ -367,7 +367,7 @@ def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
     fig, axes = plt.subplots(
         1, len(dtypes), figsize=((2.4 + 0.9 * len(rollout)) * len(dtypes), 1.6 + 0.5 * len(training)), squeeze=False
     )
-    for ax, dname in zip(axes[0], dtypes):
+    for ax, dname in zip(axes[0], dtypes, strict=True):
         grid = [
             [
                 next(

@@ -173,10 +173,12 @@ def _notify(module) -> None:
             _run(callback, module)
 
 
+#: The one ``_LazyHost`` of each host name (written under ``_lock``).
+_lazy_hosts: dict[str, "_LazyHost"] = {}
+
+
 class _LazyHost:
     """Callback that imports ``nemo_rl_attn_align.hosts.<name>`` and calls its ``attach()``."""
-
-    _instances: dict[str, "_LazyHost"] = {}
 
     def __init__(self, name: str):
         self.name = name
@@ -184,10 +186,10 @@ class _LazyHost:
     @classmethod
     def get(cls, name: str) -> "_LazyHost":
         """One instance per host, so ``watch`` sees the same callback every time."""
-        instance = cls._instances.get(name)
+        instance = _lazy_hosts.get(name)
         if instance is None:
             with _lock:
-                instance = cls._instances.setdefault(name, cls(name))
+                instance = _lazy_hosts.setdefault(name, cls(name))
         return instance
 
     def __call__(self, module) -> None:

@@ -171,7 +171,8 @@ def _patch_logger(module) -> None:
         fits = False
     if not fits:
         _unsupported(
-            f"{LOGGER_MODULE}.Logger.log_metrics{LOG_METRICS_PARAMS} not found (no drift figures, no first-step collection)"
+            f"{LOGGER_MODULE}.Logger.log_metrics{LOG_METRICS_PARAMS} not found (no drift figures, no first-step "
+            f"collection)"
         )
         return
     _seams.wrap(logger_cls, "log_metrics", _wrap_log_metrics)

@@ -160,7 +160,8 @@ def _te_selection() -> tuple[dict[str, Any] | None, str]:
         return {"backend": log_handler.seen[-1], "detail": ""}, "TE DotProductAttention debug log (NVTE_DEBUG)"
     return (
         None,
-        "TE made no backend selection visible (no _attention_backends, no get_attention_backend call, no NVTE_DEBUG log)",
+        "TE made no backend selection visible (no _attention_backends, no get_attention_backend call, no NVTE_DEBUG "
+        "log)",
     )
 
 

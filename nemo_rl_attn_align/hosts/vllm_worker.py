@@ -81,7 +81,8 @@ def record_engine(worker: Any) -> RolloutRecord:
     chosen = sorted(set(facts["layer_backends"].values()))
     if requested and chosen and chosen != [requested]:
         record.note(
-            f"vLLM was asked for attention backend {requested} ({facts['requested_source']}) but chose {', '.join(chosen)}"
+            f"vLLM was asked for attention backend {requested} ({facts['requested_source']}) "
+            f"but chose {', '.join(chosen)}"
         )
     record.write("engine_ready")
     record.stop_if_strict()
@@ -124,7 +125,8 @@ def cover(worker_class: type) -> bool:
         _patching.unsupported(
             "vLLM",
             versions.installed_version("vLLM"),
-            f"worker class {worker_class.__module__}.{worker_class.__qualname__} {what} method {method} the plugin can wrap, "
+            f"worker class {worker_class.__module__}.{worker_class.__qualname__} {what} method {method} the plugin can "
+            f"wrap, "
             "so its engine is not recorded",
             _strict(),
         )

@@ -71,7 +71,8 @@ def _config_values(facts: PolicyFacts) -> list[Finding]:
             _invalid(
                 MEGATRON_KEY,
                 megatron_cfg,
-                f"is {_type_name(megatron_cfg)}, not a mapping; NeMo-RL reads policy.megatron_cfg.get('enabled') and fails.",
+                f"is {_type_name(megatron_cfg)}, not a mapping; NeMo-RL reads policy.megatron_cfg.get('enabled') and "
+                f"fails.",
                 "write policy.megatron_cfg as a mapping (enabled: true, attention_backend: ...), or remove it.",
             )
         ]

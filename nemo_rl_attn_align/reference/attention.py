@@ -75,7 +75,7 @@ def sequences(q, k, cu_seqlens_q=None, cu_seqlens_k=None) -> list[tuple[int, int
     cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
     if len(cq) != len(ck) or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] or ck[-1] != k.shape[0]:
         raise ValueError("cu_seqlens must start at 0, have equal lengths and end at the packed lengths")
-    return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:]))
+    return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:], strict=True))
 
 
 def reference_attention(

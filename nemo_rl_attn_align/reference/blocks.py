@@ -179,28 +179,28 @@ def pair_partial(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FP32 online-softmax state of one (tile, block) pair (shapes as in ``pair_scores``, vb like kb).
 
-    Returns m, l ``[Hkv, g*BQ, 1]`` and acc ``[Hkv, g*BQ, D]``; a row with no visible key has
-    m = -inf, l = 0, acc = 0.
+    Returns m, row_sum ``[Hkv, g*BQ, 1]`` and acc ``[Hkv, g*BQ, D]``; a row with no visible key has
+    m = -inf, row_sum = 0, acc = 0.
     """
     s = pair_scores(qt, kb, mask, scale, group)  # [Hkv, g*BQ, BK]
     m = s.amax(dim=-1, keepdim=True)  # [Hkv, g*BQ, 1]
     m_safe = torch.where(m == NEG_INF, 0.0, m) if mask is not None else m
     p = s.sub_(m_safe).exp_()  # in place: s becomes p
-    l = p.sum(dim=-1, keepdim=True)
+    row_sum = p.sum(dim=-1, keepdim=True)
     acc = torch.bmm(p, vb)  # [Hkv, g*BQ, D]
-    return m, l, acc
+    return m, row_sum, acc
 
 
 def merge_into(state: list, part: tuple) -> None:
-    """Fold ``part`` into ``state`` ([m, l, acc], updated in place) by the online-softmax rule."""
-    m, l, acc = state
-    m_b, l_b, acc_b = part
+    """Fold ``part`` into ``state`` ([m, row_sum, acc], updated in place) by the online-softmax rule."""
+    m, row_sum, acc = state
+    m_b, row_sum_b, acc_b = part
     m_new = torch.maximum(m, m_b)
     m_ref = torch.where(m_new == NEG_INF, 0.0, m_new)
     a = torch.exp(m - m_ref)
     b = torch.exp(m_b - m_ref)
     acc.mul_(a).addcmul_(acc_b, b)
-    l.mul_(a).addcmul_(l_b, b)
+    row_sum.mul_(a).addcmul_(row_sum_b, b)
     state[0] = m_new
 
 
@@ -280,9 +280,9 @@ class QueryTiles:
             acc = tile["acc"]
             if not acc.done:
                 raise RuntimeError(f"tile {t}: blocks {acc.expected[acc._next :]} never delivered by the plan")
-            m, l, a = acc.state
-            o = ungroup_heads(a / l, geom.num_heads)  # [BQ, Hq, D]
-            s = ungroup_heads((m + torch.log(l)).squeeze(-1), geom.num_heads)  # [BQ, Hq]
+            m, row_sum, a = acc.state
+            o = ungroup_heads(a / row_sum, geom.num_heads)  # [BQ, Hq, D]
+            s = ungroup_heads((m + torch.log(row_sum)).squeeze(-1), geom.num_heads)  # [BQ, Hq]
             out[tile["idx"]] = o[tile["off"]].to(self.dtype)
             lse[tile["idx"]] = s[tile["off"]]
         return out, lse

@@ -107,11 +107,11 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
 
 
 def _online_softmax(qg, kh, vh, visible, tiles, scale, group, p_dtype):
-    """One split's state over ``tiles`` (walked last-first): ``(m, l, acc)`` FP32, grouped rows."""
+    """One split's state over ``tiles`` (walked last-first): ``(m, row_sum, acc)`` FP32, grouped rows."""
     hkv, rows, d = qg.shape
     n = rows // group
     m = torch.full((hkv, rows, 1), NEG_INF, dtype=torch.float32, device=qg.device)
-    l = torch.zeros_like(m)
+    row_sum = torch.zeros_like(m)
     acc = torch.zeros(hkv, rows, d, dtype=torch.float32, device=qg.device)
     for lo, hi in reversed(tiles):
         s = torch.baddbmm(qg.new_empty(()), qg, kh[:, lo:hi].transpose(1, 2), beta=0.0, alpha=scale)
@@ -122,12 +122,12 @@ def _online_softmax(qg, kh, vh, visible, tiles, scale, group, p_dtype):
         m_ref = torch.where(m_new == NEG_INF, 0.0, m_new)
         alpha = torch.exp(m - m_ref)
         p = s.sub_(m_ref).exp_()
-        l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+        row_sum.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
         if p_dtype != torch.float32:
             p = p.to(p_dtype).to(torch.float32)  # FA rounds P to the input dtype before P @ V
         acc.mul_(alpha).baddbmm_(p, vh[:, lo:hi])
         m = m_new
-    return m, l, acc
+    return m, row_sum, acc
 
 
 def flash_forward(
@@ -186,18 +186,18 @@ def flash_forward(
     return out, lse
 
 
-def _normalise(m, l, acc):
-    """Epilogue of one state: ``(acc / l, m + log l)``, squeezing the row dim of the LSE."""
-    return acc / l, (m + torch.log(l)).squeeze(-1)
+def _normalise(m, row_sum, acc):
+    """Epilogue of one state: ``(acc / row_sum, m + log row_sum)``, squeezing the row dim of the LSE."""
+    return acc / row_sum, (m + torch.log(row_sum)).squeeze(-1)
 
 
 def _finish(states):
     """FlashAttention's split-KV combine over per-split FP32 ``(O, LSE)``, in split order."""
     outs, lses = [], []
-    for m, l, acc in states:
-        empty = l == 0
-        outs.append(torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l)))
-        lses.append(torch.where(empty, NEG_INF, m + torch.log(l)).squeeze(-1))
+    for m, row_sum, acc in states:
+        empty = row_sum == 0
+        outs.append(torch.where(empty, 0.0, acc / torch.where(empty, 1.0, row_sum)))
+        lses.append(torch.where(empty, NEG_INF, m + torch.log(row_sum)).squeeze(-1))
     lse_max = torch.stack(lses).amax(dim=0)
     lse_max = torch.where(lse_max == NEG_INF, 0.0, lse_max)
     total = torch.zeros_like(lse_max)
@@ -205,7 +205,7 @@ def _finish(states):
         total = total + torch.exp(s - lse_max)
     lse = torch.where(total == 0, math.inf, torch.log(total) + lse_max)
     out = torch.zeros_like(outs[0])
-    for o, s in zip(outs, lses):
+    for o, s in zip(outs, lses, strict=True):
         out = out + torch.exp(s - lse)[..., None] * o
     return out, lse
 

@@ -44,7 +44,8 @@ def _announcement(doc: Mapping[str, Any], previous: Mapping[str, Any] | None, pa
             + [f"report updated: {path}"]
         )
     if final:
-        return f"attention_align ({point}): verdict {verdict}, unchanged since {previous.get('collected_at')}; report: {path}"
+        since = previous.get("collected_at")
+        return f"attention_align ({point}): verdict {verdict}, unchanged since {since}; report: {path}"
     return None
 
 

@@ -16,8 +16,11 @@ _TAGS = {"observed": "obs", "configured": "cfg", "unobservable": "unobs", "pendi
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     """A plain left-aligned text table."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
+        for row in [headers, *rows]
+    ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
@@ -127,7 +130,8 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     sides = [f"{side} {', '.join(names)}" for side in SIDES if (names := _worker_list(doc, side))]
     stale = f"; stale files of other runs: {len(workers['stale'])}" if workers.get("stale") else ""
     lines = [
-        f"nemo-rl-attn-align report: verdict {doc['verdict'].upper()} (on_mismatch: {doc['settings']['on_mismatch']}{point})",
+        f"nemo-rl-attn-align report: verdict {doc['verdict'].upper()} (on_mismatch: "
+        f"{doc['settings']['on_mismatch']}{point})",
         "workers: "
         + "; ".join(sides or ["none recorded"])
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"
