@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (stdlib-only modules below)
 
-from nemo_rl_attn_align.preflight.backend import (
+from nemo_rl_attn_align.preflight.backend import (  # noqa: E402 (after sys.path.insert: this checkout's package)
     NVTE_BY_BACKEND,
     TE_CLASS_BY_BACKEND,
 )
@@ -318,7 +318,8 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"{doc['device']} (sm{''.join(map(str, doc['capability']))}), {doc['peak_source']}",
-            f"BF16, causal, batch {shape['batch']}, {shape['heads']} q heads / {shape['kv_heads']} kv heads, head dim {shape['head_dim']}; "
+            f"BF16, causal, batch {shape['batch']}, {shape['heads']} q heads / {shape['kv_heads']} kv heads, "
+            f"head dim {shape['head_dim']}; "
             f"median of {shape['iters']} after {shape['warmup']} warm-up; {doc['flop_convention']}",
             format_table(headers, table),
         ]

@@ -64,7 +64,8 @@ def main() -> int:
         f"max|d logprob|={worst['logprob_abs_max']:.3g}, token_mult_prob_error={worst['token_mult_prob_error']:.6f}"
     )
     print(
-        f"wall {wall:.1f} s (target < {TARGET_S:.0f} s: {'ok' if wall < TARGET_S else 'OVER'}), peak RSS {peak_mib:.0f} MiB"
+        f"wall {wall:.1f} s (target < {TARGET_S:.0f} s: {'ok' if wall < TARGET_S else 'OVER'}), "
+        f"peak RSS {peak_mib:.0f} MiB"
     )
     return 0
 

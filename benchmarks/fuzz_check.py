@@ -330,7 +330,9 @@ def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
             in_process_ms = [_in_process_ms(argv) for _, argv, _ in cases]
         finally:
             os.chdir(cwd)
-        for (name, argv, want), (code, out, err, seconds, mb, cpu), in_process in zip(cases, measured, in_process_ms):
+        for (name, _argv, want), (code, out, err, seconds, mb, cpu), in_process in zip(
+            cases, measured, in_process_ms, strict=True
+        ):
             text = out + err
             lines = text.count("\n")
             ok = code == want["exit"] and ("lines" not in want or lines == want["lines"]) and "Traceback" not in text
@@ -351,16 +353,19 @@ def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
                 }
             )
         print(
-            f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s wall, {baseline[5]:.3f} s CPU, {baseline[4]:.1f} MB"
+            f"baseline (python -c 'import nemo_rl_attn_align.cli'): {baseline[3]:.3f} s wall, "
+            f"{baseline[5]:.3f} s CPU, {baseline[4]:.1f} MB"
         )
     print(f"{'case':<46} {'exit':>4} {'lines':>5} {'wall s':>6} {'cpu s':>6} {'in-proc ms':>10} {'MB':>6}  ok  output")
     for r in rows:
         print(
-            f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} {r['in_process_ms']:>10.1f} {r['peak_mb']:>6.1f}  "
+            f"{r['case']:<46} {r['exit']:>4} {r['lines']:>5} {r['seconds']:>6.3f} {r['cpu_s']:>6.3f} "
+            f"{r['in_process_ms']:>10.1f} {r['peak_mb']:>6.1f}  "
             f"{'yes' if r['ok'] else 'NO '} {r['output']}"
         )
     print(
-        f"{sum(r['ok'] for r in rows)}/{len(rows)} cases as expected (exit, one line, < {timeout_note} s CPU, < {memory_mb} MB); "
+        f"{sum(r['ok'] for r in rows)}/{len(rows)} cases as expected "
+        f"(exit, one line, < {timeout_note} s CPU, < {memory_mb} MB); "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     return rows

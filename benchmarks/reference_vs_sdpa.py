@@ -78,14 +78,15 @@ def main() -> int:
             v = torch.randn(seq, kv_heads, dim, generator=gen).to(dtype)
             grad_out = torch.randn(seq, heads, dim, generator=gen).to(dtype)
 
-            t_sdpa = best_of(lambda: sdpa_thd(q, k, v), args.repeat)
-            t_ref = best_of(lambda: reference_attention(q, k, v), args.repeat)
+            t_sdpa = best_of(lambda q=q, k=k, v=v: sdpa_thd(q, k, v), args.repeat)
+            t_ref = best_of(lambda q=q, k=k, v=v: reference_attention(q, k, v), args.repeat)
             b_sdpa = best_of(forward_backward(sdpa_thd, (q, k, v), grad_out), args.repeat)
             b_ref = best_of(forward_backward(reference_out, (q, k, v), grad_out), args.repeat)
             ratio, ratio_both = t_ref / t_sdpa, b_ref / b_sdpa
             worst, worst_both = max(worst, ratio), max(worst_both, ratio_both)
             print(
-                f"{label:34s} {str(dtype)[6:]:9s} {t_sdpa:8.3f} {t_ref:12.3f} {ratio:6.2f}  {'ok' if ratio <= TARGET else 'OVER':15s}"
+                f"{label:34s} {str(dtype)[6:]:9s} {t_sdpa:8.3f} {t_ref:12.3f} {ratio:6.2f}  "
+                f"{'ok' if ratio <= TARGET else 'OVER':15s}"
                 f"  {b_sdpa:10.3f} {b_ref:10.3f} {ratio_both:9.2f}"
             )
     print(

@@ -42,7 +42,7 @@ def updated(text: str, names: tuple[str, ...]) -> str:
         pattern = re.compile(rf"(<!-- codes:{name} -->\n).*?(<!-- /codes:{name} -->)", re.S)
         if len(pattern.findall(text)) != 1:
             raise ValueError(f"expected one <!-- codes:{name} --> ... <!-- /codes:{name} --> pair")
-        text = pattern.sub(lambda m: m.group(1) + table(name) + m.group(2), text)
+        text = pattern.sub(lambda m, name=name: m.group(1) + table(name) + m.group(2), text)
     return text
 
 

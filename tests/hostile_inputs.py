@@ -119,7 +119,7 @@ POOLS: dict[str, list] = {
 }
 
 #: ``megatron_cfg.enabled`` as NeMo-RL reads it: any truthy value enables Megatron.
-POOLS[f"{_M}.enabled"] = POOLS.get(f"{_M}.enabled", []) + [1, 0, "yes", "false", "", None, [1]]
+POOLS[f"{_M}.enabled"] = [*POOLS.get(f"{_M}.enabled", []), 1, 0, "yes", "false", "", None, [1]]
 
 #: The oracle's reading of the attention_align schema (README "Settings" table).
 _MANDATE_VALUES = {

@@ -153,13 +153,13 @@ def test_reference_step_is_the_references_forward_and_backward(bench):
     forward_backward()
     grads = [x.grad.clone() for x in (q, k, v)]
     forward_backward()  # grads are reset, not accumulated
-    assert all(torch.equal(x.grad, g) for x, g in zip((q, k, v), grads))
+    assert all(torch.equal(x.grad, g) for x, g in zip((q, k, v), grads, strict=True))
     for b in range(batch):  # each batch row is its own causal sequence
         leaves = [x[b].detach().clone().requires_grad_() for x in (q, k, v)]
         alone, _ = reference_attention(*leaves)
         alone.backward(grad_out[b].view(seq, 4, 16))
         assert torch.equal(alone.detach().reshape(seq, 64), out[b].detach())
-        assert all(torch.equal(x.grad, g[b]) for x, g in zip(leaves, grads))
+        assert all(torch.equal(x.grad, g[b]) for x, g in zip(leaves, grads, strict=True))
 
 
 def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):

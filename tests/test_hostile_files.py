@@ -188,6 +188,7 @@ def test_drift_settings_refuse_coercible_values(capsys, value):
 
 def test_report_dir_is_normalised(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "check", "--json", str(EXAMPLE), f"++attention_align.report_dir={tmp_path}/X/../Y")
+    assert code == 0
     assert json.loads(out)["attention_align"]["settings"]["report_dir"] == f"{tmp_path}/Y"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nemo_rl_attn_align.config.examples import default_example_path
@@ -138,5 +140,5 @@ def test_get_path():
     assert get_path(cfg, "a.b.c") == 1
     assert get_path(cfg, "a.b.d", None) is None
     assert get_path(cfg, "x.y", "dflt") == "dflt"
-    with pytest.raises(KeyError, match="a.q"):
+    with pytest.raises(KeyError, match=re.escape("a.q")):
         get_path(cfg, "a.q")

@@ -252,7 +252,8 @@ def test_replace_validates_and_keeps_the_rest():
 def test_core_modules_import_nothing_heavy():
     code = (
         "import sys\n"
-        "import nemo_rl_attn_align.contract.schema, nemo_rl_attn_align.compare.binding, nemo_rl_attn_align.compare.determinism\n"
+        "import nemo_rl_attn_align.contract.schema, nemo_rl_attn_align.compare.binding, "
+        "nemo_rl_attn_align.compare.determinism\n"
         "import nemo_rl_attn_align.report.store, nemo_rl_attn_align.report.document\n"
         "import nemo_rl_attn_align.report.render, nemo_rl_attn_align.report.finalize\n"
         "import nemo_rl_attn_align.contract.preview, nemo_rl_attn_align.cli.report\n"

@@ -240,7 +240,7 @@ def test_arbitrary_values_never_crash_the_preview(edits):
     for path, value in edits:
         node = cfg
         for part in path[:-1]:
-            node = node.setdefault(part, {}) if isinstance(node.get(part), dict) else node.setdefault(part, {})
+            node = node.setdefault(part, {})
         node[path[-1]] = value
     try:
         preview = preview_binding(cfg, load_settings(cfg), environ={})

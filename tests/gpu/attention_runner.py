@@ -2,8 +2,9 @@
 ``python -m tests.gpu.attention_runner SPEC RESULT`` (the parent sets NVTE_* to force one backend).
 
 Spec: ``{"seed": int, "heads": Hq, "kv_heads": Hkv, "head_dim": D, "cases": [{"format": "bshd" |
-"sbhd" | "thd", "seqlens": [...], "q_scale": s}]}`` (``q_scale`` sharpens the softmax: logits of std s); bshd/sbhd need equal sequence lengths (causal mask), thd
-takes any (``padding_causal`` with ``cu_seqlens``, NeMo-RL's packed sequences). Every case is
+"sbhd" | "thd", "seqlens": [...], "q_scale": s}]}`` (``q_scale`` sharpens the softmax: logits of std
+s); bshd/sbhd need equal sequence lengths (causal mask), thd takes any (``padding_causal`` with
+``cu_seqlens``, NeMo-RL's packed sequences). Every case is
 compared in the reference's packed ``[T, H, D]`` layout with the same ``cu_seqlens``.
 
 The bound (``bf16_bound``), per output element, with ``A = P·|V|`` (the exact softmax weights

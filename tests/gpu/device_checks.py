@@ -128,7 +128,7 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
 
 def _max_abs_diff(got, base) -> float:
     """Largest |got - base| over the paired outputs (0.0 when bitwise equal), for the record."""
-    return max(float((g.double() - b.double()).abs().max()) for g, b in zip(got, base))
+    return max(float((g.double() - b.double()).abs().max()) for g, b in zip(got, base, strict=True))
 
 
 def sdpa_kernel(q, k, v, backend: str):
@@ -227,7 +227,7 @@ def megatron_local(device: str) -> list[dict]:
                     "dtype": dname,
                     "window": window,
                     "forward_equal": bool(torch.equal(out_real, out_ours)),
-                    "backward_equal": all(bool(torch.equal(a.grad, b.grad)) for a, b in zip(real, ours)),
+                    "backward_equal": all(bool(torch.equal(a.grad, b.grad)) for a, b in zip(real, ours, strict=True)),
                 }
             )
     return rows

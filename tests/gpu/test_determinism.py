@@ -43,7 +43,8 @@ def test_deterministic_mode_is_bitwise_repeatable(backend, tmp_path):
         )
         if backend == "fused" and result.get("error") and result["device"]["capability"][0] >= 10:
             pytest.skip(
-                "TE disables FusedAttention for deterministic training on Blackwell (get_attention_backend, determinism filter)"
+                "TE disables FusedAttention for deterministic training on Blackwell "
+                "(get_attention_backend, determinism filter)"
             )
         assert result.get("error") is None, result["error"]
         assert result["observed"]["backend"] == TE_CLASS_BY_BACKEND[backend]

@@ -77,7 +77,7 @@ def test_vllm_rollout_binds_to_the_training_contract(batch_invariant, tmp_path, 
     identity = {n: f for n, f in fields.items() if f["tier"] == Tier.IDENTITY.value and f["status"] != "match"}
     assert set(identity) == UNOBSERVABLE_IDENTITY, {n: (f["training"], f["rollout"]) for n, f in identity.items()}
     for name, result in identity.items():
-        assert result["status"] == "not_comparable"
+        assert result["status"] == "not_comparable", name
         assert "unobservable" in (result["training"]["provenance"], result["rollout"]["provenance"]), result
 
     predicted = {r.name: r.status.value for r in preview.binding.results if r.tier is Tier.SEMANTIC}

@@ -35,7 +35,7 @@ PROBE = textwrap.dedent(
         "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
         "user_site_ran": os.environ.get("USER_SITECUSTOMIZE_RAN") == "1" or getattr(sys.modules.get("sitecustomize"), "RAN", False),
     }))
-    """
+    """  # noqa: E501 (the probe program, kept verbatim)
 )
 
 
@@ -113,8 +113,9 @@ def test_switch_off_turns_everything_off(plugin_venv):
     assert seen["pythonpath"] == ""
     assert "_PostImportFinder" not in seen["finders"]
     code = (
-        "import sys; sys.path.insert(0, %r); import vllm.v1.worker.gpu_worker as w; from nemo_rl_attn_align.hosts._patching import is_wrapped; print(is_wrapped(w.Worker.compile_or_warm_up_model))"
-        % str(FAKE_VLLM)
+        f"import sys; sys.path.insert(0, {str(FAKE_VLLM)!r}); import vllm.v1.worker.gpu_worker as w; "
+        "from nemo_rl_attn_align.hosts._patching import is_wrapped; "
+        "print(is_wrapped(w.Worker.compile_or_warm_up_model))"
     )
     out = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN="off")
     assert out.stdout.strip() == "False" and "nemo-rl-attn-align" not in out.stderr
@@ -135,7 +136,7 @@ def test_hook_fires_on_import_and_attaching_twice_is_harmless(plugin_venv):
         print("wrapped once:", w.Worker.compile_or_warm_up_model is first and is_wrapped(first) and not is_wrapped(first.__wrapped__))
         print("finders:", sum(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path))
         print("origin:", bootstrap.origin)
-        """
+        """  # noqa: E501 (the program, kept verbatim)
     )
     out = run_python(plugin_venv, code)
     assert out.returncode == 0, out.stderr
@@ -167,7 +168,10 @@ def test_unrecognised_target_warns_once_and_import_goes_on(plugin_venv, tmp_path
     for pkg in (tmp_path / "vllm" / "v1", odd):
         (pkg / "__init__.py").write_text("")
     (odd / "gpu_worker.py").write_text("class GPUWorker:\n    pass\n")
-    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import vllm.v1.worker.gpu_worker as w; import importlib; importlib.reload(w); print('imported', w.GPUWorker.__name__)"
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import vllm.v1.worker.gpu_worker as w; "
+        "import importlib; importlib.reload(w); print('imported', w.GPUWorker.__name__)"
+    )
     out = run_python(plugin_venv, code)
     assert out.returncode == 0 and out.stdout.strip() == "imported GPUWorker"
     warnings = [line for line in out.stderr.splitlines() if "nemo-rl-attn-align" in line]

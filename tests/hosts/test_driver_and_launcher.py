@@ -82,7 +82,10 @@ def run_cli(*args, **env):
     )
 
 
-SHOW_ENV = "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('PYTHONPATH', 'NEMO_RL_ATTN_ALIGN_REPORT_DIR', 'NEMO_RL_ATTN_ALIGN_STRICT')}))"
+SHOW_ENV = (
+    "import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+    "('PYTHONPATH', 'NEMO_RL_ATTN_ALIGN_REPORT_DIR', 'NEMO_RL_ATTN_ALIGN_STRICT')}))"
+)
 
 
 def test_launcher_puts_the_shim_and_settings_in_the_command_env(tmp_path):

@@ -114,8 +114,8 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
     driver_report.end_of_training()
     driver_report._at_exit()  # the run already ended: nothing more
     assert (
-        printed[2]
-        == f"attention_align (train_end): verdict fail, unchanged since first_step; report: {run.settings.report_dir}/{REPORT_FILENAME}"
+        printed[2] == "attention_align (train_end): verdict fail, unchanged since first_step; "
+        f"report: {run.settings.report_dir}/{REPORT_FILENAME}"
     )
     assert len(printed) == 3
     doc = report_of(run)
@@ -304,7 +304,7 @@ def test_drift_figures_take_single_finite_numbers():
 
 
 def test_the_logger_seam_reaches_the_report(driver, tmp_path, bootstrap_state):
-    run, printed = driver(config(tmp_path))
+    run, _ = driver(config(tmp_path))
     worker(run, "training", "policy-rank0", training_peers(1))
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
     run.at_setup()
@@ -332,7 +332,7 @@ def test_temp_files_of_killed_writers_are_listed_then_removed_at_the_end(driver,
     collection lists it as an incomplete write and reads past it; the last one removes it."""
     import time
 
-    run, printed = driver(config(tmp_path))
+    run, _ = driver(config(tmp_path))
     worker(run, "training", "policy-rank0", training_peers(1))
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
     leftover = Path(run.settings.report_dir) / "workers" / ".rollout--vllm-rank0-worker1.json.k1ll3d.tmp"

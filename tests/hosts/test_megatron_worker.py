@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -163,7 +164,7 @@ def test_readback_differs_from_request_warns_or_stops_in_strict(hooked, tmp_path
     for name in NVTE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     strict_worker = worker_module.MegatronPolicyWorker(policy_config("flash", impl="local"))
-    with pytest.raises(_patching.StrictModeError, match="attention_align.strict is true"):
+    with pytest.raises(_patching.StrictModeError, match=re.escape("attention_align.strict is true")):
         strict_worker.get_logprobs()
     assert detail(tmp_path)["stage"] == "first_forward"  # written before stopping
 
@@ -202,7 +203,7 @@ def test_unknown_layout_warns_once_and_strict_stops(bootstrap_state, tmp_path, m
     assert len(lines) == 1 and "NeMo-RL 9.0.0" in lines[0] and "setup_megatron_model" in lines[0]
 
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
-    with standin(root, "nemo_rl"), pytest.raises(_patching.HostLayoutError, match="NeMo-RL 9.0.0"):
+    with standin(root, "nemo_rl"), pytest.raises(_patching.HostLayoutError, match=re.escape("NeMo-RL 9.0.0")):
         __import__(WORKER)
     megatron_worker.detach()
 

@@ -36,7 +36,7 @@ def fake_vllm(bootstrap_state, monkeypatch, tmp_path):
 def test_engine_record_after_warm_up(fake_vllm, tmp_path):
     worker = fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN"), rank=1)
     assert worker.compile_or_warm_up_model() == 0.0 and worker.warmed_up
-    [(contract, probe)] = read_worker_records(tmp_path)["records"]
+    [(contract, _)] = read_worker_records(tmp_path)["records"]
     assert contract.worker_id == "vllm-rank3-worker1" and contract.side == "rollout"
     values = {
         name: contract.value(name)

@@ -306,7 +306,7 @@ def test_a_rule_must_declare_rule_codes(codes_):
 def test_findings_name_key_value_and_fix():
     for code, bad, env, _, _ in CASES:
         for f in build_plan_for_policy(bad, env).findings:
-            assert f.key and f.fix and f.message
+            assert f.key and f.fix and f.message, code
             assert "\n" not in f.line()
             assert f.severity is Code(f.code).severity
 

@@ -36,7 +36,8 @@ def snapshot(ref: str) -> Path:
     """The source tree of ``ref``; skips the calling test (one line) when it is not available."""
     if os.environ.get(LANE_VARIABLE) != "nemo_rl":
         pytest.skip(
-            f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has the real NeMo-RL's dependencies"
+            f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), "
+            "whose venv has the real NeMo-RL's dependencies"
         )
     root = snapshots_root()
     if root is None:

@@ -229,7 +229,9 @@ def gpu_suite(workdir: Path) -> dict[str, Any]:
     for number, case in enumerate(cases.model_runner_policies()):
         checkpoint = real_worker.write_checkpoint(workdir / f"gpu-case-{number}", case["standin_model"])
         policy = real_worker.policy_config(real_worker.nemo_rl_tree(), checkpoint, real_worker.case_overrides(case))
-        runtime, error, _ = _profiled(lambda: real_worker.configure(worker, policy, checkpoint), {})
+        runtime, error, _ = _profiled(
+            lambda policy=policy, checkpoint=checkpoint: real_worker.configure(worker, policy, checkpoint), {}
+        )
         model = getattr(runtime, "model_cfg", None)
         out["cases"].append(
             {

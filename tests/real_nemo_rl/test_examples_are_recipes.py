@@ -52,7 +52,9 @@ def launcher_steps(algorithm, path, upstream):
     try:
         config = MasterConfig(**raw)
     except Exception as err:  # pydantic's ValidationError: every error, as NeMo-RL's own test lists them
-        errors = [".".join(map(str, e["loc"])) + ": " + e["msg"] for e in getattr(err, "errors", lambda: [])()] or [repr(err)]
+        errors = [
+            ".".join(map(str, e["loc"])) + ": " + e["msg"] for e in getattr(err, "errors", lambda: [])()
+        ] or [repr(err)]
     else:
         # run_grpo.py / run_sft.py main() at 7ea279a, before setup(): these lookups must not raise.
         reads["log_dir"] = config.logger["log_dir"]
@@ -97,7 +99,7 @@ def _run_launcher_steps(tree) -> dict[str, dict]:
         timeout=600,
     )
     assert proc.returncode == 0, f"at {tree.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
-    return dict(zip(names, (json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names) :])))
+    return dict(zip(names, (json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names) :]), strict=True))
 
 
 def test_every_shipped_example_is_covered():

@@ -137,18 +137,18 @@ def test_loader_equals_nemo_rl_on_every_yaml(ref, parse_once, capsys):
 
     for path in yamls:
         where = str(path.relative_to(tree))
-        composed = _outcome(lambda: nemo_config.load_config(path))
-        ours = _outcome(lambda: compose_config(path))
+        composed = _outcome(lambda path=path: nemo_config.load_config(path))
+        ours = _outcome(lambda path=path: compose_config(path))
         if composed[0] == "error" or ours[0] == "error":
             compare(f"{where} [compose]", [], composed, ours)
             continue
         for name, overrides in override_variants(composed[1]).items():
-            expected = _outcome(lambda: theirs(composed[1], overrides))
+            expected = _outcome(lambda composed=composed, overrides=overrides: theirs(composed[1], overrides))
             compare(
                 f"{where} [{name}]",
                 overrides,
                 expected,
-                _outcome(lambda: finish_config(copy.deepcopy(ours[1]), overrides)),
+                _outcome(lambda ours=ours, overrides=overrides: finish_config(copy.deepcopy(ours[1]), overrides)),
             )
             if name.endswith("(must fail)"):
                 assert expected[0] == "error", f"{where} {overrides}: NeMo-RL accepted an override that must fail"

@@ -80,7 +80,7 @@ def bound_ratio(got, exact, magnitude, dtype):
 
 def assert_same_grads(a, b):
     assert_same_bits(a[:2], b[:2])
-    for name, x, y in zip(("dq", "dk", "dv"), a[2:], b[2:]):
+    for name, x, y in zip(("dq", "dk", "dv"), a[2:], b[2:], strict=True):
         assert torch.equal(x, y), f"{name} differs, max |d| = {(x.double() - y.double()).abs().max()}"
 
 
@@ -127,7 +127,7 @@ def test_grads_same_bits_alone_and_packed(dtype, window):
     alone = reference_grads(q, k, v, dout, dlse, window)
     others = [make_qkv(dtype, seq_q=n, seq_kv=m, seed=s) for n, m, s in ((50, 50, 2), (0, 9, 3), (64, 64, 4))]
     for position in range(len(others) + 1):
-        batch = others[:position] + [(q, k, v)] + others[position:]
+        batch = [*others[:position], (q, k, v), *others[position:]]
         packed, cu_q, cu_k = pack(batch)
         pdout, pdlse = incoming(packed[0], seed=position)
         rows = slice(int(cu_q[position]), int(cu_q[position + 1]))
@@ -161,7 +161,7 @@ def test_grads_within_the_bound_of_fp64(dtype, window, spec, uses):
     exact, magnitudes = fp64_grads_and_magnitudes(
         q, k, v, dout, dlse if "lse" in uses else torch.zeros_like(dlse), window
     )
-    for name, g, g64, a in zip(("dq", "dk", "dv"), got[2:], exact, magnitudes):
+    for name, g, g64, a in zip(("dq", "dk", "dv"), got[2:], exact, magnitudes, strict=True):
         assert g.dtype == dtype
         assert bound_ratio(g, g64, a, dtype) <= 1.0, name
         if dtype != torch.float32 and not (uses == "lse" and name == "dv"):
@@ -179,7 +179,7 @@ def test_bound_is_tight_enough_to_reject_plain_input_dtype_autograd(dtype):
     out, _, _ = fp64_attention(*leaves)  # same formula, run in bf16/fp16
     (out * dout).sum().backward()
     exact, magnitudes = fp64_grads_and_magnitudes(q, k, v, dout, torch.zeros(q.shape[:2]))
-    assert max(bound_ratio(x.grad, g64, a, dtype) for x, g64, a in zip(leaves, exact, magnitudes)) > 4
+    assert max(bound_ratio(x.grad, g64, a, dtype) for x, g64, a in zip(leaves, exact, magnitudes, strict=True)) > 4
 
 
 @pytest.mark.parametrize("window", WINDOWS)
@@ -198,7 +198,7 @@ def test_fp32_grads_close_to_sdpa_autograd(window):
     ).transpose(0, 1)
     out.backward(dout)
     torch.testing.assert_close(got[0], out.detach(), rtol=1e-5, atol=1e-5)
-    for g, x in zip(got[2:], leaves):
+    for g, x in zip(got[2:], leaves, strict=True):
         torch.testing.assert_close(g, x.grad, rtol=1e-5, atol=1e-5 * float(x.grad.abs().max()))
 
 
@@ -239,5 +239,5 @@ def test_cuda_grads_same_bits_and_within_bound(dtype):
     for plan in (ContextParallel(4), SplitKV(num_splits=3)):
         assert_same_grads(base, reference_grads(q, k, v, dout, dlse, 23, plan))
     exact, magnitudes = fp64_grads_and_magnitudes(*(x.cpu() for x in (q, k, v, dout, dlse)), 23)
-    for g, g64, a in zip(base[2:], exact, magnitudes):
+    for g, g64, a in zip(base[2:], exact, magnitudes, strict=True):
         assert bound_ratio(g.cpu(), g64, a, dtype) <= 1.0

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 from nemo_rl_attn_align.reference.attention import reference_attention  # noqa: E402
 from nemo_rl_attn_align.reference.plans import CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV, cp_chunks  # noqa: E402
@@ -74,7 +74,7 @@ def test_batch_makeup(dtype, window):
     alone = ref(q, k, v, window)
     others = [make_qkv(dtype, seq_q=n, seq_kv=m, seed=s) for n, m, s in ((50, 50, 2), (9, 90, 3), (64, 64, 4))]
     for position in range(len(others) + 1):
-        batch = others[:position] + [(q, k, v)] + others[position:]
+        batch = [*others[:position], (q, k, v), *others[position:]]
         cu_q = torch.tensor([0] + [b[0].shape[0] for b in batch]).cumsum(0)
         cu_k = torch.tensor([0] + [b[1].shape[0] for b in batch]).cumsum(0)
         packed = [torch.cat([b[i] for b in batch]) for i in range(3)]

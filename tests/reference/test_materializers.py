@@ -45,7 +45,7 @@ def test_engine_order_differs_from_reference_in_bf16(spec):
     assert (got[0].double() - ref[0].double()).abs().max() > 0
 
 
-@pytest.mark.parametrize("spec", ENGINE_SPECS + ["reference"])
+@pytest.mark.parametrize("spec", [*ENGINE_SPECS, "reference"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_canonical_order_equals_reference(spec, dtype):
     canonical = spec + (",canonical=1" if ":" in spec else ":canonical=1")

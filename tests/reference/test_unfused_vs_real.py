@@ -127,7 +127,7 @@ def test_megatron_local_forward_and_backward_equal_the_real_module(dtype, window
     assert torch.equal(real, ours)
     real.backward(dout)
     ours.backward(dout)
-    for name, a, b in zip(("dq", "dk", "dv"), real_leaves, ours_leaves):
+    for name, a, b in zip(("dq", "dk", "dv"), real_leaves, ours_leaves, strict=True):
         assert a.grad.abs().max() > 0 and torch.equal(a.grad, b.grad), name
 
 

@@ -425,7 +425,8 @@ def test_host_details_give_stages_findings_and_the_peers_that_never_wrote(tmp_pa
         "key": "workers.policy-0",
         "value": "first_forward",
         "message": "training worker policy-0 (megatron_worker): TE ran FusedAttention",
-        "fix": "see hosts/training--policy-0.json for what the hook saw; attention_align.strict: true stops the run on such a finding",
+        "fix": "see hosts/training--policy-0.json for what the hook saw; "
+        "attention_align.strict: true stops the run on such a finding",
     }
     assert "training policy-0 [first_forward]" in render_summary(doc)
 

@@ -19,7 +19,7 @@ def main():
     (
         policy,
         policy_generation,
-        cluster,
+        _cluster,  # upstream: cluster (unused by main)
         dataloader,
         val_dataloader,
         loss_fn,

@@ -11,7 +11,7 @@ def main():
     config = load_recipe_config()  # upstream: argparse, load_config, parse_hydra_overrides, OmegaConf.to_container
     config["logger"]["log_dir"] = get_next_experiment_dir(config["logger"]["log_dir"])
     init_ray()
-    policy, cluster, train_dataloader, val_dataloader, loss_fn, logger, checkpointer, sft_state, master_config = setup(
+    policy, _cluster, train_dataloader, val_dataloader, loss_fn, logger, checkpointer, sft_state, master_config = setup(
         config, None, None, None
     )
     sft_train(policy, train_dataloader, val_dataloader, None, loss_fn, master_config, logger, checkpointer, sft_state)

@@ -42,7 +42,7 @@ def standin_vllm_config(
         f"model.layers.{i}.self_attn.attn": SimpleNamespace(
             attn_backend=_Backend(name), impl=SimpleNamespace(scale=0.25, sliding_window=_impl_window(window))
         )
-        for i, (name, window) in enumerate(zip(layer_backends, windows))
+        for i, (name, window) in enumerate(zip(layer_backends, windows, strict=True))
     }
     return SimpleNamespace(
         model_config=SimpleNamespace(

@@ -73,7 +73,7 @@ def _apply_performance_config(model_cfg, config):
         try:
             model_cfg.attention_backend = AttnBackend[attention_backend]
         except KeyError:
-            raise ValueError(
+            raise ValueError(  # noqa: B904 (as upstream: implicit chaining, no `from`)
                 f"Invalid attention backend: {attention_backend}. "
                 f"Available backends are: {list(AttnBackend.__members__.keys())}"
             )
