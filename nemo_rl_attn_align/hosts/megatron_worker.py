@@ -35,7 +35,8 @@ from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.hosts import _patching, handoff, versions
-from nemo_rl_attn_align.hosts.worker_records import HostRecord, training_peers, training_worker_id, world_size
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
+from nemo_rl_attn_align.report.worker_ids import training_peers, training_worker_id
 
 SETUP_MODULE = "nemo_rl.models.megatron.setup"
 WORKER_MODULE = "nemo_rl.models.policy.workers.megatron_policy_worker"

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
-from nemo_rl_attn_align.hosts.worker_records import HostRecord, rollout_peers, rollout_worker_id, world_size
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
+from nemo_rl_attn_align.report.worker_ids import rollout_peers, rollout_worker_id
 
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 TARGETS = (WORKER_MODULE,)

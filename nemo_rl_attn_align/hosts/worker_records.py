@@ -9,10 +9,9 @@ workers write at once without clobbering each other and a reader never sees half
   (``report.store.write_worker_detail``: the stage it reached, the plan it checked, NVTE variables,
   read-back details, layout, versions, findings, world size and the ids of its peers).
 
-Worker ids: ``policy-rank{RANK}`` for a Megatron policy worker, ``vllm-rank{RANK}-worker{n}`` for
-vLLM worker ``n`` of the engine that NeMo-RL's generation actor ``RANK`` started. Each detail names
-every id its worker group should have (``peers``, from ``WORLD_SIZE``), so a worker that died
-before writing is a visible gap in the report, never a corrupt file.
+Worker ids are ``report.worker_ids``'. Each detail names every id its worker group should have
+(``peers``, from ``WORLD_SIZE``), so a worker that died before writing is a visible gap in the
+report, never a corrupt file.
 """
 
 from __future__ import annotations
@@ -25,29 +24,6 @@ from typing import Any
 
 log = logging.getLogger("nemo_rl_attn_align")
 _warned_no_dir = False
-
-
-def training_worker_id(rank: int) -> str:
-    """Id of the Megatron policy worker with NeMo-RL ``RANK`` ``rank``."""
-    return f"policy-rank{rank}"
-
-
-def rollout_worker_id(rank: int | str, engine_rank: int) -> str:
-    """Id of vLLM worker ``engine_rank`` of the engine started by NeMo-RL's generation actor ``rank``."""
-    return f"vllm-rank{rank}-worker{engine_rank}"
-
-
-def training_peers(world_size: int) -> list[str]:
-    """Every policy worker of a group of ``world_size``."""
-    return [training_worker_id(rank) for rank in range(world_size)]
-
-
-def rollout_peers(world_size: int, model_parallel: int) -> list[str]:
-    """Every vLLM worker of a generation group of ``world_size`` GPUs: NeMo-RL ties them in groups
-    of ``model_parallel`` (TP x PP); the first actor of each group starts the engine, whose vLLM
-    workers are numbered 0..model_parallel-1."""
-    step = max(model_parallel, 1)
-    return [rollout_worker_id(leader, n) for leader in range(0, world_size, step) for n in range(step)]
 
 
 def world_size(environ: Mapping[str, str] = os.environ) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.config.loader import get_path
+from nemo_rl_attn_align.report.worker_ids import rollout_peers, training_peers
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,6 @@ def _gpus(cfg: Mapping[str, Any]) -> tuple[int | None, int | None, str]:
 def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = None) -> dict[str, ExpectedSide]:
     """``training`` and ``rollout`` -> the workers the run should start; sides in ``absent`` (no
     such workers in this run) are left out."""
-    from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
-
     absent = absent or {}
 
     train_gpus, gen_gpus, how = _gpus(cfg)

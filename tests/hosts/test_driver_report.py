@@ -22,10 +22,10 @@ from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.determinism import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
-from nemo_rl_attn_align.hosts.worker_records import rollout_peers, training_peers
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
 from nemo_rl_attn_align.report.finalize import AttentionMismatch
 from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
+from nemo_rl_attn_align.report.worker_ids import rollout_peers, training_peers
 from tests.contract_samples import full_contract
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
