@@ -9,9 +9,9 @@ The reference is invariant under the execution plan because of three rules, all 
    the same shape, strides and element positions, whichever plan asked for it; since no op mixes
    rows (a GEMM's element (i, j) reads row i only, softmax reduces along a row), absent or
    zero-filled rows and masked columns cannot change a present row's bits.
-2. **FP32 partials, one per (tile, block).** A partial is the online-softmax state ``(m, l, acc)``:
-   row max of the scaled scores, sum of ``exp(s - m)`` and the unnormalised ``exp(s - m) @ V``,
-   all in FP32. Nothing is rounded to the input dtype until the very end.
+2. **FP32 partials, one per (tile, block).** A partial is the online-softmax state
+   ``(m, row_sum, acc)``: row max of the scaled scores, sum of ``exp(s - m)`` and the unnormalised
+   ``exp(s - m) @ V``, all in FP32. Nothing is rounded to the input dtype until the very end.
 3. **Merge in global block-index order.** Partials may arrive in any order (ring steps, splits,
    chunks); ``TileAccumulator`` holds early ones back and folds them left to right by block index
    with the online-softmax rule. A block that has no visible key for a row is an exact no-op for
@@ -254,7 +254,7 @@ class QueryTiles:
         return sorted({b for tile in self.tiles.values() for b in tile["acc"].expected})
 
     def partials(self, block: int, kb: torch.Tensor, vb: torch.Tensor) -> dict[int, tuple]:
-        """Partials of ``block`` for every tile that wants it: ``{tile: (m, l, acc)}``."""
+        """Partials of ``block`` for every tile that wants it: ``{tile: (m, row_sum, acc)}``."""
         out = {}
         for t, tile in self.tiles.items():
             if block in tile["acc"].expected:
