@@ -24,10 +24,18 @@ class Kind(str, enum.Enum):
     DETERMINISM = "determinism"  # comparing the determinism variables of the two sides
     REPORT = "report"  # collecting the workers' records into the run report
     PRESET = "preset"  # ``attention_align.preset: aligned``
+    KERNEL = "kernel"  # the kernel each side's own selector picks on a GPU (``check --gpu``)
 
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
-RULE, BINDING, DETERMINISM, REPORT, PRESET = Kind.RULE, Kind.BINDING, Kind.DETERMINISM, Kind.REPORT, Kind.PRESET
+RULE, BINDING, DETERMINISM, REPORT, PRESET, KERNEL = (
+    Kind.RULE,
+    Kind.BINDING,
+    Kind.DETERMINISM,
+    Kind.REPORT,
+    Kind.PRESET,
+    Kind.KERNEL,
+)
 
 
 class Code(str, enum.Enum):
@@ -167,6 +175,20 @@ class Code(str, enum.Enum):
         RULE,
         WARNING,
         "attention_backend set while megatron_cfg.enabled is not truthy: it has no effect.",
+    )
+
+    # --- kernels on a GPU (check --gpu; README "Rules") ---------------------------------------
+    TE_NO_BACKEND = (
+        "TE_NO_BACKEND",
+        KERNEL,
+        ERROR,
+        "on the GPU, Transformer Engine's own selector finds no attention backend for this model and backend.",
+    )
+    VLLM_NO_BACKEND = (
+        "VLLM_NO_BACKEND",
+        KERNEL,
+        ERROR,
+        "on the GPU, vLLM's own CUDA selector finds no attention backend; the engine fails to start.",
     )
 
     # --- binding (docs/report-schema.md "Codes") ---------------------------------------------

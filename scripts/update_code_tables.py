@@ -22,7 +22,7 @@ from nemo_rl_attn_align.codes import Kind, markdown_table  # noqa: E402
 
 #: Table name -> (the kinds of code it lists, its last column's header).
 TABLES = {
-    "rule": ((Kind.RULE,), "what it catches"),
+    "rule": ((Kind.RULE, Kind.KERNEL), "what it catches"),
     # every code a run report (or ``check``'s preview of it) carries
     "report": ((Kind.BINDING, Kind.DETERMINISM, Kind.REPORT, Kind.PRESET), "meaning"),
 }

@@ -1,4 +1,4 @@
-"""The README's rule table and set-up commands match the code."""
+"""The README's rule table (rules and kernel findings) and set-up commands match the code."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ from .conftest import REPO
 README = (REPO / "README.md").read_text()
 
 
-def test_every_rule_code_is_documented_with_its_summary_and_severity():
-    for code in codes_of(Kind.RULE):
+CHECK_CODES = (*codes_of(Kind.RULE), *codes_of(Kind.KERNEL))
+
+
+def test_every_check_code_is_documented_with_its_summary_and_severity():
+    for code in CHECK_CODES:
         assert f"| `{code.value}` | {code.severity.value} | {code.summary} |" in README, code
 
 
 def test_no_undocumented_code_in_the_readme_table():
     table_codes = set(re.findall(r"^\| `([A-Z0-9_]+)` \| (?:error|warning|info) \|", README, flags=re.M))
-    assert table_codes <= {c.value for c in codes_of(Kind.RULE)}
+    assert table_codes <= {c.value for c in CHECK_CODES}
 
 
 def test_ci_runs_the_readme_test_command():

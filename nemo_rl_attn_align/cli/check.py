@@ -37,6 +37,20 @@ def register(subparsers) -> None:
         help="print the smallest list of Hydra overrides that makes the binding preview pass",
     )
     parser.add_argument(
+        "--gpu",
+        metavar="sm80|sm90|sm100",
+        help="predict the kernel each side runs on this GPU generation (default: this machine's GPU; "
+        "without one the kernels are pending)",
+    )
+    parser.add_argument(
+        "--fa3", action="store_true", help="assume flash-attn 3 (the hopper build) is installed beside flash-attn 2"
+    )
+    parser.add_argument(
+        "--te",
+        metavar="VERSION",
+        help="the Transformer Engine version to predict for (default: the installed one, else NeMo-RL main's pin)",
+    )
+    parser.add_argument(
         "args",
         nargs="*",
         metavar="CONFIG [OVERRIDES...]",
@@ -59,10 +73,18 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
 
 
 def evaluate(
-    config_path: Path, overrides: list[str], environ=None, full: bool = False, fix: bool = False
+    config_path: Path,
+    overrides: list[str],
+    environ=None,
+    full: bool = False,
+    fix: bool = False,
+    gpu: str | None = None,
+    fa3: bool = False,
+    te: str | None = None,
 ) -> dict[str, Any]:
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
-    ``fix``, also the overrides that make the preview pass. The JSON-ready dict ``--json`` prints."""
+    ``fix``, also the overrides that make the preview pass; the kernels on ``gpu`` (default this
+    machine's). The JSON-ready dict ``--json`` prints."""
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.contract.preview import preview_binding
@@ -80,11 +102,14 @@ def evaluate(
     preview = alignment.preview if alignment is not None else preview_of(cfg)
     preview_dict = preview.to_dict()
     stops_at_start = settings.on_mismatch == "error" and preview_dict["verdict"] == "fail"
-    ok = plan.ok and not stops_at_start
+    kernels = _kernels(alignment.config if alignment is not None else cfg, environ, gpu, fa3, te)
+    kernel_errors = any(f["severity"] == "error" for f in kernels["findings"])
+    ok = plan.ok and not stops_at_start and not kernel_errors
     return {
         "config": str(config_path),
         "overrides": overrides,
         "plan": plan.to_dict(),
+        "kernels": kernels,
         "attention_align": {
             "settings": settings.to_dict(),
             **preview_dict,
@@ -95,6 +120,25 @@ def evaluate(
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
+
+
+def _kernels(cfg: Mapping[str, Any], environ, gpu: str | None, fa3: bool, te: str | None) -> dict[str, Any]:
+    """The kernel each side runs on ``gpu`` (this machine's when None) and the errors of a side with none."""
+    from nemo_rl_attn_align.drift.shape import attention_shape
+    from nemo_rl_attn_align.preflight import gpu as gpus
+    from nemo_rl_attn_align.preflight.facts import read_recipe_facts
+    from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
+
+    environ = os.environ if environ is None else environ
+    local, local_source = gpus.local_gpu()
+    chosen, source = (gpus.parse_gpu(gpu), "--gpu") if gpu is not None else (local, local_source)
+    facts = read_recipe_facts(cfg, environ)
+    live = chosen is not None and chosen == local
+    plan = plan_kernels(
+        facts, attention_shape(facts), chosen, source, environ, flash_attn_3=fa3, te_version=te, live=live
+    )
+    findings = kernel_findings(plan, facts, te, live)
+    return {**plan.to_dict(), "findings": [f.to_dict() for f in findings]}
 
 
 def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
@@ -168,6 +212,33 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _kernel_line(name: str, kernel: dict[str, Any] | None) -> list[str]:
+    if kernel is None:
+        return []
+    if kernel["pending"]:
+        return [f"  {name}: pending ({kernel['pending']})"]
+    belief = "; FusedAttention's cuDNN check is our stand-in, not TE" if kernel["belief"] else ""
+    lines = [f"  {name}: {kernel['label']} ({kernel['source']}{belief})"]
+    why = [r for r in kernel["reasons"] if " due to NVTE_" not in r][:3]  # the switches' lines restate the backend
+    lines += [f"    why: {reason}" for reason in why]
+    if kernel["assumptions"]:
+        lines.append(f"    assumes: {'; '.join(kernel['assumptions'])}")
+    return lines
+
+
+def _kernel_lines(kernels: dict[str, Any]) -> list[str]:
+    """The kernels each side runs on the GPU, with the selectors' reasons, then their errors."""
+    from nemo_rl_attn_align.errors import format_finding
+
+    if kernels["gpu"] is None:
+        return [f"kernels: pending ({kernels['gpu_source']})"]
+    lines = [f"kernels on {kernels['gpu']} ({kernels['gpu_source']}):"]
+    lines += _kernel_line("training", kernels["training"]) + _kernel_line("rollout", kernels["rollout"])
+    lines += [f"  note: {note}" for note in kernels["notes"]]
+    lines += [format_finding(f) for f in kernels["findings"]]
+    return lines
+
+
 def render_text(result: dict[str, Any]) -> str:
     """The human-readable form of ``evaluate``'s result."""
     from nemo_rl_attn_align.errors import format_finding
@@ -193,6 +264,7 @@ def render_text(result: dict[str, Any]) -> str:
             + (", ".join(f"{k}={shown_text(v['value'])} ({v['source']})" for k, v in existing.items()) or "none")
         )
     lines.extend(format_finding(f) for f in plan["findings"])
+    lines.extend(_kernel_lines(result["kernels"]))
     lines.extend(_preset_lines(result["attention_align"]["preset"]))
     lines.append(result["preview_text"])
     align = result["attention_align"]
@@ -204,6 +276,8 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append("verdict: OK: these attention settings can work")
     elif not plan["ok"]:
         lines.append("verdict: FAIL: a rule is violated")
+    elif any(f["severity"] == "error" for f in result["kernels"]["findings"]):
+        lines.append(f"verdict: FAIL: a side has no attention kernel on {result['kernels']['gpu']}")
     else:
         lines.append("verdict: FAIL: the binding preview fails and attention_align.on_mismatch is error")
     return "\n".join(lines)
@@ -216,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config_path, overrides = split_config_and_overrides(args.args)
-        result = evaluate(config_path, overrides, full=args.full, fix=args.fix)
+        result = evaluate(config_path, overrides, full=args.full, fix=args.fix, gpu=args.gpu, fa3=args.fa3, te=args.te)
     except UsageError as err:
         message = shown_text(str(err), 2000)
         if args.json:

@@ -64,15 +64,15 @@ def register(subparsers) -> None:
         "--training",
         action="append",
         metavar="ENGINE",
-        help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: what the config runs on --gpu: "
-        "policy.megatron_cfg attention_backend, transformer_impl and context_parallel_size)",
+        help="a training engine, repeatable, e.g. te-p2p:cp=2 (default: the kernel Transformer Engine's selector "
+        "picks for the config on --gpu, as check --gpu predicts, with its context_parallel_size)",
     )
     p.add_argument(
         "--rollout",
         action="append",
         metavar="ENGINE",
         help="a rollout engine, repeatable, e.g. vllm-fa3:chunk=256,cascade=512 "
-        "(default: vLLM's path on --gpu: FA3 on sm90, FA2 on sm80)",
+        "(default: the kernel vLLM's selector picks on --gpu, as check --gpu predicts: FA3 -> vllm-fa3, FA2 -> vllm)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
     p.add_argument(
@@ -117,7 +117,7 @@ def _prepare(args: argparse.Namespace):
     shape = drift_shape.resolve_shape(facts, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
     gpu = drift_shape.parse_gpu(args.gpu)
-    default_training, default_rollout = drift_shape.default_engines(facts, gpu, shape)
+    default_training, default_rollout, notes = drift_shape.default_engines(facts, gpu, shape)
     if importlib.util.find_spec("torch") is None:
         raise UsageError(
             "drift needs torch, which is not installed. Fix: pip install torch "
@@ -130,7 +130,8 @@ def _prepare(args: argparse.Namespace):
     drift.check_materializers([*training, *rollout], shape, gpu)
     if args.vocab < 2:
         raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")
-    return config_path, overrides, shape, dtypes, training, rollout, gpu
+    notes = notes if not (args.training and args.rollout) else []
+    return config_path, overrides, shape, dtypes, training, rollout, gpu, notes
 
 
 def _name_max(directory: Path) -> int:
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.limits import shown_text
 
     try:
-        config_path, overrides, shape, dtypes, training, rollout, gpu = _prepare(args)
+        config_path, overrides, shape, dtypes, training, rollout, gpu, notes = _prepare(args)
     except UsageError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         gpu=gpu,
         progress=drift.Progress(0, enabled=not args.no_progress),
     )
-    result = {"config": str(config_path), "overrides": overrides, **result}
+    result = {"config": str(config_path), "overrides": overrides, "default_engines": notes, **result}
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # changed since it was checked
@@ -219,6 +220,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(drift.render_table(result))
+        print("\n".join([*(f"default engines: {note}" for note in notes), drift.render_table(result)]))
         print(f"report: {report}" + (f"\nheatmap: {result['heatmap']}" if result["heatmap"] else ""))
     return EXIT_OK

@@ -100,11 +100,3 @@ PROFILES: dict[str, Profile] = {
         ),
     )
 }
-
-
-def vllm_batch_invariant(env: Mapping[str, str | None]) -> bool:
-    """Whether ``VLLM_BATCH_INVARIANT`` turns the mode on (vLLM reads it as an integer != 0)."""
-    try:
-        return int(env.get("VLLM_BATCH_INVARIANT") or "0") != 0
-    except ValueError:
-        return False

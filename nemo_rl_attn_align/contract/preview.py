@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
 from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
-from nemo_rl_attn_align.compare.profiles import PROFILES, vllm_batch_invariant
+from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
 from nemo_rl_attn_align.contract.hf_model import (
     HFModelConfig,
@@ -37,7 +37,7 @@ from nemo_rl_attn_align.contract.schema import (
     normalize_dtype,
 )
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
-from nemo_rl_attn_align.preflight.facts import RecipeFacts, as_facts
+from nemo_rl_attn_align.preflight.facts import RecipeFacts, as_facts, vllm_batch_invariant
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.

@@ -141,7 +141,7 @@ def rollout_facts(
     vllm_config: Any, static_forward_context: Mapping[str, Any], environ: Mapping[str, str]
 ) -> dict[str, Any]:
     """Plain JSON-ready facts about one vLLM worker's attention."""
-    from nemo_rl_attn_align.compare.profiles import vllm_batch_invariant
+    from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
 
     model = getattr(vllm_config, "model_config", None)
     cache = getattr(vllm_config, "cache_config", None)

@@ -13,12 +13,15 @@ public functions take the config or those facts.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_attn_align.contract.hf_model import identity_fields, load_model_config
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.facts import UNSET, RecipeFacts, as_facts
+from nemo_rl_attn_align.preflight.kernel_query import AttentionShape, Kernel, KernelPlan
 
 #: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
 #: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).
@@ -163,49 +166,108 @@ def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shap
     )
 
 
-def default_rollout(gpu: str, seq_len: int) -> list[str]:
-    """vLLM's path on ``gpu``: chunked prefill, and cascade past a shared prompt of half the sequence."""
-    engine = "vllm-fa3" if gpu == "sm90" else "vllm"
+def attention_shape(cfg: dict | RecipeFacts | None) -> AttentionShape | str:
+    """The model's attention shape for the kernel predictions, or why it is unknown (no flags)."""
+    try:
+        shape = resolve_shape(cfg, {})
+    except UsageError as err:
+        return str(err).split(". Fix:")[0]
+    where = shape.sources.get("head_dim", "")
+    return AttentionShape(shape.heads, shape.kv_heads, shape.head_dim, shape.window, where)
+
+
+def default_rollout(engine: str | None, seq_len: int, window: int | None) -> list[str]:
+    """vLLM's path through ``engine`` (a vLLM materializer; None: none replays it): chunked prefill,
+    and cascade past a shared prompt of half the sequence (not with a window)."""
+    if engine is None:
+        return ["reference"]
     prompt = seq_len // 2 // DEFAULT_CHUNK * DEFAULT_CHUNK
     plans = [f"{engine}:chunk={DEFAULT_CHUNK}"]
-    if prompt:
+    if prompt and window is None:
         plans.append(f"{engine}:chunk={DEFAULT_CHUNK},cascade={prompt}")
     return ["reference", *plans]
 
 
-def default_engines(cfg: dict | RecipeFacts | None, gpu: str, shape: Shape) -> tuple[list[str], list[str]]:
-    """``(training, rollout)`` engine specs the config runs on ``gpu`` (torch-free).
+def _training_engines(kernel: str | None, cp: int, window: int | None) -> list[str]:
+    """The materializers of TE ``kernel`` with context parallel size ``cp`` (NeMo-RL packs sequences
+    there, so flash is TE's thd p2p ring, its bshd figure beside it; a window rules the ring out)."""
+    if kernel == "FusedAttention":
+        return ["te-fused"]
+    if kernel != "FlashAttention":
+        return []  # TE's unfused attention (or none): not replayed
+    if cp > 1:
+        return [f"te-p2p:cp={cp}", f"te-p2p-bshd:cp={cp}"] if window is None else [f"te-allgather:cp={cp}"]
+    return ["flash"]
 
-    Training follows ``policy.megatron_cfg``: ``transformer_impl: local`` -> Megatron's own
-    attention; else TE with ``attention_backend`` (flash; fused; auto = fused on sm90, where TE
-    prefers cuDNN, flash on sm80). With ``context_parallel_size > 1`` NeMo-RL packs sequences, so
-    the flash path is TE's thd p2p ring (its bshd figure is swept beside it for comparison).
-    A window rules out the p2p ring (TE runs it full-causal only) and vLLM's cascade.
+
+def _rollout_engine(kernel: Kernel | None, gpu: str) -> str | None:
+    """The vLLM materializer replaying ``kernel`` on ``gpu``, None when none does."""
+    if kernel is None or kernel.kernel != "FLASH_ATTN":
+        return None
+    return {("FA3", "sm90"): "vllm-fa3", ("FA2", "sm80"): "vllm"}.get((kernel.version or "", gpu))
+
+
+#: What a side is assumed to run when its selector cannot answer (a shape outside the tables):
+#: TE's preference per attention_backend (auto: cuDNN on sm90, flash-attn on sm80), vLLM's FA build.
+ASSUMED_TRAINING = {"flash": "FlashAttention", "fused": "FusedAttention", "unfused": "UnfusedDotProductAttention"}
+ASSUMED_ROLLOUT = {"sm80": Kernel("rollout", "FLASH_ATTN", "FA2"), "sm90": Kernel("rollout", "FLASH_ATTN", "FA3")}
+
+
+def _predicted(plan: KernelPlan, side: str, assumed: Kernel, notes: list[str]) -> Kernel:
+    """``plan``'s kernel for ``side`` when a selector answered; else ``assumed``, with a note saying why."""
+    kernel = getattr(plan, side)
+    if kernel is not None and kernel.known:
+        notes.append(f"{side} kernel: {kernel.label} ({kernel.source})")
+        return kernel
+    why = kernel.pending if kernel is not None else "; ".join(n for n in plan.notes if f" {side} " in n)
+    notes.append(f"{side} kernel assumed {assumed.label}: the selector's answer is pending ({why})")
+    return assumed
+
+
+def default_engines(
+    cfg: dict | RecipeFacts | None, gpu: str, shape: Shape, environ: Mapping[str, str] | None = None
+) -> tuple[list[str], list[str], list[str]]:
+    """``(training, rollout, notes)``: the engine specs the config runs on ``gpu`` (torch-free).
+
+    They follow the kernels ``check --gpu`` predicts (``preflight.kernels``, from TE's and vLLM's own
+    selectors): FlashAttention -> ``flash`` (the CP rings with ``context_parallel_size > 1``),
+    FusedAttention -> ``te-fused``, ``transformer_impl: local`` -> Megatron's own attention; vLLM
+    FLASH_ATTN FA3 on sm90 -> ``vllm-fa3``, FA2 on sm80 -> ``vllm``. Where a selector cannot answer
+    (a shape outside the tables) ``ASSUMED_*`` stand in, and ``notes`` says so; a kernel no
+    materializer replays leaves its side to the reference. A config without ``megatron_cfg``
+    sweeps ``DEFAULT_TRAINING`` against vLLM's kernel.
     """
-    policy = as_facts(cfg).policy
+    from nemo_rl_attn_align.preflight.kernels import plan_kernels
+
+    facts = as_facts(cfg)
+    policy = facts.policy
+    plan = plan_kernels(
+        facts,
+        AttentionShape(shape.heads, shape.kv_heads, shape.head_dim, shape.window),
+        gpu,
+        "--gpu",
+        os.environ if environ is None else environ,
+    )
+    notes: list[str] = []
+    rollout_kernel = _predicted(plan, "rollout", ASSUMED_ROLLOUT[gpu], notes)
+    engine = _rollout_engine(rollout_kernel, gpu)
+    if engine is None:
+        notes.append(f"no materializer replays {rollout_kernel.label} on {gpu}: the rollout side is the reference only")
+    rollout = default_rollout(engine, shape.seq_len, shape.window)
     # An absent ``enabled`` counts as Megatron here: drift replays the engines the section names.
     if policy is None or not policy.has_megatron_cfg or not (policy.enabled_raw is UNSET or policy.enabled_raw):
-        training = [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)]
-        rollout = default_rollout(gpu, shape.seq_len)
-        return training, [r for r in rollout if not (shape.window is not None and "cascade" in r)]
-    raw = policy.backend_raw
-    backend = str(raw if raw is not UNSET and raw else "auto")
-    cp = policy.context_parallel_size
-    if policy.transformer_impl == "local":
-        engines = ["megatron-local"]
-    elif backend == "fused" or (backend == "auto" and gpu == "sm90"):
-        engines = ["te-fused"]
-    elif backend in ("flash", "auto"):
-        if cp > 1 and shape.window is None:
-            engines = [f"te-p2p:cp={cp}", f"te-p2p-bshd:cp={cp}"]
-        elif cp > 1:
-            engines = [f"te-allgather:cp={cp}"]
-        else:
-            engines = ["flash"]
-    else:
-        engines = []  # TE's unfused attention: not replayed
-    rollout = [r for r in default_rollout(gpu, shape.seq_len) if not (shape.window is not None and "cascade" in r)]
-    return ["reference", *engines], rollout
+        return [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)], rollout, notes
+    if policy.transformer_impl == "local" or policy.effective_backend == "local":
+        return ["reference", "megatron-local"], rollout, notes
+    backend = policy.effective_backend or "auto"
+    preferred = ASSUMED_TRAINING.get(backend, "FusedAttention" if gpu == "sm90" else "FlashAttention")
+    kernel = _predicted(plan, "training", Kernel("training", preferred), notes).kernel
+    training = _training_engines(kernel, policy.context_parallel_size, shape.window)
+    if not training:
+        notes.append(
+            f"no materializer replays {kernel or 'a missing backend'}: the training side is the reference only"
+        )
+    return ["reference", *training], rollout, notes
 
 
 def parse_gpu(text: str) -> str:

@@ -9,22 +9,25 @@ Sources, best first:
    refactor #1704): ``DotProductAttention.forward`` stores the latest selection there.
 3. Every selection ``dpa_utils.get_attention_backend`` returned in this process: ``forward`` calls
    it through the module attribute, so wrapping ``utils.get_attention_backend`` sees each one.
-4. The ``DotProductAttention`` logger's "Selected backend = ..." / "Running with ... backend" lines,
-   which TE emits only under ``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL>=1``.
 
-Where none of them answers, the result says ``unobservable``, never that the request was applied.
+The wrapper also keeps TE's own reasons: the "Disabling ..." lines ``get_attention_backend`` logs at
+debug level (shown by TE only under ``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2``). They are captured for that
+call alone, and TE's own log output stays what the user's ``NVTE_DEBUG`` asks for. A selection
+with no backend at all (TE then raises "No dot product attention backend is available") reads back
+as ``no_backend`` with those reasons. Where no source answers, the result says ``unobservable``,
+never that the request was applied.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nemo_rl_attn_align.hosts import _patching
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
+from nemo_rl_attn_align.preflight.kernel_query import substantive
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
@@ -32,13 +35,11 @@ TARGETS = (UTILS_MODULE,)
 
 LOCAL_ATTENTION_CLASS = ("megatron.core.transformer.dot_product_attention", "DotProductAttention")
 TE_LOGGER = "DotProductAttention"
+#: Most of TE's reasons a selection keeps (TE logs one line per backend it disables).
+MAX_REASONS = 12
 
 #: Distinct selections ``get_attention_backend`` returned in this process, in order.
 selections: list[dict[str, Any]] = []
-
-_LOG_PATTERN = re.compile(
-    r"(?:Selected backend = |Running with )(FlashAttention|FusedAttention|UnfusedDotProductAttention)"
-)
 
 
 def selection_from_flags(
@@ -58,9 +59,49 @@ def selection_from_flags(
     return {"backend": None, "detail": "no backend available"}
 
 
-def _record_selection(result: Any) -> None:
+class _ReasonCollector(logging.Handler):
+    """Keeps the "Disabling ..." lines of one ``get_attention_backend`` call."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed TE record is not ours to fail on
+            return
+        if message.startswith("Disabling") and message not in self.reasons and len(self.reasons) < MAX_REASONS:
+            self.reasons.append(message)
+
+
+def call_collecting_reasons(original: Callable, args: tuple, kwargs: dict) -> tuple[Any, list[str]]:
+    """``original(*args, **kwargs)`` with TE's debug reasons collected; TE's own handler, and the
+    logger's level afterwards, stay as the user's ``NVTE_DEBUG`` set them."""
+    attn_log: Any = getattr(sys.modules.get(UTILS_MODULE), "AttentionLogging", None)
+    stream = getattr(attn_log, "_stream_handler", None)
+    level = getattr(attn_log, "_log_level", None)
+    if not isinstance(level, int) or not isinstance(stream, logging.Handler):
+        return original(*args, **kwargs), []
+    logger = logging.getLogger(TE_LOGGER)
+    if not logger.hasHandlers():  # what get_attention_backend does on its first call
+        logger.addHandler(stream)
+    collector, stream_level = _ReasonCollector(), stream.level
+    stream.setLevel(max(stream_level, level))
+    logger.addHandler(collector)
+    attn_log._log_level = logging.DEBUG
     try:
-        selection = selection_from_flags(*tuple(result)[:5])
+        return original(*args, **kwargs), collector.reasons
+    finally:
+        attn_log._log_level = level
+        logger.setLevel(level)
+        logger.removeHandler(collector)
+        stream.setLevel(stream_level)
+
+
+def _record_selection(result: Any, reasons: list[str]) -> None:
+    try:
+        selection = {**selection_from_flags(*tuple(result)[:5]), "reasons": list(reasons)}
     except (TypeError, ValueError):
         return
     if not selections or selections[-1] != selection:
@@ -69,27 +110,11 @@ def _record_selection(result: Any) -> None:
 
 def _recording(original: Callable) -> Callable:
     def get_attention_backend(*args, **kwargs):
-        result = original(*args, **kwargs)
-        _record_selection(result)
+        result, reasons = call_collecting_reasons(original, args, kwargs)
+        _record_selection(result, reasons)
         return result
 
     return get_attention_backend
-
-
-class _SelectionLogHandler(logging.Handler):
-    """Keeps the backend names TE's debug log announces."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.seen: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        match = _LOG_PATTERN.search(record.getMessage())
-        if match:
-            self.seen.append(match.group(1))
-
-
-log_handler = _SelectionLogHandler()
 
 
 def _patch(utils) -> None:
@@ -105,9 +130,6 @@ def _patch(utils) -> None:
             f"{UTILS_MODULE} has no get_attention_backend",
             handoff.worker_settings().strict,
         )
-    logger = logging.getLogger(TE_LOGGER)
-    if log_handler not in logger.handlers:
-        logger.addHandler(log_handler)
 
 
 _seams = _patching.Seams(TARGETS, _patch)
@@ -121,7 +143,6 @@ def attach() -> None:
 def detach() -> None:
     """Stop recording and restore ``get_attention_backend``."""
     _seams.detach()
-    logging.getLogger(TE_LOGGER).removeHandler(log_handler)
 
 
 def _attention_module_kinds(modules: Iterable[Any]) -> tuple[set[str], set[str]]:
@@ -153,20 +174,19 @@ def _te_selection() -> tuple[dict[str, Any] | None, str]:
                 "use_unfused_attention",
             )
         ]
-        return selection_from_flags(*flags), f"{DPA_MODULE}._attention_backends"
+        selection = selection_from_flags(*flags)
+        wrapped = selections[-1] if selections else {}
+        same = {k: v for k, v in wrapped.items() if k != "reasons"} == selection
+        return {**selection, "reasons": wrapped.get("reasons", []) if same else []}, f"{DPA_MODULE}._attention_backends"
     if selections:
         return selections[-1], f"{UTILS_MODULE}.get_attention_backend (wrapped)"
-    if log_handler.seen:
-        return {"backend": log_handler.seen[-1], "detail": ""}, "TE DotProductAttention debug log (NVTE_DEBUG)"
-    return (
-        None,
-        "TE made no backend selection visible (no _attention_backends, no get_attention_backend call, no NVTE_DEBUG "
-        "log)",
-    )
+    return None, "TE made no backend selection visible (no _attention_backends, no get_attention_backend call)"
 
 
 def observe(modules: Iterable[Any]) -> dict[str, Any]:
-    """What the attention modules among ``modules`` (e.g. ``model.modules()``) really ran."""
+    """What the attention modules among ``modules`` (e.g. ``model.modules()``) really ran: ``status``
+    ``observed`` (with ``backend``, ``detail``, TE's ``reasons``), ``no_backend`` (TE found none, and
+    why) or ``unobservable``."""
     local, te = _attention_module_kinds(modules)
     if local and not te:
         return {
@@ -177,9 +197,10 @@ def observe(modules: Iterable[Any]) -> dict[str, Any]:
         }
     if te:
         selection, source = _te_selection()
-        if selection is None or selection["backend"] is None:
+        if selection is None:
             return {"status": "unobservable", "backend": None, "engine": "megatron-te", "source": source}
-        return {"status": "observed", "engine": "megatron-te", "source": source, **selection}
+        status = "observed" if selection["backend"] is not None else "no_backend"
+        return {"status": status, "engine": "megatron-te", "source": source, **selection}
     return {
         "status": "unobservable",
         "backend": None,
@@ -189,7 +210,12 @@ def observe(modules: Iterable[Any]) -> dict[str, Any]:
 
 
 def mismatch(effective: str | None, observed: Mapping[str, Any]) -> str | None:
-    """Why the observed backend differs from the requested AttnBackend ``effective``; None when it agrees."""
+    """Why the observed backend differs from the requested AttnBackend ``effective`` (or why TE found
+    none), with TE's own reasons; None when it agrees."""
+    reasons = "; ".join(substantive(observed.get("reasons") or ()))
+    because = f"; Transformer Engine: {reasons}" if reasons else ""
+    if observed.get("status") == "no_backend":
+        return f"Transformer Engine found no attention backend for AttnBackend.{effective}{because}"
     if observed.get("status") != "observed" or effective in (None, "auto"):
         return None
     wanted = TE_CLASS_BY_BACKEND.get(effective)
@@ -197,14 +223,16 @@ def mismatch(effective: str | None, observed: Mapping[str, Any]) -> str | None:
         return None
     return (
         f"attention_backend requested AttnBackend.{effective} ({wanted}) but the model ran "
-        f"{observed.get('backend')} ({observed.get('source')})"
+        f"{observed.get('backend')} ({observed.get('source')}){because}"
     )
 
 
 def watch_first_forward(
     model: Any, callback: Callable[[dict[str, Any]], None], strict: bool = False
 ) -> Callable[[], None]:
-    """Call ``callback(observe(...))`` once, right after the first forward of ``model``.
+    """Call ``callback(observe(...))`` once, right after the first forward of ``model``, also when
+    that forward raises (TE's "No dot product attention backend is available": the read-back then
+    says ``no_backend`` and why, and the forward's own exception goes on unchanged).
 
     ``model`` is a torch module or a list of model chunks (the hook goes on the first). The hook
     runs inside the user's forward: a failure of ``observe`` or ``callback`` is one warning and the
@@ -222,5 +250,8 @@ def watch_first_forward(
             strict,
         )
 
-    handle = chunks[0].register_forward_hook(after_forward)
+    try:
+        handle = chunks[0].register_forward_hook(after_forward, always_call=True)
+    except TypeError:  # torch before 2.1 has no always_call
+        handle = chunks[0].register_forward_hook(after_forward)
     return handle.remove

@@ -16,6 +16,7 @@ Stdlib only.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,12 @@ TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
 
 #: Marks a key that is absent from the config (as opposed to present with value null).
 UNSET = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
+#: TE switches beyond the three Megatron sets that the worker environment may carry.
+TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
+#: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+#: Models whose Megatron provider uses learnable softmax sinks (NeMo-RL issue #1685).
+LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
 
 
 def is_count(value: Any) -> bool:
@@ -113,6 +120,12 @@ class PolicyFacts:
     env_vars: Mapping[str, str] = field(default_factory=dict)
     #: ``policy.megatron_cfg.enabled`` as written (``UNSET`` when absent).
     enabled_raw: Any = UNSET
+    #: ``policy.sequence_packing.enabled`` (truthy): Megatron then gets ``thd`` packed sequences.
+    sequence_packing: bool = False
+    #: ``policy.max_total_sequence_length`` when a positive int.
+    seq_len: Fact = Fact(None, "policy.max_total_sequence_length")
+    #: ``TE_SWITCHES`` in the worker environment (env_vars over the driver's): value and source.
+    te_env: dict = field(default_factory=dict)
 
     @property
     def has_megatron_cfg(self) -> bool:
@@ -123,6 +136,28 @@ class PolicyFacts:
     def precision(self) -> str | None:
         """``policy.precision`` when valid, else None."""
         return self.precision_raw if self.precision_raw in PRECISIONS else None
+
+    @property
+    def softmax_type(self) -> Fact:
+        """The softmax Megatron's attention uses: ``model_overrides.softmax_type`` when valid, learnable
+        for gpt-oss (its provider's sinks), else vanilla."""
+        key = "policy.megatron_cfg.model_overrides.softmax_type"
+        written = self.model_overrides.get("softmax_type")
+        if isinstance(written, str) and written in SOFTMAX_TYPES:
+            return Fact(written, key)
+        if self.model_name and LEARNABLE_SOFTMAX_MODELS.search(self.model_name):
+            return Fact("learnable", "policy.model_name (gpt-oss: learnable softmax sinks)")
+        return Fact("vanilla", f"{key} not set: vanilla")
+
+    @property
+    def te_deterministic(self) -> bool:
+        """Whether TE's DotProductAttention runs deterministically: NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 in
+        the worker (Megatron's deterministic_mode refuses to start without it)."""
+        value = self.te_env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", ("1", ""))[0]
+        try:
+            return int(value) == 0 or bool(self.model_overrides.get("deterministic_mode"))
+        except ValueError:
+            return bool(self.model_overrides.get("deterministic_mode"))
 
     @property
     def effective_backend(self) -> str | None:
@@ -141,11 +176,13 @@ def megatron_enabled(policy_cfg: Any) -> bool:
     return isinstance(megatron_cfg, dict) and bool(megatron_cfg.get("enabled", False))
 
 
-def _nvte_env(megatron_cfg: Any, environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+def _nvte_env(
+    megatron_cfg: Any, environ: Mapping[str, str], names: tuple[str, ...] = NVTE_VARIABLES
+) -> dict[str, tuple[str, str]]:
     env_vars = _get(megatron_cfg, "env_vars")
     env_vars = env_vars if isinstance(env_vars, dict) else {}  # another value is a CONFIG_VALUE_INVALID finding
     found = {}
-    for name in NVTE_VARIABLES:
+    for name in names:
         if name in env_vars and env_vars[name] is not None:
             found[name] = (str(env_vars[name]), f"policy.megatron_cfg.env_vars.{name}")
         elif name in environ:
@@ -199,10 +236,21 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         physical_batch=_first_positive(policy_cfg, "policy", "logprob_batch_size", "train_micro_batch_size"),
         env_vars=_env_vars(_get(megatron_cfg, "env_vars")),
         enabled_raw=_get(megatron_cfg, "enabled"),
+        sequence_packing=bool(_at(policy_cfg, "sequence_packing.enabled")),
+        seq_len=_first_positive(policy_cfg, "policy", "max_total_sequence_length"),
+        te_env=_nvte_env(megatron_cfg, environ, TE_SWITCHES),
     )
 
 
 _VLLM_CFG = "policy.generation.vllm_cfg"
+
+
+def vllm_batch_invariant(env: Mapping[str, str | None]) -> bool:
+    """Whether ``VLLM_BATCH_INVARIANT`` turns the mode on (vLLM reads it as an integer != 0)."""
+    try:
+        return int(env.get("VLLM_BATCH_INVARIANT") or "0") != 0
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ the README's rule table is generated from.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,15 @@ from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES
 from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.limits import shown
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, HALF_PRECISION_ONLY, NVTE_BY_BACKEND
-from nemo_rl_attn_align.preflight.facts import PRECISIONS, TRANSFORMER_IMPLS, UNSET, PolicyFacts, is_count
+from nemo_rl_attn_align.preflight.facts import (
+    LEARNABLE_SOFTMAX_MODELS,
+    PRECISIONS,
+    SOFTMAX_TYPES,
+    TRANSFORMER_IMPLS,
+    UNSET,
+    PolicyFacts,
+    is_count,
+)
 from nemo_rl_attn_align.suggest import describe_invalid
 
 PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
@@ -26,8 +33,6 @@ PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "
 MEGATRON_KEY = "policy.megatron_cfg"
 BACKEND_KEY = f"{MEGATRON_KEY}.attention_backend"
 CP_KEY = f"{MEGATRON_KEY}.context_parallel_size"
-#: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
-SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 def finding(code: Code, key: str, value: Any, message: str, fix: str) -> Finding:
@@ -359,9 +364,6 @@ def _context_parallel(facts: PolicyFacts) -> list[Finding]:
     return []
 
 
-_LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
-
-
 @rule(Code.FLASH_UNSUPPORTED_SOFTMAX)
 def _softmax_type(facts: PolicyFacts) -> list[Finding]:
     # TE get_attention_backend: "Disabling FlashAttention for softmax_type = learnable"; gpt-oss's Megatron
@@ -379,7 +381,7 @@ def _softmax_type(facts: PolicyFacts) -> list[Finding]:
                 "use attention_backend=fused or auto, or softmax_type=vanilla.",
             )
         ]
-    if softmax is None and facts.model_name and _LEARNABLE_SOFTMAX_MODELS.search(facts.model_name):
+    if softmax is None and facts.model_name and LEARNABLE_SOFTMAX_MODELS.search(facts.model_name):
         return [
             finding(
                 Code.FLASH_UNSUPPORTED_SOFTMAX,

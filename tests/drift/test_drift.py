@@ -304,27 +304,47 @@ def test_grpo_example_with_cp2_reports_thd_training_fa3_rollout_and_more_drift_t
     assert vs_ref["te-p2p:cp=2"]["out_beyond_1ulp"] > vs_ref["te-p2p-bshd:cp=2"]["out_beyond_1ulp"]
 
 
-def test_default_engines_follow_the_config_and_gpu():
-    shape = drift_shape.Shape(4, 2, 32, None, 1024)
+def _default_engines(mc, gpu="sm90", head_dim=128, generation=None):
+    cfg = {
+        "policy": {
+            "precision": "bfloat16",
+            "megatron_cfg": {"enabled": True, **mc},
+            "generation": {"backend": "vllm", "vllm_cfg": {"precision": "bfloat16"}, **(generation or {})},
+        }
+    }
+    return drift_shape.default_engines(cfg, gpu, drift_shape.Shape(16, 8, head_dim, None, 1024), environ={})
 
-    def engines(mc, gpu="sm90"):
-        return drift_shape.default_engines({"policy": {"megatron_cfg": {"enabled": True, **mc}}}, gpu, shape)
 
-    assert engines({"attention_backend": "flash"}) == (
+def test_default_engines_follow_the_predicted_kernels():
+    training, rollout, notes = _default_engines({"attention_backend": "flash"})
+    assert (training, rollout) == (
         ["reference", "flash"],
         ["reference", "vllm-fa3:chunk=256", "vllm-fa3:chunk=256,cascade=512"],
     )
-    assert engines({"attention_backend": "auto"})[0] == ["reference", "te-fused"]  # TE prefers cuDNN on sm90
-    assert engines({"attention_backend": "auto"}, "sm80") == (
+    assert any(n.startswith("training kernel: FlashAttention 2.8.3 (Transformer Engine") for n in notes)
+    assert any(n.startswith("rollout kernel: FLASH_ATTN FA3 (vLLM") for n in notes)
+    assert _default_engines({"attention_backend": "auto"})[0] == ["reference", "te-fused"]  # TE picks cuDNN on sm90
+    assert _default_engines({"attention_backend": "auto"}, "sm80")[:2] == (
         ["reference", "flash"],
         ["reference", "vllm:chunk=256", "vllm:chunk=256,cascade=512"],
     )
-    assert engines({"transformer_impl": "local"})[0] == ["reference", "megatron-local"]
-    assert engines({"attention_backend": "flash", "context_parallel_size": 4})[0] == [
+    assert _default_engines({"transformer_impl": "local"})[0] == ["reference", "megatron-local"]
+    assert _default_engines({"attention_backend": "flash", "context_parallel_size": 4})[0] == [
         "reference",
         "te-p2p:cp=4",
         "te-p2p-bshd:cp=4",
     ]
+
+
+def test_default_engines_say_when_a_side_is_not_replayed_or_assumed():
+    # TE's unfused attention: no materializer, the side is the reference only, and the notes say so
+    training, _, notes = _default_engines({"attention_backend": "unfused"})
+    assert training == ["reference"]
+    assert "no materializer replays UnfusedDotProductAttention: the training side is the reference only" in notes
+    # a head dim outside the generated tables: the selector cannot answer, TE's preference is assumed
+    training, rollout, notes = _default_engines({"attention_backend": "auto"}, "sm80", head_dim=32)
+    assert training == ["reference", "flash"] and rollout[1] == "vllm:chunk=256"
+    assert any(n.startswith("training kernel assumed FlashAttention: the selector's answer is pending") for n in notes)
 
 
 def test_not_replayable_engine_is_listed_without_figures(capsys, tmp_path):

@@ -18,8 +18,20 @@ from nemo_rl_attn_align.hosts import _patching, te_readback
 from tests.hosts.conftest import standin
 
 UTILS = """
+import logging
+
+class AttentionLogging:
+    _log_level = logging.WARNING
+    _stream_handler = logging.StreamHandler()
+
 def get_attention_backend(attention_params=None):
+    logger = logging.getLogger("DotProductAttention")
+    logger.setLevel(AttentionLogging._log_level)
+    if not logger.hasHandlers():
+        logger.addHandler(AttentionLogging._stream_handler)
     flash, fused, unfused = attention_params
+    if not flash:
+        logger.debug("Disabling FlashAttention 2 for %s", "a test reason")
     return (flash, FLASH_VERSION if flash else None, fused, 1 if fused else None, unfused, [flash, fused, unfused])
 
 class _Version:
@@ -93,12 +105,59 @@ def test_wrapped_selection_and_module_global_are_read_back(fake_te):
         "source": f"{te_readback.DPA_MODULE}._attention_backends",
         "backend": "FusedAttention",
         "detail": "sub-backend 1",
+        "reasons": ["Disabling FlashAttention 2 for a test reason"],
     }
-    assert te_readback.selections == [{"backend": "FusedAttention", "detail": "sub-backend 1"}]
-    assert te_readback.mismatch("flash", seen).startswith(
-        "attention_backend requested AttnBackend.flash (FlashAttention) but the model ran FusedAttention"
+    assert te_readback.selections == [
+        {
+            "backend": "FusedAttention",
+            "detail": "sub-backend 1",
+            "reasons": ["Disabling FlashAttention 2 for a test reason"],
+        }
+    ]
+    assert te_readback.mismatch("flash", seen) == (
+        "attention_backend requested AttnBackend.flash (FlashAttention) but the model ran FusedAttention "
+        f"({te_readback.DPA_MODULE}._attention_backends); "
+        "Transformer Engine: Disabling FlashAttention 2 for a test reason"
     )
     assert te_readback.mismatch("fused", seen) is None and te_readback.mismatch("auto", seen) is None
+
+
+def test_reasons_are_collected_without_changing_what_te_prints(fake_te, capsys):
+    """TE's own handler keeps the user's level (no debug lines on stderr) and the logger's level is
+    TE's again after the call, although the plugin read TE's debug reasons."""
+    utils = sys.modules[te_readback.UTILS_MODULE]
+    logger = logging.getLogger("DotProductAttention")
+    te_module(fake_te).forward((False, False, True))
+    assert capsys.readouterr().err == ""
+    assert logger.level == logging.WARNING and utils.AttentionLogging._log_level == logging.WARNING
+    assert not any(isinstance(h, te_readback._ReasonCollector) for h in logger.handlers)
+    assert te_readback.selections[-1]["reasons"] == ["Disabling FlashAttention 2 for a test reason"]
+
+
+def test_no_backend_reads_back_with_te_reasons_even_when_the_forward_raises(fake_te):
+    torch = pytest.importorskip("torch")
+
+    core_cls = type("TEDotProductAttention", (fake_te.DotProductAttention, torch.nn.Module), {})
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.core = core_cls()
+
+        def forward(self, x):
+            self.core.forward((False, False, False))
+            raise ValueError("No dot product attention backend is available for the provided inputs.")
+
+    seen: list[dict] = []
+    model = Model()
+    te_readback.watch_first_forward(model, seen.append)
+    with pytest.raises(ValueError, match="No dot product attention backend"):
+        model(torch.ones(1))
+    assert seen and seen[0]["status"] == "no_backend" and seen[0]["backend"] is None
+    assert te_readback.mismatch("flash", seen[0]) == (
+        "Transformer Engine found no attention backend for AttnBackend.flash; Transformer Engine: "
+        "Disabling FlashAttention 2 for a test reason"
+    )
 
 
 def test_wrapped_selection_is_the_fallback_when_the_global_is_gone(fake_te):

@@ -1,0 +1,154 @@
+"""What each side's attention selector decides on, read from a recipe (torch-free).
+
+Transformer Engine's ``get_attention_backend`` picks the training kernel and vLLM's CUDA platform
+(``get_valid_backends``, then ``fa_utils.get_flash_attn_version``) the rollout kernel. Both decide
+on a handful of facts; ``TrainingQuery`` and ``RolloutQuery`` are those facts as a recipe fixes
+them, and ``Kernel`` is a selector's answer: the kernel, the selector's own reasons, where the
+answer came from and what it assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: GPU generations a prediction can be made for (``check --gpu``).
+GPUS = ("sm80", "sm90", "sm100")
+#: ``policy.precision`` -> the selectors' dtype names.
+DTYPE_OF_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def substantive(reasons: tuple[str, ...] | list[str]) -> list[str]:
+    """A selector's reasons less those that only restate the NVTE switches of the backend asked for
+    (all of them when nothing else is left)."""
+    return [r for r in reasons if " due to NVTE_" not in r] or list(reasons)
+
+
+def capability(gpu: str) -> tuple[int, int]:
+    """``"sm90"`` -> ``(9, 0)``."""
+    number = int(gpu.removeprefix("sm"))
+    return number // 10, number % 10
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The model's attention shape, as drift and the kernel predictions read it (whole model, all TP ranks)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class TrainingQuery:
+    """The inputs of TE's ``get_attention_backend`` that a NeMo-RL recipe fixes, per TP rank."""
+
+    gpu: str
+    backend: str  # the AttnBackend name: flash, fused, unfused or auto (local runs no TE)
+    dtype: str  # bf16, fp16, fp32
+    heads: int  # query heads on one tensor-parallel rank
+    kv_heads: int
+    head_dim: int
+    window: int | None = None  # left sliding window; None: full causal
+    softmax: str = "vanilla"  # TransformerConfig.softmax_type
+    cp_size: int = 1
+    qkv_format: str = "sbhd"  # thd: sequence packing
+    deterministic: bool = False  # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
+    flash_attn_3: bool = False  # flash-attn 3 (hopper build) installed beside flash-attn 2
+    seq_len: int = 4096
+    batch_size: int = 1
+    #: NVTE_FLASH_ATTN_V2 / _V3 / _V4 in the worker environment (TE's finer switches), as (name, value).
+    flash_switches: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RolloutQuery:
+    """The inputs of vLLM's CUDA attention selector that a NeMo-RL recipe fixes."""
+
+    gpu: str
+    dtype: str  # bf16, fp16, fp32
+    head_size: int
+    kv_cache_dtype: str = "auto"
+    sliding_window: bool = False
+    has_sink: bool = False  # attention sinks (gpt-oss)
+    batch_invariant: bool = False  # VLLM_BATCH_INVARIANT in the worker environment
+    heads: int = 16
+    #: vllm_kwargs.attention_backend when the recipe forces one (vLLM then validates only it).
+    forced_backend: str | None = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One selector's answer for one side.
+
+    ``kernel`` is the backend that runs (``FlashAttention``, ``FusedAttention``,
+    ``UnfusedDotProductAttention``, ``FLASH_ATTN``, ``FLASHINFER``, ...; None: the selector finds
+    none), ``version`` its flash-attn version or FusedAttention sub-backend, ``reasons`` the
+    selector's own words for what it disabled, ``source`` where the answer came from (the selector
+    run here, or the table generated from it), ``belief`` whether it rests on our stand-in for
+    TE's C++ FusedAttention support check. ``pending`` says why there is no answer at all.
+    """
+
+    side: str
+    kernel: str | None = None
+    version: str | None = None
+    reasons: tuple[str, ...] = ()
+    source: str = ""
+    assumptions: tuple[str, ...] = ()
+    belief: bool = False
+    pending: str | None = None
+
+    @property
+    def known(self) -> bool:
+        """Whether a selector answered (a kernel, or that there is none)."""
+        return self.pending is None
+
+    @property
+    def label(self) -> str:
+        """One phrase: ``FlashAttention 2.8.3``, ``FusedAttention sub-backend 1``, ``no backend``, ``pending``."""
+        if self.pending is not None:
+            return "pending"
+        if self.kernel is None:
+            return "no backend"
+        return f"{self.kernel} {self.version}" if self.version else self.kernel
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "side": self.side,
+            "kernel": self.kernel,
+            "version": self.version,
+            "label": self.label,
+            "reasons": list(self.reasons),
+            "source": self.source,
+            "assumptions": list(self.assumptions),
+            "belief": self.belief,
+            "pending": self.pending,
+        }
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Both sides' kernels on one GPU generation."""
+
+    gpu: str | None
+    gpu_source: str
+    training: Kernel | None = None
+    rollout: Kernel | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    training_query: TrainingQuery | None = None
+    rollout_query: RolloutQuery | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "gpu": self.gpu,
+            "gpu_source": self.gpu_source,
+            "training": self.training.to_dict() if self.training else None,
+            "rollout": self.rollout.to_dict() if self.rollout else None,
+            "training_query": asdict(self.training_query) if self.training_query else None,
+            "rollout_query": asdict(self.rollout_query) if self.rollout_query else None,
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,201 @@
+"""The kernel tables: what the hosts' own selectors chose over a grid of recipes, generated, not written.
+
+``scripts/update_kernel_tables.py`` runs Transformer Engine's ``get_attention_backend`` (the
+``transformer-engine`` wheels named in the table, on declared GPUs, ``tests/real_te/stand_ins.py``)
+and vLLM's CUDA selector (``tests/real_vllm/cuda_stand_ins.py``) on every cell of the grids below
+and writes ``tables/transformer_engine.json.gz`` and ``tables/vllm.json.gz``; the lanes regenerate
+them and fail when the committed files differ. ``check`` looks a recipe up here when the selector
+cannot run in its own process. Each table names the versions it came from, what it declared and
+what it held fixed; a query outside the grid gets no answer rather than a neighbour's.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import itertools
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_attn_align.preflight.kernel_query import GPUS, Kernel, RolloutQuery, TrainingQuery
+
+TABLE_DIR = Path(__file__).with_name("tables")
+SCHEMA = 1
+HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
+
+#: The training grid: one axis per TrainingQuery field the recipe fixes, in cell order.
+TRAINING_AXES: tuple[tuple[str, tuple], ...] = (
+    ("gpu", GPUS),
+    ("backend", ("flash", "fused", "unfused", "auto")),
+    ("dtype", ("bf16", "fp16", "fp32")),
+    ("head_dim", HEAD_DIMS),
+    ("window", (None, 1023)),
+    ("softmax", ("vanilla", "off-by-one", "learnable")),
+    ("cp_size", (1, 2)),
+    ("qkv_format", ("sbhd", "thd")),
+    ("deterministic", (False, True)),
+    ("flash_attn_3", (False, True)),
+)
+#: What every training cell holds fixed (per tensor-parallel rank).
+TRAINING_FIXED: dict[str, Any] = {"heads": 16, "kv_heads": 8, "seq_len": 4096, "batch_size": 2}
+
+#: The rollout grid, in cell order.
+ROLLOUT_AXES: tuple[tuple[str, tuple], ...] = (
+    ("gpu", GPUS),
+    ("dtype", ("bf16", "fp16", "fp32")),
+    ("head_size", HEAD_DIMS),
+    ("kv_cache_dtype", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    ("sliding_window", (False, True)),
+    ("has_sink", (False, True)),
+    ("batch_invariant", (False, True)),
+)
+ROLLOUT_FIXED: dict[str, Any] = {"heads": 16}
+
+FILES = {"training": "transformer_engine.json.gz", "rollout": "vllm.json.gz"}
+
+
+def training_queries() -> Iterator[TrainingQuery]:
+    """Every training cell, in table order."""
+    names = [name for name, _ in TRAINING_AXES]
+    for values in itertools.product(*(axis for _, axis in TRAINING_AXES)):
+        yield TrainingQuery(**dict(zip(names, values, strict=True)), **TRAINING_FIXED)
+
+
+def rollout_queries() -> Iterator[RolloutQuery]:
+    """Every rollout cell, in table order."""
+    names = [name for name, _ in ROLLOUT_AXES]
+    for values in itertools.product(*(axis for _, axis in ROLLOUT_AXES)):
+        yield RolloutQuery(**dict(zip(names, values, strict=True)), **ROLLOUT_FIXED)
+
+
+def _cell(axes: tuple[tuple[str, tuple], ...], values: Mapping[str, Any]) -> int | str:
+    """The cell index of ``values`` (mixed radix over ``axes``), or why the grid has no such cell."""
+    index = 0
+    for name, axis in axes:
+        value = values[name]
+        if value not in axis:
+            shown = ", ".join("none" if v is None else str(v) for v in axis)
+            return f"{name}={value!r} is not in the generated table (it has {shown})"
+        index = index * len(axis) + axis.index(value)
+    return index
+
+
+def training_cell(query: TrainingQuery) -> tuple[int | str, tuple[str, ...]]:
+    """(cell index or why none, what the table assumes for this query)."""
+    assumptions = [
+        f"{TRAINING_FIXED['heads']} query / {TRAINING_FIXED['kv_heads']} KV heads per rank, "
+        f"{TRAINING_FIXED['batch_size']} sequences of {TRAINING_FIXED['seq_len']} tokens, no dropout",
+    ]
+    if query.flash_switches:
+        return "NVTE_FLASH_ATTN_V2/_V3/_V4 are set in the worker environment; the table assumes them unset", ()
+    values = {name: getattr(query, name) for name, _ in TRAINING_AXES}
+    if query.window is not None:
+        values["window"] = 1023
+        assumptions.append("any sliding window as a left window of 1023")
+    if query.cp_size > 2:
+        values["cp_size"] = 2
+        assumptions.append(f"context parallel size {query.cp_size} as 2 (TE's filters test context_parallel)")
+    return _cell(TRAINING_AXES, values), tuple(assumptions)
+
+
+def rollout_cell(query: RolloutQuery) -> tuple[int | str, tuple[str, ...]]:
+    """(cell index or why none, what the table assumes for this query)."""
+    if query.forced_backend:
+        return f"vllm_kwargs.attention_backend={query.forced_backend!r} forces the backend", ()
+    values = {name: getattr(query, name) for name, _ in ROLLOUT_AXES}
+    return _cell(ROLLOUT_AXES, values), (f"{ROLLOUT_FIXED['heads']} query heads",)
+
+
+@dataclass(frozen=True)
+class Table:
+    """One selector's generated table at one host version."""
+
+    side: str
+    host: str  # "Transformer Engine" or "vLLM"
+    version: str
+    header: Mapping[str, Any]
+    results: tuple[tuple[Any, ...], ...]  # (kernel, version, reason ids, belief)
+    reasons: tuple[str, ...]
+    cells: tuple[int, ...]
+
+    @property
+    def source(self) -> str:
+        return f"{self.host} {self.version}'s own selector, from the table generated from it"
+
+    def declared(self, omit: str | None = None) -> str:
+        """The device-side facts the table was generated with, in one phrase (less those named ``omit...``)."""
+        facts = self.header.get("declared", {}).items()
+        return "declared " + ", ".join(f"{k} {v}" for k, v in facts if omit is None or not k.startswith(omit))
+
+    def answer(self, cell: int, assumptions: tuple[str, ...], omit: str | None = None) -> Kernel:
+        """The recorded answer of ``cell``; ``omit`` leaves declared facts this query did not use unsaid."""
+        kernel, version, reason_ids, belief = self.results[self.cells[cell]]
+        return Kernel(
+            self.side,
+            kernel,
+            version,
+            tuple(self.reasons[i] for i in reason_ids),
+            self.source,
+            (self.declared(omit), *assumptions),
+            bool(belief),
+        )
+
+
+def encode(side: str, header: Mapping[str, Any], answers: list[Kernel]) -> dict[str, Any]:
+    """The JSON form of one host version's table, answers in cell order (the generator's half)."""
+    reasons: dict[str, int] = {}
+    results: dict[tuple, int] = {}
+    cells = []
+    for answer in answers:
+        ids = tuple(reasons.setdefault(r, len(reasons)) for r in answer.reasons)
+        key = (answer.kernel, answer.version, ids, answer.belief)
+        cells.append(results.setdefault(key, len(results)))
+    axes = TRAINING_AXES if side == "training" else ROLLOUT_AXES
+    return {
+        **header,
+        "axes": [[name, list(axis)] for name, axis in axes],
+        "results": [[k, v, list(ids), b] for (k, v, ids, b) in results],
+        "reasons": list(reasons),
+        "cells": cells,
+    }
+
+
+def write(side: str, tables: Mapping[str, dict[str, Any]], directory: Path = TABLE_DIR) -> Path:
+    """Write one side's tables (host version -> encoded table), byte-for-byte reproducibly."""
+    path = directory / FILES[side]
+    text = json.dumps({"schema": SCHEMA, "side": side, "versions": dict(sorted(tables.items()))}, sort_keys=True)
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:
+        out.write(text.encode())
+    return path
+
+
+@functools.cache
+def load(side: str, directory: Path = TABLE_DIR) -> dict[str, Table]:
+    """One side's tables by host version (empty when the file is missing or of another schema)."""
+    try:
+        with gzip.open(directory / FILES[side], "rt", encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if data.get("schema") != SCHEMA:
+        return {}
+    axes = TRAINING_AXES if side == "training" else ROLLOUT_AXES
+    tables = {}
+    for version, table in data["versions"].items():
+        if table["axes"] != [[name, list(axis)] for name, axis in axes]:
+            continue  # generated over another grid: not this code's to read
+        header = {k: v for k, v in table.items() if k not in ("axes", "results", "reasons", "cells")}
+        tables[version] = Table(
+            side,
+            header.get("host", ""),
+            version,
+            header,
+            tuple(tuple(r) for r in table["results"]),
+            tuple(table["reasons"]),
+            tuple(table["cells"]),
+        )
+    return tables

@@ -1,0 +1,244 @@
+"""Which attention kernel each side will run on a GPU generation, decided by the hosts' own selectors.
+
+``plan_kernels`` reads the recipe's facts and the model's attention shape into a ``TrainingQuery``
+(TE's ``get_attention_backend``) and a ``RolloutQuery`` (vLLM's CUDA selector) and answers each:
+
+* with the real selector in this process, when ``live`` (the GPU asked about is this machine's)
+  and the host library loads here (``hosts.te_selector``, ``hosts.vllm_selector``);
+* else from the tables generated from those selectors (``kernel_table``), labelled with the
+  versions they came from.
+
+``kernel_findings`` turns a side that has no kernel into an error (``TE_NO_BACKEND``,
+``VLLM_NO_BACKEND``) with the selector's own reasons and, from the same source, the backends
+that would run instead. Nothing here imports torch unless ``live`` reaches a selector.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import replace
+from importlib.metadata import PackageNotFoundError, version
+
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.errors import Finding
+from nemo_rl_attn_align.preflight import kernel_table
+from nemo_rl_attn_align.preflight.facts import RecipeFacts, is_count, vllm_batch_invariant
+from nemo_rl_attn_align.preflight.kernel_query import (
+    DTYPE_OF_PRECISION,
+    AttentionShape,
+    Kernel,
+    KernelPlan,
+    RolloutQuery,
+    TrainingQuery,
+    substantive,
+)
+from nemo_rl_attn_align.preflight.rules import finding
+
+#: The Transformer Engine NeMo-RL main pins (7ea279a pyproject: transformer-engine @ v2.14.1).
+NEMO_RL_TE = "2.14.1"
+BACKENDS = ("flash", "fused", "unfused", "auto")
+
+
+def training_query(facts: RecipeFacts, shape: AttentionShape, gpu: str, flash_attn_3: bool) -> TrainingQuery | str:
+    """What TE will decide the training kernel on, or why TE decides nothing for this recipe."""
+    policy = facts.policy
+    if policy is None or not policy.megatron_enabled:
+        return "policy.megatron_cfg.enabled is not truthy: no Megatron training side"
+    if policy.transformer_impl == "local" or policy.effective_backend == "local":
+        return "Megatron's own DotProductAttention runs (local); Transformer Engine selects nothing"
+    if policy.effective_backend is None:
+        return "policy.megatron_cfg.attention_backend is invalid"
+    dtype = DTYPE_OF_PRECISION.get(policy.precision or "")
+    if dtype is None:
+        return "policy.precision is not set to float32, bfloat16 or float16"
+    tp = policy.tensor_parallel_size.value if is_count(policy.tensor_parallel_size.value) else 1
+    switches = tuple(sorted((n, v) for n, (v, _) in policy.te_env.items() if n.startswith("NVTE_FLASH_ATTN_V")))
+    return TrainingQuery(
+        gpu=gpu,
+        backend=policy.effective_backend,
+        dtype=dtype,
+        heads=max(1, shape.heads // tp),
+        kv_heads=max(1, shape.kv_heads // tp),
+        head_dim=shape.head_dim,
+        window=shape.window,
+        softmax=policy.softmax_type.value,
+        cp_size=policy.context_parallel_size,
+        qkv_format="thd" if policy.sequence_packing else "sbhd",
+        deterministic=policy.te_deterministic,
+        flash_attn_3=flash_attn_3,
+        seq_len=policy.seq_len.value or kernel_table.TRAINING_FIXED["seq_len"],
+        batch_size=policy.physical_batch.value or kernel_table.TRAINING_FIXED["batch_size"],
+        flash_switches=switches,
+    )
+
+
+def rollout_query(
+    facts: RecipeFacts, shape: AttentionShape, gpu: str, environ: Mapping[str, str]
+) -> RolloutQuery | str:
+    """What vLLM's CUDA selector will decide the rollout kernel on, or why there is no vLLM rollout."""
+    gen = facts.generation
+    if not gen.is_vllm:
+        return "policy.generation.backend is not vllm"
+    dtype = DTYPE_OF_PRECISION.get(str(gen.precision.value))
+    if dtype is None:
+        return f"{gen.precision.key} is not float32, bfloat16 or float16"
+    softmax = facts.policy.softmax_type.value if facts.policy is not None else "vanilla"
+    forced = (
+        gen.attention_backend or gen.env_vars.get("VLLM_ATTENTION_BACKEND") or environ.get("VLLM_ATTENTION_BACKEND")
+    )
+    return RolloutQuery(
+        gpu=gpu,
+        dtype=dtype,
+        head_size=shape.head_dim,
+        kv_cache_dtype=str(gen.kv_cache_dtype.value or "auto"),
+        sliding_window=shape.window is not None,
+        has_sink=softmax != "vanilla",
+        batch_invariant=vllm_batch_invariant({**environ, **gen.env_vars}),
+        heads=shape.heads,
+        forced_backend=str(forced) if forced else None,
+    )
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def te_table_version(requested: str | None = None) -> tuple[str | None, str]:
+    """The TE version whose table answers: ``requested``, else the installed TE's, else NeMo-RL main's pin."""
+    tables = kernel_table.load("training")
+    if requested is not None:
+        return (requested, "--te") if requested in tables else (None, f"--te {requested} has no table")
+    installed = _installed("transformer-engine")
+    if installed in tables:
+        return installed, "the installed transformer-engine"
+    if NEMO_RL_TE in tables:
+        return NEMO_RL_TE, "NeMo-RL main's pin; --te chooses another"
+    newest = max(tables, default=None, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    return newest, "the newest table"
+
+
+def _live_allowed(module: str) -> bool:
+    return importlib.util.find_spec(module.split(".")[0]) is not None
+
+
+def predict_training(query: TrainingQuery, te_version: str | None = None, live: bool = False) -> Kernel:
+    """TE's answer for ``query``: its selector run here when ``live`` and TE loads, else the table."""
+    if live and _live_allowed("transformer_engine"):
+        from nemo_rl_attn_align.hosts import te_selector
+
+        if te_selector.unavailable() is None:
+            return te_selector.select(query)
+    chosen, why = te_table_version(te_version)
+    table = kernel_table.load("training").get(chosen) if chosen else None
+    if table is None:
+        return Kernel("training", pending=f"no Transformer Engine table ({why})")
+    cell, assumptions = kernel_table.training_cell(query)
+    if isinstance(cell, str):
+        return Kernel("training", pending=cell)
+    answer = table.answer(cell, assumptions, omit=None if query.flash_attn_3 else "flash-attn-3")
+    return replace(answer, source=f"{answer.source}; {chosen}: {why}")
+
+
+def predict_rollout(query: RolloutQuery, live: bool = False) -> Kernel:
+    """vLLM's answer for ``query``: its selector run here when ``live`` and vLLM loads, else the table."""
+    if live and _live_allowed("vllm"):
+        from nemo_rl_attn_align.hosts import vllm_selector
+
+        if vllm_selector.unavailable() is None:
+            return vllm_selector.select(query)
+    tables = kernel_table.load("rollout")
+    if not tables:
+        return Kernel("rollout", pending="no vLLM table")
+    cell, assumptions = kernel_table.rollout_cell(query)
+    if isinstance(cell, str):
+        return Kernel("rollout", pending=cell)
+    newest = max(tables, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    return tables[newest].answer(cell, assumptions)
+
+
+def plan_kernels(
+    facts: RecipeFacts,
+    shape: AttentionShape | str,
+    gpu: str | None,
+    gpu_source: str,
+    environ: Mapping[str, str],
+    *,
+    flash_attn_3: bool = False,
+    te_version: str | None = None,
+    live: bool = False,
+) -> KernelPlan:
+    """Both sides' kernels on ``gpu`` (None: no GPU to predict for; both pending)."""
+    if gpu is None:
+        return KernelPlan(None, gpu_source, notes=(f"kernels pending: {gpu_source}",))
+    if isinstance(shape, str):
+        reason = f"the attention shape is unknown ({shape})"
+        return KernelPlan(gpu, gpu_source, Kernel("training", pending=reason), Kernel("rollout", pending=reason))
+    train_q = training_query(facts, shape, gpu, flash_attn_3)
+    roll_q = rollout_query(facts, shape, gpu, environ)
+    training = predict_training(train_q, te_version, live) if isinstance(train_q, TrainingQuery) else None
+    rollout = predict_rollout(roll_q, live) if isinstance(roll_q, RolloutQuery) else None
+    notes = [f"no {side} kernel: {q}" for side, q in (("training", train_q), ("rollout", roll_q)) if isinstance(q, str)]
+    return KernelPlan(
+        gpu,
+        gpu_source,
+        training,
+        rollout,
+        tuple(notes),
+        train_q if isinstance(train_q, TrainingQuery) else None,
+        roll_q if isinstance(roll_q, RolloutQuery) else None,
+    )
+
+
+def _alternatives(query: TrainingQuery, te_version: str | None, live: bool) -> list[str]:
+    """The other attention_backend values that give TE a kernel for the same model on the same GPU."""
+    out = []
+    for backend in BACKENDS:
+        if backend == query.backend:
+            continue
+        answer = predict_training(replace(query, backend=backend), te_version, live)
+        if answer.known and answer.kernel is not None:
+            belief = " (by our stand-in for TE's cuDNN check)" if answer.belief else ""
+            out.append(f"attention_backend={backend} runs {answer.label}{belief}")
+    return out
+
+
+def kernel_findings(
+    plan: KernelPlan, facts: RecipeFacts, te_version: str | None = None, live: bool = False
+) -> list[Finding]:
+    """An error for each side whose selector finds no kernel on ``plan.gpu``, with its reasons and what would run."""
+    out = []
+    training, query = plan.training, plan.training_query
+    if training is not None and training.known and training.kernel is None and query is not None:
+        alternatives = _alternatives(query, te_version, live)
+        belief = " (its FusedAttention part is our stand-in for TE's C++ check, not TE)" if training.belief else ""
+        out.append(
+            finding(
+                Code.TE_NO_BACKEND,
+                "policy.megatron_cfg.attention_backend",
+                query.backend,
+                f"on {plan.gpu} Transformer Engine finds no attention backend and raises 'No dot product attention "
+                f"backend is available' at the first forward; TE: {'; '.join(substantive(training.reasons))}"
+                f"{belief} [{training.source}].",
+                "; ".join(alternatives) + f" on {plan.gpu}."
+                if alternatives
+                else "no attention_backend gives TE a kernel for this model there; change the precision, the model "
+                "or the GPU.",
+            )
+        )
+    rollout = plan.rollout
+    if rollout is not None and rollout.known and rollout.kernel is None:
+        out.append(
+            finding(
+                Code.VLLM_NO_BACKEND,
+                "policy.generation.vllm_cfg",
+                facts.generation.backend,
+                f"on {plan.gpu} vLLM finds no attention backend and the engine does not start; vLLM: "
+                f"{'; '.join(rollout.reasons)} [{rollout.source}].",
+                "change the KV-cache dtype, the precision or vllm_kwargs.attention_backend.",
+            )
+        )
+    return out

