@@ -220,7 +220,7 @@ def _kernel_line(name: str, kernel: dict[str, Any] | None) -> list[str]:
     belief = "; FusedAttention's cuDNN check is our stand-in, not TE" if kernel["belief"] else ""
     lines = [f"  {name}: {kernel['label']} ({kernel['source']}{belief})"]
     why = [r for r in kernel["reasons"] if " due to NVTE_" not in r][:3]  # the switches' lines restate the backend
-    lines += [f"    why: {reason}" for reason in why]
+    lines += [f"    why: {reason.strip()}" for reason in why]
     if kernel["assumptions"]:
         lines.append(f"    assumes: {'; '.join(kernel['assumptions'])}")
     return lines

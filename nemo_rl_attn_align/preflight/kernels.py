@@ -214,6 +214,7 @@ def kernel_findings(
     training, query = plan.training, plan.training_query
     if training is not None and training.known and training.kernel is None and query is not None:
         alternatives = _alternatives(query, te_version, live)
+        te_says = "; ".join(reason.strip() for reason in substantive(training.reasons))
         belief = " (its FusedAttention part is our stand-in for TE's C++ check, not TE)" if training.belief else ""
         out.append(
             finding(
@@ -221,7 +222,7 @@ def kernel_findings(
                 "policy.megatron_cfg.attention_backend",
                 query.backend,
                 f"on {plan.gpu} Transformer Engine finds no attention backend and raises 'No dot product attention "
-                f"backend is available' at the first forward; TE: {'; '.join(substantive(training.reasons))}"
+                f"backend is available' at the first forward; TE: {te_says}"
                 f"{belief} [{training.source}].",
                 "; ".join(alternatives) + f" on {plan.gpu}."
                 if alternatives
