@@ -51,6 +51,13 @@ class Code(str, enum.Enum):
         ERROR,
         "a key the rules read has a value NeMo-RL or Megatron rejects (wrong type, out of range, broken structure).",
     )
+    MEGATRON_KEY_MISSING = (
+        "MEGATRON_KEY_MISSING",
+        RULE,
+        ERROR,
+        "megatron_cfg lacks tensor_model_parallel_size, pipeline_model_parallel_size or context_parallel_size; "
+        "NeMo-RL indexes them without a default and the run dies with a KeyError.",
+    )
     FLAG_NOT_BOOLEAN = (
         "FLAG_NOT_BOOLEAN",
         RULE,

@@ -25,6 +25,17 @@ MAX_DEFAULTS_FILES = 16
 #: Longest command-line override (characters) and most dotted levels in its key.
 MAX_OVERRIDE_CHARS = 10_000
 MAX_OVERRIDE_KEY_DEPTH = MAX_NESTING
+#: Most command-line overrides in one command. A NeMo-RL command line carries a few to a few dozen;
+#: Hydra parses and applies each on its own (about 0.35 ms each), so 1,000 cost a third of a second
+#: where 10,000 took 3.4 s.
+MAX_OVERRIDES = 1_000
+#: All overrides' text together (characters): a few KB in practice; 64 KiB is six overrides of the
+#: longest kind and bounds the per-character checks and Hydra's lexer (~25 ms per 10,000 characters).
+MAX_OVERRIDES_TOTAL_CHARS = 64 << 10
+#: Most list / mapping / sweep elements in all overrides together, counted as the commas outside
+#: quoted strings. Hydra's grammar parses a list in time growing with the square of its length
+#: (1,000 elements ~0.2 s, 4,900 elements 2.4 s); a long list belongs in the YAML file.
+MAX_OVERRIDE_ELEMENTS = 1_000
 #: Largest worker record / host detail file, and largest run report file.
 MAX_RECORD_BYTES = 4 << 20
 MAX_REPORT_BYTES = 64 << 20

@@ -77,7 +77,9 @@ POOLS: dict[str, list] = {
     "policy.precision": [*PRECISIONS, "bf16", "fp32", "BFLOAT16", "half", 16, True, None, [], "bfloat16\n"],
     f"{_M}.pipeline_dtype": [*PRECISIONS, UNSET, "bf16", None, 1, {}],
     f"{_M}.transformer_impl": [*IMPLS, UNSET, "TE", "te", "Local", "", None, 1, True, ["local"]],
-    f"{_M}.context_parallel_size": [1, 2, 4, 8, True, "2", "1", 2.0, 1.0, 0, -1, None, 1.5, [2], {}, 10**30],
+    f"{_M}.context_parallel_size": [1, 2, 4, 8, True, "2", "1", 2.0, 1.0, 0, -1, None, 1.5, [2], {}, 10**30, UNSET],
+    f"{_M}.tensor_model_parallel_size": [1, UNSET],
+    f"{_M}.pipeline_model_parallel_size": [1, UNSET],
     f"{_MO}.softmax_type": [*SOFTMAX_TYPES, UNSET, "sinks", "", None, 1, ["vanilla"]],
     f"{_MO}.batch_invariant_mode": [True, False, UNSET, 1, 0, "false", "yes", "", None, [], [0]],
     f"{_MO}.cp_comm_type": [*CP_COMM_TYPES, UNSET, "ring", "allgather", "", None, ["p2p", "a2a"], ["bogus"], [], 3],
@@ -185,6 +187,9 @@ def rejection(cfg: dict) -> str | None:
     enabled = mcfg.get("enabled", False)
     if not _truthy(enabled):
         return None
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        if key not in mcfg:
+            return f"NeMo-RL's Policy indexes megatron_cfg[{key!r}] (KeyError)"
     return _megatron_rejection(mcfg, precision)
 
 

@@ -122,6 +122,63 @@ def test_override_limits(override, expected):
     assert expected in usage_error(EXAMPLE, override.split(" "))
 
 
+def _list(elements: int) -> str:
+    return "[" + ",".join(["1"] * elements) + "]"
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["policy.precision=bfloat16"] * (limits.MAX_OVERRIDES + 1),
+            f"{limits.MAX_OVERRIDES + 1} overrides, over the limit of {limits.MAX_OVERRIDES}. Fix: put the settings",
+        ),
+        (
+            [f"++s{i}='{'a' * 9_000}'" for i in range(8)],
+            f"characters in all, over the limit of {limits.MAX_OVERRIDES_TOTAL_CHARS}. Fix: put large values",
+        ),
+        (
+            [f"++x={_list(limits.MAX_OVERRIDE_ELEMENTS + 2)}"],  # 4,900 elements took 2.4 s to parse
+            f"hold {limits.MAX_OVERRIDE_ELEMENTS + 1} list, mapping or sweep elements in all",
+        ),
+        (  # the elements of all overrides count together
+            [f"++x{i}={_list(limits.MAX_OVERRIDE_ELEMENTS // 4 + 2)}" for i in range(4)],
+            f"over the limit of {limits.MAX_OVERRIDE_ELEMENTS}. Fix: put long lists in the YAML file",
+        ),
+    ],
+    ids=["count", "total-chars", "one-long-list", "elements-in-all"],
+)
+def test_override_set_limits_refuse_before_any_is_parsed(overrides, expected):
+    start = time.perf_counter()
+    assert expected in usage_error(EXAMPLE, overrides)
+    assert time.perf_counter() - start < 2  # 10,000 overrides took 3.4 s, a 4,900-element list 2.4 s
+
+
+def test_override_sets_within_the_limits_still_apply():
+    quoted = "'" + ",".join(["a"] * (limits.MAX_OVERRIDE_ELEMENTS + 100)) + "'"  # commas inside quotes are text
+    cfg = load_config(
+        EXAMPLE,
+        [
+            "policy.precision=bfloat16",
+            "++policy.megatron_cfg.context_parallel_size=2",
+            f"++x={_list(limits.MAX_OVERRIDE_ELEMENTS + 1)}",  # exactly the limit: 1,000 commas
+            f"++note={quoted}",
+            "~policy.megatron_cfg.moe_per_layer_logging",
+        ],
+    )
+    assert cfg["policy"]["megatron_cfg"]["context_parallel_size"] == 2
+    assert len(cfg["x"]) == limits.MAX_OVERRIDE_ELEMENTS + 1 and cfg["note"].count(",") > 1000
+    assert "moe_per_layer_logging" not in cfg["policy"]["megatron_cfg"]
+    many = load_config(EXAMPLE, ["policy.precision=float16"] * limits.MAX_OVERRIDES)
+    assert many["policy"]["precision"] == "float16"
+
+
+def test_too_many_overrides_is_one_line_and_exit_2_from_the_cli(capsys):
+    code, out, err = run_cli(capsys, "check", str(EXAMPLE), *["policy.precision=bfloat16"] * 10_000)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: 10000 overrides, over the limit of 1000.")
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [

@@ -104,6 +104,8 @@ def test_the_oracle_rejects_what_the_issue_found_accepted():
     mcfg = "policy__megatron_cfg__"
     for value in ("2", 2.0, 0, -1):
         assert with_(**{f"{mcfg}context_parallel_size": value})
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        assert "KeyError" in with_(**{f"{mcfg}{key}": hi.UNSET})
     assert with_(**{f"{mcfg}transformer_impl": "TE"})
     assert with_(**{"policy__megatron_cfg": "flash"})
     assert with_(**{f"{mcfg}model_overrides__batch_invariant_mode": 1, f"{mcfg}attention_backend": "fused"})

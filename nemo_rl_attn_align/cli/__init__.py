@@ -3,13 +3,20 @@
 Each sub-command lives in its own module of this package and exposes ``register(subparsers)``,
 which adds its parser and sets ``handler`` to a function ``(args) -> exit code``. Command modules
 import nothing heavy at module level: ``check`` must stay well under a second.
+
+``main`` runs every sub-command with guarded standard streams: a reader that closes the pipe early
+(``check --json | head -c1``) ends the command silently with the exit code its result says; any
+other failure to write the output (``> /dev/full``) is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
+from typing import Any, TextIO, cast
 
 from nemo_rl_attn_align import __version__
 
@@ -32,11 +39,102 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit code."""
-    argv = sys.argv[1:] if argv is None else argv
+#: Exit code when the output cannot be written (the CLI's "unusable input" code).
+EXIT_OUTPUT_FAILED = 2
+
+
+class _GuardedStream:
+    """A standard stream whose first write error (a closed pipe, a full disk) is kept in ``error``
+    instead of raised; from then on writes are dropped and the file descriptor points at devnull, so
+    neither the rest of the command nor the interpreter's flush at exit raises again (the recipe of
+    https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self._stream.write(text)
+            except OSError as err:
+                self._failed(err)
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self._stream.flush()
+            except OSError as err:
+                self._failed(err)
+
+    def _failed(self, err: OSError) -> None:
+        self.error = err
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (io.StringIO)
+            pass
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _dispatch(argv: list[str]) -> int:
     args = build_parser(argv).parse_args(argv)
     return args.handler(args)
+
+
+def _write_failure(out: _GuardedStream) -> str | None:
+    """The error line when stdout failed other than by its reader closing the pipe (None then)."""
+    err = out.error
+    if err is None or isinstance(err, BrokenPipeError) or err.errno == errno.EPIPE:
+        return None
+    return f"error: cannot write the output: {err.strerror or err}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code. stdout and stderr are
+    guarded for the whole command (argparse's ``--help`` included): a closed pipe ends it quietly
+    with the command's own exit code, another write error (ENOSPC, EIO) is one line and exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    saved = sys.stdout, sys.stderr
+    out = _GuardedStream(saved[0]) if saved[0] is not None else None
+    err = _GuardedStream(saved[1]) if saved[1] is not None else None
+    sys.stdout, sys.stderr = cast(TextIO, out), cast(TextIO, err)
+    try:
+        try:
+            code = _dispatch(argv)
+        except SystemExit:  # argparse: --help, --version, a usage error
+            failure = _flushed(out, err)
+            if failure is None:
+                raise
+            print(failure, file=sys.stderr)
+            raise SystemExit(EXIT_OUTPUT_FAILED) from None
+        failure = _flushed(out, err)
+        if failure is not None:
+            print(failure, file=sys.stderr)
+            return EXIT_OUTPUT_FAILED
+        return code
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _flushed(out: _GuardedStream | None, err: _GuardedStream | None) -> str | None:
+    """Flush both guarded streams (a late error is caught here, not at exit); stdout's error line."""
+    for stream in (out, err):
+        if stream is not None:
+            stream.flush()
+    return _write_failure(out) if out is not None else None
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m nemo_rl_attn_align.cli

@@ -4,6 +4,11 @@ PATH is the report file (``attention_align_report.json``) or its directory (by d
 ``<logger.log_dir>/attention_align``); a directory holding only worker records is collected on the
 spot. Exit 0: the report is readable and its verdict is pass or incomparable; 1: its verdict is
 fail; 2: the input cannot be read (one line on stderr says why).
+
+``--plot [OUT.png]`` also writes NeMo-RL's mismatch metrics over the steps, with the attention-only
+estimate as a band, as one PNG (``report.plot``; default ``<report dir>/attention_align_drift.png``)
+and prints ``plot: PATH`` after the text (on stderr with ``--json``, so stdout stays JSON). Exit 2
+when it cannot be written: no drift steps, no matplotlib, an unwritable OUT.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE = 0, 1, 2
 
@@ -26,6 +33,15 @@ def register(subparsers) -> None:
     parser.add_argument("path", metavar="PATH", help="the report JSON file, or the report directory")
     parser.add_argument("--all", action="store_true", help="list every field and variable, matching ones too")
     parser.add_argument("--json", action="store_true", help="print the report document itself")
+    parser.add_argument(
+        "--plot",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="OUT.png",
+        help="also write a PNG of NeMo-RL's mismatch metrics over the steps with the attention-only estimate "
+        "(default: <report dir>/attention_align_drift.png; needs the plot extra); put PATH before it",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -49,4 +65,22 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_UNREADABLE
     print(text)
+    if args.plot is not None and not _write_plot(args, doc):
+        return EXIT_UNREADABLE
     return EXIT_FAILED if doc["verdict"] == "fail" else EXIT_OK
+
+
+def _write_plot(args: argparse.Namespace, doc: dict[str, Any]) -> bool:
+    """Write ``--plot``'s PNG and print ``plot: PATH``; False (one line on stderr) when it cannot be."""
+    from nemo_rl_attn_align.limits import shown_path, shown_text
+    from nemo_rl_attn_align.report.plot import PLOT_FILENAME, PlotError, write_drift_plot
+
+    path = Path(args.path)
+    out = Path(args.plot) if args.plot else (path if path.is_dir() else path.parent) / PLOT_FILENAME
+    try:
+        written = write_drift_plot(doc, out)
+    except PlotError as err:
+        print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
+        return False
+    print(f"plot: {shown_path(written)}", file=sys.stderr if args.json else sys.stdout)
+    return True

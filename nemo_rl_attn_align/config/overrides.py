@@ -5,23 +5,61 @@ can fail turned into a one-line ``UsageError`` whose fix says what to write inst
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.limits import MAX_NESTING, MAX_OVERRIDE_CHARS, MAX_OVERRIDE_KEY_DEPTH, first_line, shown
+from nemo_rl_attn_align.limits import (
+    MAX_NESTING,
+    MAX_OVERRIDE_CHARS,
+    MAX_OVERRIDE_ELEMENTS,
+    MAX_OVERRIDE_KEY_DEPTH,
+    MAX_OVERRIDES,
+    MAX_OVERRIDES_TOTAL_CHARS,
+    first_line,
+    shown,
+)
 
 _USAGE = "Fix: write key=value, ++key=value to add a key, ~key to delete one"
+#: A quoted string of Hydra's grammar ('...' or "...", backslash escapes): its commas are text.
+_QUOTED = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"")
 
 
-def _check_override_size(text: str) -> None:
-    """Refuse an override longer than ``MAX_OVERRIDE_CHARS``, or whose key or value nests deeper than
-    ``MAX_NESTING``, before Hydra's recursive parser sees it."""
-    if len(text) > MAX_OVERRIDE_CHARS:
+def check_override_limits(overrides: Sequence[str]) -> None:
+    """Refuse the overrides, before any is parsed, when they are more than ``MAX_OVERRIDES``, one is
+    longer than ``MAX_OVERRIDE_CHARS``, all together are longer than ``MAX_OVERRIDES_TOTAL_CHARS`` or
+    hold more than ``MAX_OVERRIDE_ELEMENTS`` elements, or one nests too deep (each one line)."""
+    if len(overrides) > MAX_OVERRIDES:
         raise UsageError(
-            f"override {shown(text)} is {len(text)} characters, over the limit of {MAX_OVERRIDE_CHARS}. "
-            "Fix: put large values in the YAML file."
+            f"{len(overrides)} overrides, over the limit of {MAX_OVERRIDES}. "
+            "Fix: put the settings in a YAML file (a recipe whose defaults: names this one)."
         )
+    for text in overrides:
+        if len(text) > MAX_OVERRIDE_CHARS:
+            raise UsageError(
+                f"override {shown(text)} is {len(text)} characters, over the limit of {MAX_OVERRIDE_CHARS}. "
+                "Fix: put large values in the YAML file."
+            )
+    total = sum(len(text) for text in overrides)
+    if total > MAX_OVERRIDES_TOTAL_CHARS:
+        raise UsageError(
+            f"the {len(overrides)} overrides are {total} characters in all, over the limit of "
+            f"{MAX_OVERRIDES_TOTAL_CHARS}. Fix: put large values in the YAML file."
+        )
+    elements = sum(_QUOTED.sub("", text).count(",") for text in overrides)
+    if elements > MAX_OVERRIDE_ELEMENTS:
+        raise UsageError(
+            f"the overrides hold {elements} list, mapping or sweep elements in all (commas outside quotes), over "
+            f"the limit of {MAX_OVERRIDE_ELEMENTS}. Fix: put long lists in the YAML file."
+        )
+    for text in overrides:
+        _check_override_shape(text)
+
+
+def _check_override_shape(text: str) -> None:
+    """Refuse an override whose key or value nests deeper than ``MAX_NESTING``, before Hydra's
+    recursive parser sees it."""
     key = text.lstrip("+~").split("=", 1)[0]
     if key.count(".") + 1 > MAX_OVERRIDE_KEY_DEPTH:
         raise UsageError(
@@ -44,10 +82,10 @@ def apply_overrides(cfg, overrides: Sequence[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
+    check_override_limits(overrides)
     OmegaConf.set_struct(cfg, True)
     parser = OverridesParser.create()
     for text in overrides:
-        _check_override_size(text)
         try:
             parsed = parser.parse_overrides(overrides=[text])
         except Exception as err:  # HydraException; RecursionError and others from the grammar

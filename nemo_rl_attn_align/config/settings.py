@@ -6,6 +6,8 @@ attention_align:
   preset: aligned              # optional: apply the settings that make both sides run one contract
   allow_dtype_difference: false
   strict: false                # true: a failure inside the plugin's own observability stops the run
+  log_metrics: true            # log attention_align/* through NeMo-RL's Logger with each training step
+  attention_estimate: true     # estimate at setup the drift attention alone adds (replays, CPU, seconds)
   report_dir: ${logger.log_dir}/attention_align   # the default
   mandate:                     # what the semantic tier demands; null for a key = no demand
     merge_rule: online_softmax_lse
@@ -73,6 +75,8 @@ class AlignSettings:
     preset: str | None = None
     allow_dtype_difference: bool = False
     strict: bool = False
+    log_metrics: bool = True
+    attention_estimate: bool = True
     report_dir: str = REPORT_SUBDIR
     mandate: Mandate = field(default_factory=Mandate)
     drift: DriftSettings = field(default_factory=DriftSettings)
@@ -149,6 +153,8 @@ _FIXES = {
     "preset": f"set {BLOCK}.preset to aligned, or remove it",
     "allow_dtype_difference": f"set {BLOCK}.allow_dtype_difference to true or false (a YAML boolean, unquoted)",
     "strict": f"set {BLOCK}.strict to true or false (a YAML boolean, unquoted)",
+    "log_metrics": f"set {BLOCK}.log_metrics to true or false (a YAML boolean, unquoted)",
+    "attention_estimate": f"set {BLOCK}.attention_estimate to true or false (a YAML boolean, unquoted)",
     "report_dir": f"set {BLOCK}.report_dir to a directory path, or remove it for <logger.log_dir>/{REPORT_SUBDIR}",
     "mandate": f"set {BLOCK}.mandate to a mapping of {', '.join(MANDATE_KEYS)}",
     "drift": f"set {BLOCK}.drift.<key> to a positive integer, unquoted (window: 0 or more), or remove it",
@@ -161,6 +167,8 @@ _SECTIONS: dict[str, dict[str, Callable[[Any], Any] | None]] = {
         "preset": _optional(_choice(PRESETS)),
         "allow_dtype_difference": _boolean,
         "strict": _boolean,
+        "log_metrics": _boolean,
+        "attention_estimate": _boolean,
         "report_dir": _optional(_report_dir),
         "mandate": None,
         "drift": None,

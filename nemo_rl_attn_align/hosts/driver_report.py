@@ -17,8 +17,9 @@ Collection points (the report's ``collected_at``; ``report.finalize`` does each)
   changed; ``on_mismatch: error`` stops the run here too when the read-back turned the verdict to
   ``fail``.
 * every ``train`` metrics call carrying NeMo-RL's drift metrics (``token_mult_prob_error``,
-  ``gen_kl_error``, ``policy_kl_error``, ``js_divergence_error``): the figures are added to
-  ``drift.steps`` and the report rewritten (nothing printed).
+  ``gen_kl_error``, ``policy_kl_error``, ``js_divergence_error``): the figures are appended to
+  the run's drift log (``report.drift_log``; one line, the report is not rewritten, nothing
+  printed); every collection and ``report`` take ``drift.steps`` from it.
 * ``train_end`` when the algorithm's train function returns or raises; ``exit`` at interpreter exit
   when no train function this plugin knows ran: the last collection, one line, never raises.
 
@@ -121,6 +122,7 @@ class RunReport:
         printer: Callable[[str], None] = _print,
         preset: Mapping[str, Any] | None = None,
         expected: Mapping[str, Any] | None = None,
+        estimate: Callable[[], Mapping[str, Any]] | None = None,
     ):
         self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
         self.preset = preset  # what ``attention_align.preset`` changed (``preset.Alignment.to_dict()``)
@@ -132,6 +134,10 @@ class RunReport:
         self.doc: dict[str, Any] | None = None
         self.finished = False
         self.stepped = False
+        #: makes the attention-only drift estimate (``drift.estimate``) once, at setup
+        self.estimate = estimate
+        self.attention_only: Mapping[str, Any] | None = None
+        self.logged_step: int | None = None
         self._lock = threading.RLock()
 
     def _collect(self, point: str, *, enforce: bool, final: bool = False) -> None:
@@ -148,6 +154,7 @@ class RunReport:
             enforce=False,
             preset=self.preset,
             expected_counts={side: e.to_dict() for side, e in self.expected.items()},
+            attention_only=self.attention_only,
         )
         if enforce:
             self._stop_if_unrecorded(self.doc)
@@ -173,9 +180,17 @@ class RunReport:
     def _guarded(self, what: str, action: Callable[[], None], strict: bool) -> None:
         _patching.guarded(f"{what} (report dir {self.settings.report_dir})", action, strict)
 
+    def _estimate_attention_drift(self) -> None:
+        if self.estimate is not None and self.settings.attention_estimate:
+            self.attention_only = dict(self.estimate())
+
     def at_setup(self) -> None:
-        """``setup()`` returned: collect, print the summary, enforce ``on_mismatch``."""
+        """``setup()`` returned: estimate attention's drift, collect, print the summary, enforce
+        ``on_mismatch``."""
         with self._lock:
+            self._guarded(
+                "estimating the drift attention alone adds", self._estimate_attention_drift, self.settings.strict
+            )
             self._guarded(
                 "collecting the attention report after setup()",
                 lambda: self._collect("setup", enforce=True),
@@ -186,10 +201,31 @@ class RunReport:
         """``setup()`` raised: write what the workers recorded, one line (the caller re-raises)."""
         self.at_end("setup_failed")
 
-    def at_train_metrics(self, metrics: Any, step: Any, prefix: Any) -> None:
-        """A ``Logger.log_metrics`` call: the first training step re-collects; drift is recorded."""
+    def at_train_metrics(
+        self, metrics: Any, step: Any, prefix: Any, tracker: Callable[[dict[str, float]], None] | None = None
+    ) -> None:
+        """A ``Logger.log_metrics`` call: the first training step re-collects; drift is recorded;
+        a training step's call (one with a ``loss`` or drift figures) then logs the report's
+        numbers once per step through ``tracker`` (the Logger's own, unwrapped ``log_metrics``)."""
         if prefix != "train" or not isinstance(metrics, Mapping):
             return
+        self._step_metrics(metrics, step)
+        if tracker is not None and self.settings.log_metrics and ("loss" in metrics or drift_figures(metrics)):
+            self._guarded(
+                "logging attention_align metrics", lambda: self._log_tracker(step, tracker), self.settings.strict
+            )
+
+    def _log_tracker(self, step: Any, tracker: Callable[[dict[str, float]], None]) -> None:
+        from nemo_rl_attn_align.report.tracker_metrics import tracker_metrics
+
+        with self._lock:
+            if self.doc is None or self.finished or step == self.logged_step:
+                return
+            self.logged_step = step
+            numbers = tracker_metrics(self.doc)
+        tracker(numbers)
+
+    def _step_metrics(self, metrics: Mapping[str, Any], step: Any) -> None:
         with self._lock:
             if self.finished:
                 return
@@ -209,11 +245,11 @@ class RunReport:
                 )
 
     def _record_drift(self, step: int, figures: Mapping[str, float]) -> None:
-        from nemo_rl_attn_align.report.document import add_drift, write_report
+        """Append the step's figures to the drift log (the report takes them at its next collection)."""
+        from nemo_rl_attn_align.report.document import drift_entry
+        from nemo_rl_attn_align.report.drift_log import append_step, drift_log_path
 
-        if self.doc is not None:
-            add_drift(self.doc, step, figures)
-            write_report(self.settings.report_dir, self.doc)
+        append_step(drift_log_path(self.settings.report_dir, self.run_id), drift_entry(step, figures))
 
     def at_end(self, point: str) -> None:
         """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the
@@ -258,10 +294,12 @@ def stop() -> None:
         _exit_hook = False
 
 
-def train_metrics(metrics: Any, step: Any, prefix: Any) -> None:
-    """Called with every ``Logger.log_metrics`` of the driver."""
+def train_metrics(
+    metrics: Any, step: Any, prefix: Any, tracker: Callable[[dict[str, float]], None] | None = None
+) -> None:
+    """Called with every ``Logger.log_metrics`` of the driver (``tracker``: logs our numbers)."""
     if current is not None:
-        current.at_train_metrics(metrics, step, prefix)
+        current.at_train_metrics(metrics, step, prefix, tracker)
 
 
 def end_of_training() -> None:

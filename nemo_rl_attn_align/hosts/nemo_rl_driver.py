@@ -15,7 +15,11 @@ Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
   recipes that train otherwise.
 * ``nemo_rl.utils.logger.Logger.log_metrics(self, metrics, step, prefix, ...)``: every train loop
   logs its step metrics through it with ``prefix="train"``; the first with a ``loss`` re-collects
-  (the first forward has run), each with drift metrics adds them to the report.
+  (the first forward has run), each with drift metrics appends them to the drift log, and the
+  first such call of a step then logs the report's numbers under ``attention_align/`` through the
+  same Logger's own (unwrapped) ``log_metrics``, at the same step. Nothing is logged at setup:
+  a step below a resumed wandb run's current one would be dropped, so the first step carries the
+  setup result.
 
 The recipes import these names from the modules *after* the modules executed, so wrapping the
 module attributes reaches them. Attaching also puts the plugin's shim on ``PYTHONPATH``
@@ -54,6 +58,8 @@ TRAIN_FUNCTIONS = {
 }
 LOGGER_MODULE = "nemo_rl.utils.logger"
 LOG_METRICS_PARAMS = ("self", "metrics", "step", "prefix")
+#: The prefix of the numbers the report logs (``report.tracker_metrics.PREFIX``).
+TRACKER_PREFIX = "attention_align"
 TARGETS = tuple(sorted({*SETUP_MODULES, *TRAIN_FUNCTIONS, LOGGER_MODULE}))
 
 log = logging.getLogger("nemo_rl_attn_align")
@@ -113,9 +119,20 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
 
     absent = driver_report.absent_sides(cfg, algorithm)
     run = driver_report.RunReport(
-        settings, run_id=run_id, absent=absent, preset=preset, expected=expected_workers(cfg, absent)
+        settings,
+        run_id=run_id,
+        absent=absent,
+        preset=preset,
+        expected=expected_workers(cfg, absent),
+        estimate=functools.partial(_attention_estimate, cfg),
     )
     return driver_report.start(run)
+
+
+def _attention_estimate(cfg: dict) -> dict:
+    from nemo_rl_attn_align.drift.estimate import attention_only_estimate
+
+    return attention_only_estimate(cfg)
 
 
 def _wrap_setup(original: Callable, algorithm: str) -> Callable:
@@ -147,7 +164,12 @@ def _wrap_train(original: Callable) -> Callable:
 def _wrap_log_metrics(original: Callable) -> Callable:
     def log_metrics(self, metrics, step, *args, **kwargs):
         result = original(self, metrics, step, *args, **kwargs)
-        driver_report.train_metrics(metrics, step, kwargs.get("prefix", args[0] if args else ""))
+        prefix = kwargs.get("prefix", args[0] if args else "")
+
+        def tracker(numbers: dict[str, float]) -> None:  # the Logger's own method: never back into ours
+            original(self, numbers, step, prefix=TRACKER_PREFIX)
+
+        driver_report.train_metrics(metrics, step, prefix, tracker)
         return result
 
     return log_metrics

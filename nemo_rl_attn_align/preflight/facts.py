@@ -32,6 +32,15 @@ TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
 
 #: Marks a key that is absent from the config (as opposed to present with value null).
 UNSET = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
+#: The ``policy.megatron_cfg`` keys NeMo-RL's ``Policy.__init__`` indexes without a default once
+#: Megatron is enabled, so a recipe without one dies with a KeyError before any worker starts; each
+#: with the value the fix adds (the single-GPU layout). Source: nemo_rl/models/policy/lm_policy.py,
+#: lines 143-145 at 7ea279a, 115-117 at v0.7.0, 108-110 at v0.6.0, 91-93 at v0.5.0 (the same three).
+MEGATRON_INDEXED_KEYS: tuple[tuple[str, int], ...] = (
+    ("tensor_model_parallel_size", 1),  # tp_size = config["megatron_cfg"]["tensor_model_parallel_size"]
+    ("pipeline_model_parallel_size", 1),  # pp_size = config["megatron_cfg"]["pipeline_model_parallel_size"]
+    ("context_parallel_size", 1),  # cp_size = config["megatron_cfg"]["context_parallel_size"]
+)
 #: TE switches beyond the three Megatron sets that the worker environment may carry.
 TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
 #: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
@@ -110,7 +119,7 @@ class PolicyFacts:
     #: The values as written (``UNSET`` when absent), for ``_config_values``; the fields above hold
     #: what the other rules use (a default where the value is unusable, which is then an error).
     raw: dict = field(default_factory=dict)
-    #: ``tensor_model_parallel_size`` as written (NeMo-RL's default 1 when absent).
+    #: ``tensor_model_parallel_size`` as written (1 when absent, which is a ``MEGATRON_KEY_MISSING`` error).
     tensor_parallel_size: Fact = Fact(1, "policy.megatron_cfg.tensor_model_parallel_size")
     #: ``apply_rope_fusion`` when a bool, else NeMo-RL's default true.
     apply_rope_fusion: bool = True
@@ -126,6 +135,9 @@ class PolicyFacts:
     seq_len: Fact = Fact(None, "policy.max_total_sequence_length")
     #: ``TE_SWITCHES`` in the worker environment (env_vars over the driver's): value and source.
     te_env: dict = field(default_factory=dict)
+    #: The ``MEGATRON_INDEXED_KEYS`` entries (key, value to add) absent from ``policy.megatron_cfg``
+    #: (a mapping), in table order; NeMo-RL's ``Policy`` raises KeyError on the first when Megatron is on.
+    missing_indexed: tuple[tuple[str, int], ...] = ()
 
     @property
     def has_megatron_cfg(self) -> bool:
@@ -239,6 +251,9 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         sequence_packing=bool(_at(policy_cfg, "sequence_packing.enabled")),
         seq_len=_first_positive(policy_cfg, "policy", "max_total_sequence_length"),
         te_env=_nvte_env(megatron_cfg, environ, TE_SWITCHES),
+        missing_indexed=tuple(
+            entry for entry in MEGATRON_INDEXED_KEYS if isinstance(megatron_cfg, dict) and entry[0] not in mcfg
+        ),
     )
 
 

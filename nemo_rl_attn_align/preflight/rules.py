@@ -140,6 +140,26 @@ def _config_values(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
+@rule(Code.MEGATRON_KEY_MISSING)
+def _indexed_keys(facts: PolicyFacts) -> list[Finding]:
+    """Keys NeMo-RL's ``Policy`` indexes without a default when Megatron is enabled
+    (``facts.MEGATRON_INDEXED_KEYS``) that the recipe does not set."""
+    if not facts.megatron_enabled:
+        return []
+    return [
+        finding(
+            Code.MEGATRON_KEY_MISSING,
+            f"{MEGATRON_KEY}.{key}",
+            UNSET,
+            f"is missing; with Megatron enabled NeMo-RL's Policy reads config['megatron_cfg']['{key}'] without a "
+            f"default (nemo_rl/models/policy/lm_policy.py), so the run stops with KeyError: '{key}' before any "
+            "worker starts.",
+            f"add {MEGATRON_KEY}.{key}: {value} to the recipe (or ++{MEGATRON_KEY}.{key}={value} on the command line).",
+        )
+        for key, value in facts.missing_indexed
+    ]
+
+
 def _truthy(value: Any) -> bool:
     try:
         return bool(value)

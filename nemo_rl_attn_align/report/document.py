@@ -5,7 +5,8 @@ training side's attention contract to the rollout side's.
 a worker that died leaves a gap (its expected id is listed as missing), unreadable, incomplete and
 stale files are listed; none of them stops the collection. ``write_report`` writes
 ``<report_dir>/attention_align_report.json`` atomically, ``load_report`` reads and checks one,
-``add_drift`` adds a step's drift figures. The document's schema is ``docs/report-schema.md``.
+``drift_entry`` checks a step's drift figures (``drift_log`` appends them while a run goes on;
+``add_drift`` adds them in memory). The document's schema is ``docs/report-schema.md``.
 Stdlib only.
 """
 
@@ -24,6 +25,7 @@ from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.schema import SIDES, Tier, field_spec, fields_of
 from nemo_rl_attn_align.errors import Finding, Severity
 from nemo_rl_attn_align.limits import MAX_REPORT_BYTES, InputRefused, shown_path
+from nemo_rl_attn_align.report.drift_log import drift_log_path, read_steps
 from nemo_rl_attn_align.report.store import (
     HOSTS_DIR,
     REPORT_SCHEMA_VERSION,
@@ -417,7 +419,16 @@ def load_report(path: PathLike) -> dict[str, Any]:
         raise ReportError(str(err)) from None
     except (OSError, ValueError) as err:  # missing, permission, symlink loop, name too long, NUL in the path
         raise ReportError(f"{where}: cannot read: {getattr(err, 'strerror', None) or err}") from None
-    return _check_report(doc, where)
+    return with_logged_drift(_check_report(doc, where), path.parent)
+
+
+def with_logged_drift(doc: dict[str, Any], report_dir: PathLike) -> dict[str, Any]:
+    """``doc`` with ``drift.steps`` from its run's drift log in ``report_dir``, when there is one
+    (the log is newer than the steps the last collection wrote)."""
+    steps = read_steps(drift_log_path(report_dir, doc.get("run_id")))
+    if steps is not None:
+        doc["drift"]["steps"] = steps
+    return doc
 
 
 def _drift_name(name: str) -> str:
@@ -427,10 +438,9 @@ def _drift_name(name: str) -> str:
     return key
 
 
-def add_drift(doc: dict[str, Any], step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
-    """Add (or replace) the drift figures of ``step`` in the report document ``doc`` (in memory:
-    the driver then writes it with ``write_report``; ``ValueError`` and ``doc`` untouched on a bad
-    step, name or value). Names are ``DRIFT_METRICS`` keys; verl's ``training/`` prefix is accepted."""
+def drift_entry(step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
+    """One step's drift entry ``{"step": step, metric: value, ...}``; ``ValueError`` on a bad step,
+    name or value. Names are ``DRIFT_METRICS`` keys; verl's ``training/`` prefix is accepted."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
     entry: dict[str, Any] = {"step": step}
@@ -438,6 +448,14 @@ def add_drift(doc: dict[str, Any], step: int, metrics: Mapping[str, float]) -> d
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"drift metric {name} must be a finite number, got {value!r}")
         entry[_drift_name(name)] = float(value)
+    return entry
+
+
+def add_drift(doc: dict[str, Any], step: int, metrics: Mapping[str, float]) -> dict[str, Any]:
+    """Add (or replace) the drift figures of ``step`` in the report document ``doc`` in memory
+    (``drift_entry`` checks them; ``doc`` untouched on a bad one). A running driver appends to the
+    drift log instead (``drift_log.append_step``)."""
+    entry = drift_entry(step, metrics)
     steps = [s for s in doc["drift"]["steps"] if s.get("step") != step] + [entry]
     doc["drift"]["steps"] = sorted(steps, key=lambda s: s["step"])
     return doc

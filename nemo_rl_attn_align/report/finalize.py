@@ -15,7 +15,7 @@ from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
-from nemo_rl_attn_align.report.document import collect, write_report
+from nemo_rl_attn_align.report.document import collect, with_logged_drift, write_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
 from nemo_rl_attn_align.report.store import PathLike
 
@@ -75,6 +75,7 @@ def finalize(
     enforce: bool = True,
     preset: Mapping[str, Any] | None = None,
     expected_counts: Mapping[str, Mapping[str, Any]] | None = None,
+    attention_only: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
 
@@ -85,7 +86,8 @@ def finalize(
     ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
     history are kept); ``final`` marks the run's last collection; ``preset`` is what
     ``attention_align.preset`` changed, kept under ``settings.preset``; ``expected_counts`` as
-    ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding).
+    ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding);
+    ``attention_only`` is the run's attention-only drift estimate (``drift.estimate``).
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
@@ -110,6 +112,9 @@ def finalize(
     if previous is not None:
         doc["drift"]["steps"] = list(previous["drift"]["steps"])
         doc["history"] = list(previous.get("history", []))
+    with_logged_drift(doc, folder)
+    if attention_only is not None:
+        doc["drift"]["attention_only"] = dict(attention_only)
     doc["history"].append({"point": point, "created_at": doc["created_at"], "verdict": doc["verdict"]})
     path = write_report(folder, doc)
     message = _announcement(doc, previous, path, final)

@@ -158,8 +158,28 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
         lines.append(f"drift at step {last['step']} ({len(steps)} steps recorded): {figures}")
     else:
         lines.append("drift: none recorded yet")
+    share = attention_share_line(doc["drift"])
+    if share:
+        lines.append(share)
     lines.extend(render_findings(doc["findings"]))
     return "\n".join(lines)
+
+
+def attention_share_line(drift: Mapping[str, Any]) -> str | None:
+    """ "observed X; attention alone about Y ..." from the last step and the attention-only estimate."""
+    estimate = drift.get("attention_only")
+    if not estimate:
+        return None
+    engines = f"{estimate.get('training_engine')} vs {estimate.get('rollout_engine')}"
+    if estimate["status"] == "unavailable":
+        return f"attention's share: not estimated ({estimate['why']})"
+    if estimate["status"] == "zero_by_construction":
+        return f"attention's share: 0 by construction ({estimate['why']})"
+    figure = estimate["figures"]["token_mult_prob_error"]
+    alone = f"attention alone about {figure['value']:.6g} ({figure['low']:.6g} to {figure['high']:.6g})"
+    observed = [s["token_mult_prob_error"] for s in drift["steps"] if "token_mult_prob_error" in s]
+    seen = f"observed token_mult_prob_error {observed[-1]:.6g} at the last step; " if observed else ""
+    return f"attention's share: {seen}{alone} on random inputs at these shapes ({engines}; an estimate from replays)"
 
 
 def _finding_key(finding: Mapping[str, Any]) -> tuple:

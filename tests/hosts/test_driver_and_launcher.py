@@ -20,7 +20,15 @@ def master_config(tmp_path, precision="bfloat16", **align):
         "cluster": {"num_nodes": 1, "gpus_per_node": 0},
         "policy": {
             "precision": precision,
-            "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": precision},
+            "megatron_cfg": {
+                "enabled": True,
+                "attention_backend": "flash",
+                "pipeline_dtype": precision,
+                # NeMo-RL's Policy indexes these three (MEGATRON_KEY_MISSING without them)
+                "tensor_model_parallel_size": 1,
+                "pipeline_model_parallel_size": 1,
+                "context_parallel_size": 1,
+            },
         },
         "logger": {"log_dir": str(tmp_path / "logs" / "exp_001")},
         "attention_align": {"on_mismatch": "warn", **align},

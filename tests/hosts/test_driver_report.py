@@ -25,6 +25,8 @@ from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
 from nemo_rl_attn_align.report.finalize import AttentionMismatch
 from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
+from nemo_rl_attn_align.report.tracker_metrics import PREFIX as TRACKER_PREFIX
+from nemo_rl_attn_align.report.tracker_metrics import VERDICT_VALUES
 from nemo_rl_attn_align.report.worker_ids import rollout_peers, training_peers
 from tests.contract_samples import full_contract
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
@@ -34,7 +36,13 @@ def config(tmp_path, *, rollout=True, **align):
     cfg = {
         "policy": {
             "precision": "bfloat16",
-            "megatron_cfg": {"enabled": True, "attention_backend": "flash", "pipeline_dtype": "bfloat16"},
+            "megatron_cfg": {
+                "enabled": True,
+                "attention_backend": "flash",
+                "pipeline_dtype": "bfloat16",
+                **{f"{kind}_model_parallel_size": 1 for kind in ("tensor", "pipeline")},
+                "context_parallel_size": 1,
+            },
         },
         "logger": {"log_dir": str(tmp_path / "logs" / "exp_001")},
         "attention_align": align,
@@ -319,8 +327,16 @@ def test_the_logger_seam_reaches_the_report(driver, tmp_path, bootstrap_state):
             logger.log_metrics({"loss": 0.2, "gen_kl_error": 0.002}, 2, "train")  # prefix given positionally
     finally:
         nemo_rl_driver.detach()
-    lines = (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1, 2]  # NeMo-RL's own logging is untouched
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()]
+    host = [(line["step"], line["prefix"], line["metrics"]) for line in lines if line["prefix"] != "attention_align"]
+    assert host == [  # NeMo-RL's own logging is untouched
+        (1, "train", {"loss": 0.2, "token_mult_prob_error": 1.001}),
+        (2, "train", {"loss": 0.2, "gen_kl_error": 0.002}),
+    ]
+    ours = [line for line in lines if line["prefix"] == "attention_align"]
+    assert [line["step"] for line in ours] == [1, 2]  # once per step, after the host's call, same step
+    assert ours[0]["metrics"]["verdict"] == VERDICT_VALUES[report_of(run)["verdict"]]
+    assert ours[0]["metrics"]["workers_recorded/training"] == 1.0
     assert report_of(run)["drift"]["steps"] == [
         {"step": 1, "token_mult_prob_error": 1.001},
         {"step": 2, "gen_kl_error": 0.002},
@@ -376,3 +392,51 @@ def test_0_of_n_stops_a_strict_run_after_the_report_is_written(driver, tmp_path)
         run.at_setup()
     [missing] = [f for f in report_of(run)["findings"] if f["code"] == Code.SIDE_MISSING.value]
     assert missing["severity"] == "error"
+
+
+def test_tracker_gets_the_report_numbers_once_per_training_step(driver, tmp_path):
+    run, _ = driver(config(tmp_path))
+    worker(run, "training", "policy-rank0", training_peers(1))
+    worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
+    run.at_setup()
+    logged: list[tuple[int, dict]] = []
+    for step in (1, 1, 2):  # NeMo-RL logs prefix="train" twice a step (rollout metrics, then the loss)
+        driver_report.train_metrics(
+            {"loss": 0.5, "gen_kl_error": 1e-3}, step, "train", lambda n, step=step: logged.append((step, n))
+        )
+    driver_report.train_metrics({"mean_reward": 1.0}, 3, "train", lambda n: logged.append((3, n)))  # no loss, no drift
+    driver_report.train_metrics({"loss": 0.5}, 4, "validation", lambda n: logged.append((4, n)))
+    assert [step for step, _ in logged] == [1, 2]
+    numbers = logged[-1][1]
+    doc = report_of(run)
+    assert numbers["verdict"] == VERDICT_VALUES[doc["verdict"]]
+    assert numbers["workers_recorded/rollout"] == 1.0 and numbers["readback_workers"] == 0.0
+    assert numbers["fields_matching"] + numbers["fields_mismatching"] + numbers["fields_not_comparable"] == sum(
+        f["tier"] != "recorded" for f in doc["binding"]["fields"]
+    )
+    assert doc["drift"]["attention_only"]["status"] in ("estimated", "zero_by_construction", "unavailable")
+    assert doc["drift"]["attention_only"]["why"]
+    assert nemo_rl_driver.TRACKER_PREFIX == TRACKER_PREFIX
+
+
+def test_tracker_off_by_key_and_its_failure_is_one_warning(driver, tmp_path, caplog):
+    run, _ = driver(config(tmp_path, log_metrics=False, attention_estimate=False))
+    run.at_setup()
+    logged: list[dict] = []
+    driver_report.train_metrics({"loss": 0.5}, 1, "train", logged.append)
+    assert logged == [] and "attention_only" not in report_of(run)["drift"]
+    driver_report.stop()
+
+    run, _ = driver(config(tmp_path / "b"))
+    run.at_setup()
+
+    def broken(numbers):
+        raise ConnectionError("wandb is down")
+
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        driver_report.train_metrics({"loss": 0.5, "gen_kl_error": 0.5}, 1, "train", broken)
+    assert any(
+        "logging attention_align metrics" in r.getMessage() and "the run goes on" in r.getMessage()
+        for r in caplog.records
+    )
+    assert report_of(run)["drift"]["steps"] == [{"step": 1, "gen_kl_error": 0.5}]  # the step itself was recorded

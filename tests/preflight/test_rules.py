@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import os
+import re
+from pathlib import Path
 
 import pytest
 
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
-from nemo_rl_attn_align.preflight.facts import read_policy_facts
+from nemo_rl_attn_align.preflight.facts import MEGATRON_INDEXED_KEYS, read_policy_facts
 from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
 from nemo_rl_attn_align.preflight.rules import RULES, rule
 from tests.conftest import EXAMPLES
@@ -252,6 +255,16 @@ CASES = [
         policy(megatron_cfg__enabled=False, megatron_cfg__attention_backend=DELETE),
         {},
     ),
+    *(
+        (
+            Code.MEGATRON_KEY_MISSING,
+            policy(**{f"megatron_cfg__{key}": DELETE}),
+            {},
+            policy(**{f"megatron_cfg__{key}": DELETE, "megatron_cfg__enabled": False}),
+            {},
+        )
+        for key, _ in MEGATRON_INDEXED_KEYS
+    ),
 ]
 
 
@@ -275,6 +288,7 @@ def test_every_rule_code_is_declared_by_one_rule_and_the_rules_run_in_their_old_
     # the order findings come out in (unchanged since the rules were a hand-written tuple)
     assert [check.__name__ for check, _ in RULES] == [
         "_config_values",
+        "_indexed_keys",
         "_backend_value",
         "_precision_values",
         "_half_precision",
@@ -376,3 +390,38 @@ def test_batch_invariant_mode_follows_megatron_truthiness(value, on):
 @pytest.mark.parametrize("cp", [True, 1, 2, 8])
 def test_usable_context_parallel_sizes_are_not_refused(cp):
     assert "CONFIG_VALUE_INVALID" not in codes(policy(megatron_cfg__context_parallel_size=cp))
+
+
+@pytest.mark.parametrize("key", [key for key, _ in MEGATRON_INDEXED_KEYS])
+def test_a_key_nemo_rl_indexes_directly_is_an_error_naming_the_key_and_the_fix(key):
+    plan = build_plan_for_policy(policy(**{f"megatron_cfg__{key}": DELETE}), {})
+    [err] = plan.errors
+    assert err.code == "MEGATRON_KEY_MISSING" and err.severity is Severity.ERROR
+    assert err.key == f"policy.megatron_cfg.{key}"
+    assert f"KeyError: '{key}'" in err.message and "lm_policy.py" in err.message
+    assert f"add policy.megatron_cfg.{key}: 1" in err.fix and f"++policy.megatron_cfg.{key}=1" in err.fix
+    assert not plan.ok
+
+
+def test_each_missing_indexed_key_is_its_own_finding_and_null_is_not_missing():
+    keys = [key for key, _ in MEGATRON_INDEXED_KEYS]
+    bare = policy(**{f"megatron_cfg__{key}": DELETE for key in keys})
+    missing = [f.key for f in build_plan_for_policy(bare, {}).findings if f.code == "MEGATRON_KEY_MISSING"]
+    assert missing == [f"policy.megatron_cfg.{key}" for key in keys]
+    # present (even null, which NeMo-RL reads without a KeyError) is not missing; a null CP is CONFIG_VALUE_INVALID
+    assert "MEGATRON_KEY_MISSING" not in codes(policy(megatron_cfg__context_parallel_size=None))
+    assert "CONFIG_VALUE_INVALID" in codes(policy(megatron_cfg__context_parallel_size=None))
+    # without Megatron, or with no megatron_cfg mapping, NeMo-RL never reads them
+    assert "MEGATRON_KEY_MISSING" not in codes(policy(megatron_cfg=DELETE, dtensor_cfg={"enabled": True}))
+    assert "MEGATRON_KEY_MISSING" not in codes({**BASE, "megatron_cfg": "flash"})
+
+
+@pytest.mark.skipif(
+    not os.environ.get("ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS"),
+    reason="ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS is not set (.ci/run sets it)",
+)
+@pytest.mark.parametrize("ref", ["7ea279a", "v0.7.0", "v0.6.0", "v0.5.0"])
+def test_the_indexed_keys_are_exactly_those_lm_policy_indexes(ref):
+    source = Path(os.environ["ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS"], ref, "nemo_rl/models/policy/lm_policy.py")
+    indexed = re.findall(r'config\["megatron_cfg"\]\["(\w+)"\]', source.read_text())
+    assert indexed == [key for key, _ in MEGATRON_INDEXED_KEYS]

@@ -1,0 +1,270 @@
+"""Attention's share of the train/rollout drift: an estimate from replays, labelled as one.
+
+``attention_only_estimate(cfg)`` replays the two kernels the recipe's sides run (as ``check --gpu``
+predicts them: ``drift.shape.default_engines``) on random inputs at the recipe's attention shape,
+through one attention layer and a random LM head, and returns NeMo-RL's ``token_mult_prob_error``
+and ``gen_kl_error`` between them, with what the figures assume. It never raises: a failure is
+``status: unavailable`` with a one-line ``why``. Torch is imported only where the replays run, so
+this module loads on torch-free code paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from nemo_rl_attn_align.drift import shape as drift_shape
+from nemo_rl_attn_align.drift.shape import Shape
+
+ESTIMATED, ZERO, UNAVAILABLE = "estimated", "zero_by_construction", "unavailable"
+#: The figures, with the value that means "no drift".
+NO_DRIFT = {"token_mult_prob_error": 1.0, "gen_kl_error": 0.0}
+#: ``policy.precision`` -> the sweep's dtype name.
+PRECISION_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+DEFAULT_SEEDS = 3
+DEFAULT_MAX_SEQ_LEN = 1024
+WHY_ESTIMATED = (
+    "an estimate from replays of the two engines' reduction orders on random inputs at this shape, not a bound"
+)
+_WHY_LEN = 400
+
+
+class Unavailable(Exception):
+    """The estimate cannot be made; the message is the one-line why."""
+
+
+def result(
+    status: str,
+    why: str,
+    *,
+    training: str | None = None,
+    rollout: str | None = None,
+    dtype: str | None = None,
+    figures: Mapping[str, Mapping[str, float]] | None = None,
+    assumes: list[str] | None = None,
+) -> dict[str, Any]:
+    """The estimate's JSON-able dict (the schema the report, the metrics and the driver read)."""
+    return {
+        "status": status,
+        "training_engine": training,
+        "rollout_engine": rollout,
+        "dtype": dtype,
+        "figures": {name: dict(f) for name, f in (figures or {}).items()},
+        "assumes": list(assumes or []),
+        "why": why,
+    }
+
+
+def _one_line(err: BaseException) -> str:
+    text = (str(err).strip().splitlines() or [""])[0]
+    if not isinstance(err, (Unavailable, ValueError)) or not text:
+        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= _WHY_LEN else text[: _WHY_LEN - 3] + "..."
+
+
+def attention_only_estimate(
+    facts_or_cfg: Any,
+    *,
+    gpu: str | None = None,
+    seeds: int = DEFAULT_SEEDS,
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Attention's share of the drift for a resolved recipe (or its ``RecipeFacts``) on ``gpu``
+    (default ``sm90``); never raises (a failure is ``status: unavailable``)."""
+    known: dict[str, Any] = {"assumes": []}
+    try:
+        return _estimate(facts_or_cfg, gpu, seeds, max_seq_len, environ, known)
+    except Exception as err:  # the estimate is observability: it never stops a run
+        return result(UNAVAILABLE, _one_line(err), **known)
+
+
+def _estimate(cfg: Any, gpu: str | None, seeds: int, max_seq_len: int, environ, known: dict) -> dict[str, Any]:
+    """The body of ``attention_only_estimate``; ``known`` collects what the unavailable result keeps."""
+    from nemo_rl_attn_align.preflight.facts import as_facts
+
+    facts = as_facts(cfg, environ)
+    gpu = drift_shape.parse_gpu(gpu or drift_shape.DEFAULT_GPU)
+    known["dtype"] = dtype = recipe_dtype(facts)
+    _check_sides(facts)
+    shape, shape_line = capped_shape(drift_shape.resolve_shape(facts, {}), max_seq_len)
+    known["assumes"].append(shape_line)
+    training, rollout, notes = drift_shape.default_engines(facts, gpu, shape, environ)
+    where = f"{dtype} on {gpu}"
+    known["training"] = train_spec = _side(training, "training", where, notes)
+    known["rollout"] = roll_spec = _side(rollout, "rollout", where, notes)
+    known["assumes"] += [
+        _engine_line(side, spec, gpu, notes) for side, spec in (("training", train_spec), ("rollout", roll_spec))
+    ]
+    return estimate_engines(shape, dtype, train_spec, roll_spec, gpu=gpu, seeds=seeds, assumes=known["assumes"])
+
+
+def recipe_dtype(facts: Any) -> str:
+    """The dtype of the replays, from ``policy.precision``; Unavailable when it is not one NeMo-RL takes."""
+    policy = facts.require_policy()
+    if policy.precision is None:
+        raise Unavailable(f"policy.precision={policy.precision_raw!r} is not one of {', '.join(PRECISION_DTYPES)}")
+    return PRECISION_DTYPES[policy.precision]
+
+
+def _check_sides(facts: Any) -> None:
+    """Unavailable unless Megatron trains and vLLM rolls out, both in ``policy.precision``."""
+    if not facts.megatron_enabled:
+        raise Unavailable("policy.megatron_cfg is not enabled: only Megatron's training kernel is predicted")
+    generation = facts.generation
+    if not generation.is_vllm:
+        raise Unavailable(f"policy.generation.backend={generation.backend!r}: no vLLM rollout side to compare against")
+    precision, rollout = facts.require_policy().precision, generation.precision
+    if rollout.value not in (None, precision):
+        raise Unavailable(
+            f"{rollout.key}={rollout.value!r} differs from policy.precision={precision!r}: "
+            "the two sides differ in dtype, which the replays do not separate from attention's order"
+        )
+
+
+def capped_shape(shape: Shape, max_seq_len: int) -> tuple[Shape, str]:
+    """``shape`` with its sequence length capped at ``max_seq_len``, and the assumes line saying so."""
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise Unavailable(f"max_seq_len={max_seq_len!r} is not a positive integer")
+    where = shape.sources.get("seq_len", "default")
+    seq = f"seq len {shape.seq_len} ({where})"
+    if shape.seq_len > max_seq_len:
+        seq = f"seq len {max_seq_len} (capped from {shape.seq_len}, {where}, to keep the estimate quick)"
+        shape = dataclasses.replace(shape, seq_len=max_seq_len, sources=dict(shape.sources))
+    window = "no window" if shape.window is None else f"window {shape.window}"
+    line = (
+        f"shape: {shape.heads} heads, {shape.kv_heads} kv heads, head_dim {shape.head_dim}, {window} "
+        f"({shape.sources.get('heads', 'default')}); {seq}"
+    )
+    return shape, line
+
+
+def _side(specs: list[str], side: str, where: str, notes: list[str]) -> str:
+    """The engine ``side`` runs: the first predicted after the reference (vLLM: chunked prefill, no
+    cascade); Unavailable when the predicted kernel has no replay (``where``: dtype and GPU)."""
+    engines = [s for s in specs if s != "reference"]
+    if engines:
+        return engines[0]
+    why = next((n for n in notes if n.startswith("no materializer replays") and f" {side} " in n), "")
+    kernel = why.removeprefix("no materializer replays ").split(":")[0]
+    if not kernel or kernel == "a missing backend":
+        raise Unavailable(
+            f"Transformer Engine finds no {side} attention backend for this recipe in {where} "
+            "(check --gpu says why): nothing to replay"
+        )
+    raise Unavailable(
+        f"no materializer replays the {side} kernel {kernel} ({where}): its reduction order is not modelled"
+    )
+
+
+def _engine_line(side: str, spec: str, gpu: str, notes: list[str]) -> str:
+    """Where ``side``'s engine came from: the selector's prediction on ``gpu``, or the assumption and why."""
+    note = next((n for n in notes if n.startswith(f"{side} kernel")), "")
+    path = " (chunked prefill, no cascade attention)" if spec.startswith("vllm") else ""
+    if note.startswith(f"{side} kernel assumed"):
+        return f"{side} engine {spec}{path} on {gpu}: assumed ({note.removeprefix(f'{side} kernel ')})"
+    kernel = note.removeprefix(f"{side} kernel: ").split(" (")[0] or "unknown kernel"
+    return f"{side} engine {spec}{path}: {kernel} on {gpu}, predicted by check --gpu's selectors"
+
+
+def same_order(training: Any, rollout: Any) -> bool:
+    """Whether two materializers run one reduction bit for bit: the same engine and parameters, or
+    both the canonical order (the reference, or any engine's ``canonical=1`` twin)."""
+    if (training.engine, training.options, training.canonical) == (rollout.engine, rollout.options, rollout.canonical):
+        return True
+    return all(m.canonical or (m.engine == "reference" and not m.params) for m in (training, rollout))
+
+
+def estimate_engines(
+    shape: Shape,
+    dtype: str,
+    training: str,
+    rollout: str,
+    *,
+    gpu: str = drift_shape.DEFAULT_GPU,
+    seeds: int = DEFAULT_SEEDS,
+    vocab: int = drift_shape.DEFAULT_VOCAB,
+    assumes: list[str] | None = None,
+) -> dict[str, Any]:
+    """The estimate for two named engine specs at ``shape`` in ``dtype``; never raises."""
+    assumes = list(assumes or [])
+    known: dict[str, Any] = {"training": training, "rollout": rollout, "dtype": dtype, "assumes": assumes}
+    try:
+        return _estimate_engines(shape, dtype, training, rollout, gpu, seeds, vocab, known)
+    except Exception as err:  # the estimate never stops a run
+        return result(UNAVAILABLE, _one_line(err), **known)
+
+
+def _estimate_engines(
+    shape: Shape, dtype: str, training: str, rollout: str, gpu: str, seeds: int, vocab: int, known: dict
+) -> dict[str, Any]:
+    """The body of ``estimate_engines``: checks, then the zero case or the replays."""
+    try:
+        from nemo_rl_attn_align.drift import sweep
+    except ImportError as err:
+        raise Unavailable(f"the replays need torch, which cannot be imported ({err})") from None
+    from nemo_rl_attn_align.reference.materializers import ENGINES
+
+    if dtype not in sweep.DTYPES:
+        raise Unavailable(f"dtype {dtype!r} is not one of {', '.join(sweep.DTYPES)}")
+    for name, value, low in (("seeds", seeds, 1), ("vocab", vocab, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise Unavailable(f"{name}={value!r} must be an integer >= {low}")
+    mats = sweep.parse_materializers([training, rollout], "engine")
+    sweep.check_materializers(mats, shape, gpu)
+    for m in mats:
+        engine = ENGINES[m.engine]
+        if not m.canonical and not engine.replayable:
+            raise Unavailable(f"{m.name} is not replayable: {engine.summary}'s reduction order is not public")
+        if not sweep.runs_in(m, dtype):
+            raise Unavailable(f"{m.name} does not run in {dtype} (it runs in {', '.join(engine.dtypes)} only)")
+    if same_order(*mats):
+        why = f"both sides run {mats[0].name}, the same reduction bit for bit, so attention adds no drift"
+        figures = {name: {"value": v, "low": v, "high": v} for name, v in NO_DRIFT.items()}
+        return result(ZERO, why, figures=figures, **known)
+    known["assumes"] += [
+        f"random inputs, {seeds} seeds (q, k, v ~ N(0, 1))",
+        f"one attention layer through a random LM head of vocab {vocab}",
+    ]
+    figures = replay_figures(shape, dtype, mats[0], mats[1], seeds=seeds, vocab=vocab)
+    return result(ESTIMATED, WHY_ESTIMATED, figures=figures, **known)
+
+
+def replay_figures(shape: Shape, dtype: str, training: Any, rollout: Any, *, seeds: int, vocab: int) -> dict:
+    """Both materializers on seeds ``0..seeds-1``: each figure's mean (value), min (low) and max (high)."""
+    import torch
+
+    from nemo_rl_attn_align.drift import sweep
+
+    per_seed: dict[str, list[float]] = {name: [] for name in NO_DRIFT}
+    with torch.no_grad():
+        for seed in range(seeds):
+            q, k, v = (x.to(sweep.DTYPES[dtype]) for x in sweep.make_inputs(shape, seed))
+            head = sweep.LMHead(shape.heads * shape.head_dim, vocab, seed)
+            gen = rollout(q, k, v, window=shape.window)[0]
+            train = training(q, k, v, window=shape.window)[0]
+            for name, value in token_figures(head, gen, train).items():
+                per_seed[name].append(value)
+    figures = {}
+    for name, values in per_seed.items():
+        if not all(math.isfinite(x) for x in values):
+            raise Unavailable(f"{name} is not finite on these inputs ({values})")
+        figures[name] = {"value": sum(values) / len(values), "low": min(values), "high": max(values)}
+    return figures
+
+
+def token_figures(head: Any, gen_out: Any, train_out: Any) -> dict[str, float]:
+    """NeMo-RL's figures for one sequence through ``head`` (``sweep.LMHead``): tokens sampled from
+    the rollout's distribution; ``token_mult_prob_error`` = mean exp(|lp_gen - lp_train|) of them,
+    ``gen_kl_error`` = mean over tokens of KL(gen || train) over the whole vocabulary."""
+    import torch
+
+    lp_gen = torch.log_softmax(head.logits(gen_out), dim=-1)
+    lp_train = torch.log_softmax(head.logits(train_out), dim=-1)
+    generator = torch.Generator().manual_seed(head.seed + 2)
+    tokens = torch.multinomial(lp_gen.exp(), 1, generator=generator)
+    dlp = (lp_gen.gather(-1, tokens) - lp_train.gather(-1, tokens)).abs()
+    kl = (lp_gen.exp() * (lp_gen - lp_train)).sum(dim=-1).clamp_min(0.0)
+    return {"token_mult_prob_error": float(torch.exp(dlp).mean()), "gen_kl_error": float(kl.mean())}
