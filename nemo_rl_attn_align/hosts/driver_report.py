@@ -209,8 +209,8 @@ class RunReport:
         numbers once per step through ``tracker`` (the Logger's own, unwrapped ``log_metrics``)."""
         if prefix != "train" or not isinstance(metrics, Mapping):
             return
-        self._step_metrics(metrics, step)
-        if tracker is not None and self.settings.log_metrics and ("loss" in metrics or drift_figures(metrics)):
+        figures = self._step_metrics(metrics, step)
+        if tracker is not None and self.settings.log_metrics and ("loss" in metrics or figures):
             self._guarded(
                 "logging attention_align metrics", lambda: self._log_tracker(step, tracker), self.settings.strict
             )
@@ -225,10 +225,11 @@ class RunReport:
             numbers = tracker_metrics(self.doc)
         tracker(numbers)
 
-    def _step_metrics(self, metrics: Mapping[str, Any], step: Any) -> None:
+    def _step_metrics(self, metrics: Mapping[str, Any], step: Any) -> dict[str, float]:
+        """The first-step collection and the step's drift figures (returned, for the tracker)."""
         with self._lock:
             if self.finished:
-                return
+                return {}
             if not self.stepped and "loss" in metrics:
                 self.stepped = True
                 self._guarded(
@@ -243,6 +244,7 @@ class RunReport:
                     lambda: self._record_drift(operator.index(step), figures),
                     self.settings.strict,
                 )
+            return figures
 
     def _record_drift(self, step: int, figures: Mapping[str, float]) -> None:
         """Append the step's figures to the drift log (the report takes them at its next collection)."""

@@ -35,13 +35,11 @@ def _field_counts(binding: Mapping[str, Any] | None) -> dict[str, float]:
 
 def _readback(doc: Mapping[str, Any]) -> dict[str, float]:
     stages = doc["workers"]["stages"].get("training", {})
-    read_back = {wid for wid, stage in stages.items() if stage == "first_forward"}
+    read_back = {f"workers.{wid}" for wid, stage in stages.items() if stage == "first_forward"}
     differs = [
         f
         for f in doc["findings"]
-        if f["code"] == Code.WORKER_FINDING.value
-        and f["value"] == "first_forward"
-        and f["key"] in {f"workers.{wid}" for wid in read_back}
+        if f["code"] == Code.WORKER_FINDING.value and f["value"] == "first_forward" and f["key"] in read_back
     ]
     return {"readback_workers": float(len(read_back)), "readback_mismatches": float(len(differs))}
 
