@@ -1,55 +1,85 @@
-"""Ship ``nemo_rl_attn_align.pth`` at the top of site-packages (all metadata is in pyproject.toml).
+"""The two build steps ``pyproject.toml`` cannot declare (all metadata is there).
 
-setuptools has no declarative way to put a file next to the packages rather than inside one:
-``build_py`` copies it into the build tree for wheels and regular installs (the technique of
-pytest-cov and pytest-socket), and ``editable_wheel`` (PEP 660, ``pip install -e``) writes it
-into the editable wheel beside setuptools' own ``__editable__`` finder, whose ``.pth`` sorts first.
+1. ``nemo_rl_attn_align.pth`` at the top of site-packages, next to the package rather than inside
+   it. Regular wheels: ``build_py`` copies it to the root of the build tree. Editable wheels (PEP 660,
+   ``pip install -e``): setuptools' ``editable_wheel`` writes no build output into the wheel, so
+   ``run()`` adds the file to the finished wheel, as coverage.py's ``setup.py`` does for its
+   ``a1_coverage.pth`` (``EditableWheelWithPth``, coverage 7.13.0, coveragepy PR #2100; pytest-cov,
+   cited here before, dropped its ``.pth`` in 7.0.0). Here the wheel's ``RECORD`` gets its line too,
+   so ``pip uninstall`` removes it. The name sorts after setuptools' ``__editable__*.pth``, so the
+   package is importable when ours runs.
+2. The example recipes: their one copy is ``examples/configs/`` at the repository root (outside the
+   package, where ``package-data`` cannot reach); ``build_py`` copies them into
+   ``nemo_rl_attn_align/examples/configs`` of the build tree. An editable install reads them from the
+   source tree (``nemo_rl_attn_align/config/examples.py``).
+
+Only public command APIs are used: ``run``, ``get_outputs`` and ``get_output_mapping`` (setuptools'
+``SubCommand`` protocol for build steps).
 """
 
+import base64
+import hashlib
+import zipfile
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
+ROOT = Path(__file__).parent
 PTH_FILE = "nemo_rl_attn_align.pth"
-PTH_SOURCE = Path(__file__).parent / PTH_FILE
+EXAMPLES_SOURCE = Path("examples", "configs")
+EXAMPLES_TARGET = Path("nemo_rl_attn_align", "examples", "configs")
 
 
-class BuildPyWithPth(build_py):
-    """``build_py`` that also places the bootstrap ``.pth`` file at the root of the build tree."""
+class BuildPyWithExtras(build_py):
+    """``build_py`` that also puts the ``.pth`` at the root of the build tree and the example
+    recipes into the package."""
+
+    def _extras(self) -> dict[str, str]:
+        """Build-tree path -> source path (relative to the project root) of each extra file."""
+        extras = {str(Path(self.build_lib, PTH_FILE)): PTH_FILE}
+        for source in sorted((ROOT / EXAMPLES_SOURCE).glob("*.yaml")):
+            extras[str(Path(self.build_lib, EXAMPLES_TARGET, source.name))] = str(EXAMPLES_SOURCE / source.name)
+        return extras
 
     def run(self):
         super().run()
-        self.copy_file(str(PTH_SOURCE), str(Path(self.build_lib) / PTH_FILE), preserve_mode=0)
+        if self.editable_mode:  # the files stay where they are (see nemo_rl_attn_align/config/examples.py)
+            return
+        for target, source in self._extras().items():
+            self.mkpath(str(Path(target).parent))
+            self.copy_file(str(ROOT / source), target, preserve_mode=0)
 
     def get_outputs(self, include_bytecode=True):
-        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH_FILE)]
+        return [*super().get_outputs(include_bytecode), *self._extras()]
+
+    def get_output_mapping(self):
+        return {**super().get_output_mapping(), **self._extras()}
 
 
-class _StrategyWithPth:
-    """Wraps setuptools' editable strategy (its ``EditableStrategy`` protocol) to add the ``.pth``."""
-
-    def __init__(self, strategy):
-        self.strategy = strategy
-
-    def __enter__(self):
-        self.strategy.__enter__()
-        return self
-
-    def __exit__(self, *exc_info):
-        return self.strategy.__exit__(*exc_info)
-
-    def __call__(self, wheel, files, mapping):
-        self.strategy(wheel, files, mapping)
-        wheel.writestr(PTH_FILE, PTH_SOURCE.read_bytes())
+def _add_to_wheel(wheel: Path, name: str, data: bytes) -> None:
+    """Add ``name`` at the root of ``wheel``, with its line in the wheel's ``RECORD``."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    with zipfile.ZipFile(wheel) as old:
+        entries = [(info, old.read(info)) for info in old.infolist()]
+    rewritten = wheel.with_name(wheel.name + ".tmp")
+    with zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as new:
+        for info, content in entries:
+            if info.filename.endswith(".dist-info/RECORD"):
+                content = content.rstrip(b"\n") + f"\n{name},sha256={digest},{len(data)}\n".encode()
+            new.writestr(info, content)
+        new.writestr(name, data)
+    rewritten.replace(wheel)
 
 
 class EditableWheelWithPth(editable_wheel):
     """``editable_wheel`` whose wheel also carries the bootstrap ``.pth`` file."""
 
-    def _select_strategy(self, *args, **kwargs):
-        return _StrategyWithPth(super()._select_strategy(*args, **kwargs))
+    def run(self):
+        super().run()
+        for wheel in Path(self.dist_dir).glob("*.editable-*.whl"):
+            _add_to_wheel(wheel, PTH_FILE, (ROOT / PTH_FILE).read_bytes())
 
 
-setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
+setup(cmdclass={"build_py": BuildPyWithExtras, "editable_wheel": EditableWheelWithPth})

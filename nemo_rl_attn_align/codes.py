@@ -5,15 +5,22 @@ never changed once released), its kind (which part of the plugin raises it), its
 one-line summary. The README's rule table and ``docs/report-schema.md``'s code table are generated
 from here (``scripts/update_code_tables.py``; the tests fail when a table differs).
 
-Adding a code: one member here; a rule code also needs its rule in ``preflight/rules.py``
-(``@rule(Code.X)``). Stdlib only; imports nothing of the package but ``errors``.
+Adding a code: one member here; a rule code also needs its rule in ``preflight/rules/``
+(``@rule(Code.X)``). A member's name is its value, so ``Code.X`` in the source reads as the
+``X`` users see. Stdlib only; imports nothing of the package (``errors`` builds findings on it).
 """
 
 from __future__ import annotations
 
 import enum
 
-from nemo_rl_attn_align.errors import Severity
+
+class Severity(str, enum.Enum):
+    """How much a finding matters: ``error`` stops the run, ``warning`` is shown, ``info`` is recorded."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
 
 
 class Kind(str, enum.Enum):
@@ -158,6 +165,24 @@ class Code(str, enum.Enum):
         ERROR,
         "batch_invariant_mode needs context_parallel_size 1.",
     )
+    BATCH_INVARIANT_REQUIRES_FLASH_VERSION = (
+        "BATCH_INVARIANT_REQUIRES_FLASH_VERSION",
+        RULE,
+        ERROR,
+        "batch_invariant_mode needs model_overrides.flash_attention_version 3 or 4 (megatron-core >= 0.19 asserts it).",
+    )
+    BATCH_INVARIANT_NO_ATTENTION_DROPOUT = (
+        "BATCH_INVARIANT_NO_ATTENTION_DROPOUT",
+        RULE,
+        ERROR,
+        "batch_invariant_mode needs attention_dropout 0 (megatron-core >= 0.19 asserts it).",
+    )
+    GENERATION_ATTENTION_DIFFERS = (
+        "GENERATION_ATTENTION_DIFFERS",
+        RULE,
+        WARNING,
+        "Megatron generation's model runs attention settings other than training's (mcore_generation_config).",
+    )
     MODEL_OVERRIDE_CONFLICT = (
         "MODEL_OVERRIDE_CONFLICT",
         RULE,
@@ -199,23 +224,38 @@ class Code(str, enum.Enum):
     )
 
     # --- binding (docs/report-schema.md "Codes") ---------------------------------------------
-    IDENTITY_MISMATCH = ("ATTN_IDENTITY_MISMATCH", BINDING, ERROR, "an identity field differs between the sides")
-    SEMANTIC_SIDES_DIFFER = ("ATTN_SEMANTIC_SIDES_DIFFER", BINDING, ERROR, "a semantic field differs between the sides")
-    SEMANTIC_MANDATE = ("ATTN_SEMANTIC_MANDATE", BINDING, ERROR, "a side's semantic field differs from the mandate")
-    DTYPE_DIFFERENCE_ALLOWED = (
+    ATTN_IDENTITY_MISMATCH = ("ATTN_IDENTITY_MISMATCH", BINDING, ERROR, "an identity field differs between the sides")
+    ATTN_SEMANTIC_SIDES_DIFFER = (
+        "ATTN_SEMANTIC_SIDES_DIFFER",
+        BINDING,
+        ERROR,
+        "a semantic field differs between the sides",
+    )
+    ATTN_SEMANTIC_MANDATE = (
+        "ATTN_SEMANTIC_MANDATE",
+        BINDING,
+        ERROR,
+        "a side's semantic field differs from the mandate",
+    )
+    ATTN_DTYPE_DIFFERENCE_ALLOWED = (
         "ATTN_DTYPE_DIFFERENCE_ALLOWED",
         BINDING,
         INFO,
         "dtype differs, allowed by `allow_dtype_difference`",
     )
-    RECORDED_DIFFERENCE = (
+    ATTN_RECORDED_DIFFERENCE = (
         "ATTN_RECORDED_DIFFERENCE",
         BINDING,
         INFO,
         "a recorded field differs (listed, never rejected)",
     )
-    UNOBSERVABLE = ("ATTN_UNOBSERVABLE", BINDING, WARNING, "a field has no runtime readback on a side: not comparable")
-    PENDING = (
+    ATTN_UNOBSERVABLE = (
+        "ATTN_UNOBSERVABLE",
+        BINDING,
+        WARNING,
+        "a field has no runtime readback on a side: not comparable",
+    )
+    ATTN_PENDING = (
         "ATTN_PENDING",
         BINDING,
         WARNING,
@@ -223,48 +263,59 @@ class Code(str, enum.Enum):
     )
 
     # --- determinism -------------------------------------------------------------------------
-    DETERMINISM_BLOCKING = (
+    DET_BLOCKING_MISMATCH = (
         "DET_BLOCKING_MISMATCH",
         DETERMINISM,
         ERROR,
         "NCCL_ALGO, NCCL_PROTO or CUBLAS_WORKSPACE_CONFIG means different things on the two sides",
     )
-    DETERMINISM_RECORDED = (
+    DET_RECORDED_DIFFERENCE = (
         "DET_RECORDED_DIFFERENCE",
         DETERMINISM,
         INFO,
         "another determinism variable or torch flag differs",
     )
-    DETERMINISM_EQUIVALENT = (
+    DET_EQUIVALENT = (
         "DET_EQUIVALENT",
         DETERMINISM,
         INFO,
         "different values with the same meaning (e.g. `:4096:8` and `:16:8`, unset and the default)",
     )
-    DETERMINISM_NOT_PROBED = ("DET_NOT_PROBED", DETERMINISM, INFO, "a side's torch flags were not read")
+    DET_NOT_PROBED = ("DET_NOT_PROBED", DETERMINISM, INFO, "a side's torch flags were not read")
 
     # --- report ------------------------------------------------------------------------------
-    WORKER_DIVERGES = ("REPORT_WORKER_DIVERGES", REPORT, ERROR, "a worker disagrees with the first worker of its side")
-    WORKER_MISSING = ("REPORT_WORKER_MISSING", REPORT, WARNING, "an expected worker wrote no record")
-    RECORD_UNREADABLE = (
+    REPORT_WORKER_DIVERGES = (
+        "REPORT_WORKER_DIVERGES",
+        REPORT,
+        ERROR,
+        "a worker disagrees with the first worker of its side",
+    )
+    REPORT_WORKER_MISSING = ("REPORT_WORKER_MISSING", REPORT, WARNING, "an expected worker wrote no record")
+    REPORT_RECORD_UNREADABLE = (
         "REPORT_RECORD_UNREADABLE",
         REPORT,
         WARNING,
         "a worker record or host detail could not be read",
     )
-    SIDE_MISSING = (
+    REPORT_SIDE_MISSING = (
         "REPORT_SIDE_MISSING",
         REPORT,
         "warning (error with `attention_align.strict: true` when the config says how many workers the side starts)",
         "no worker of a side wrote a record",
     )
-    SIDE_ABSENT = (
+    REPORT_ROLLOUT_NOT_BOUND = (
+        "REPORT_ROLLOUT_NOT_BOUND",
+        REPORT,
+        "warning (error with `attention_align.strict: true`)",
+        "the run's generation workers record nothing (SGLang, Dynamo, TRT-LLM): the rollout side is not bound",
+    )
+    REPORT_SIDE_ABSENT = (
         "REPORT_SIDE_ABSENT",
         REPORT,
         INFO,
         "the run has no such side by design (e.g. SFT: no rollout side); the binding is not applicable",
     )
-    WORKER_FINDING = (
+    REPORT_WORKER_FINDING = (
         "REPORT_WORKER_FINDING",
         REPORT,
         WARNING,
@@ -273,7 +324,7 @@ class Code(str, enum.Enum):
     )
 
     # --- preset ------------------------------------------------------------------------------
-    PRESET_REFUSED = (
+    ALIGN_PRESET_REFUSED = (
         "ALIGN_PRESET_REFUSED",
         PRESET,
         ERROR,
@@ -307,7 +358,7 @@ class Code(str, enum.Enum):
     @property
     def severity(self) -> Severity:
         """The severity every finding of this code has; ValueError for a code whose severity varies
-        (its caller decides the severity and passes it to ``Finding`` itself)."""
+        (its caller decides the severity and passes it to ``errors.finding``)."""
         if isinstance(self._severity, Severity):
             return self._severity
         raise ValueError(f"{self.value}: the severity varies ({self._severity}); pass it explicitly")
@@ -321,6 +372,15 @@ class Code(str, enum.Enum):
     def summary(self) -> str:
         """One line: what the code means."""
         return self._summary
+
+
+def code_of(value: str) -> Code:
+    """The code whose value is ``value`` (as a report holds it); ValueError for one this version
+    does not know."""
+    for code in Code:
+        if code.value == value:
+            return code
+    raise ValueError(f"unknown finding code {str(value)[:80]!r}")
 
 
 def codes_of(*kinds: Kind) -> list[Code]:

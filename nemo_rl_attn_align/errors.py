@@ -14,12 +14,12 @@ with ``PLUGIN_PREFIX`` so a reader of NeMo-RL's traceback knows where the stop c
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_attn_align.codes import Code, Severity, code_of
 from nemo_rl_attn_align.limits import shown, shown_text
 
 
@@ -60,19 +60,14 @@ class UsageError(ValueError):
     """Input that cannot be used at all; ``str(err)`` is one line naming the problem and the fix."""
 
 
-class Severity(str, enum.Enum):
-    """How much a finding matters: ``error`` stops the run, ``warning`` is shown, ``info`` is recorded."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-
 @dataclass(frozen=True)
 class Finding:
-    """One rule's verdict on one key: a stable ``code``, the key and value it is about, and the fix."""
+    """One verdict on one key: a stable ``code``, the key and value it is about, and the fix.
 
-    code: str
+    Made with ``finding`` (which takes the severity from the code); ``from_dict`` reads one back
+    from a report. ``Severity`` is defined in ``codes`` with the registry and re-exported here."""
+
+    code: Code
     severity: Severity
     key: str
     value: Any
@@ -86,13 +81,40 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``value`` passed through ``repr`` when it is not a JSON scalar)."""
         return {
-            "code": self.code,
+            "code": self.code.value,
             "severity": self.severity.value,
             "key": self.key,
             "value": json_value(self.value),
             "message": self.message,
             "fix": self.fix,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        """The finding a report holds in its dict form (``to_dict``); ValueError for a code or
+        severity this version does not know (codes are never renamed, so older reports read back)."""
+        return cls(
+            code_of(data["code"]),
+            Severity(data["severity"]),
+            data["key"],
+            data["value"],
+            data["message"],
+            data["fix"],
+        )
+
+
+def finding(code: Code, key: str, value: Any, message: str, fix: str, *, severity: Severity | None = None) -> Finding:
+    """The one way to make a ``Finding``: its severity is the code's own (``codes.Code``).
+
+    ``severity`` only for a code whose severity varies (``Code.varies``; e.g. ``REPORT_SIDE_MISSING``),
+    where it is required; ValueError otherwise, so a hard-coded severity cannot drift from the registry."""
+    if code.varies:
+        if severity is None:
+            raise ValueError(f"{code.value}: the severity varies ({code.severity_text}); pass severity=")
+        return Finding(code, severity, key, value, message, fix)
+    if severity is not None:
+        raise ValueError(f"{code.value} has severity {code.severity.value}; do not pass severity=")
+    return Finding(code, code.severity, key, value, message, fix)
 
 
 class RuleViolation(ValueError):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "nemo_rl_attn_align" / "examples" / "configs"
+EXAMPLES = REPO / "examples" / "configs"
 
 
 @pytest.fixture

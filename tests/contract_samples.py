@@ -9,9 +9,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
+from nemo_rl_attn_align.contract.kinds import DTYPES
 from nemo_rl_attn_align.contract.schema import (
     DOWNCASTS,
-    DTYPES,
     FIELDS,
     MERGE_RULES,
     MODES,

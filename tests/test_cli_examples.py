@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import nemo_rl_attn_align
+from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
+
+PACKAGE = Path(nemo_rl_attn_align.__file__).parent
 
 
 def examples(*args):
@@ -18,9 +21,10 @@ def examples(*args):
 def test_lists_every_packaged_recipe_by_absolute_path():
     proc = examples()
     paths = [Path(line) for line in proc.stdout.splitlines()]
-    package = Path(nemo_rl_attn_align.__file__).parent
     assert proc.returncode == 0 and len(paths) == 3
-    assert all(p.is_absolute() and p.is_file() and p.parent == package / "examples" / "configs" for p in paths)
+    # where the recipes are: inside an installed package (a wheel), else the source tree's examples/configs
+    assert all(p.is_absolute() and p.is_file() and p.parent == EXAMPLES_DIR for p in paths)
+    assert EXAMPLES_DIR in (PACKAGE / "examples" / "configs", PACKAGE.parent / "examples" / "configs")
 
 
 def test_one_name_prints_its_path_and_checks():

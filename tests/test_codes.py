@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -11,7 +12,8 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.codes import Code, Kind, codes_of, markdown_table
+from nemo_rl_attn_align.codes import Code, Kind, Severity, codes_of, markdown_table
+from nemo_rl_attn_align.errors import Finding, finding
 
 from .conftest import REPO
 from .test_import_cycles import PACKAGE, import_graph, module_files
@@ -41,17 +43,20 @@ def test_every_code_has_one_value_a_kind_a_severity_and_a_one_line_summary():
         assert code.severity_text and (code.varies or code.severity_text == code.severity.value)
         assert code.summary and not set("|\n") & set(code.summary + code.severity_text), code
     assert {code.kind for code in Code} == set(Kind)
-    assert [code for code in Code if code.varies] == [Code.SIDE_MISSING]
+    assert [code for code in Code if code.varies] == [Code.REPORT_SIDE_MISSING, Code.REPORT_ROLLOUT_NOT_BOUND]
     with pytest.raises(ValueError, match="REPORT_SIDE_MISSING: the severity varies"):
-        _ = Code.SIDE_MISSING.severity
+        _ = Code.REPORT_SIDE_MISSING.severity
 
 
 def test_values_and_names_are_the_released_ones():
-    assert Code.IDENTITY_MISMATCH.value == "ATTN_IDENTITY_MISMATCH"
-    assert Code.DETERMINISM_BLOCKING.value == "DET_BLOCKING_MISMATCH"
-    assert Code.SIDE_MISSING.value == "REPORT_SIDE_MISSING" and Code.PRESET_REFUSED.value == "ALIGN_PRESET_REFUSED"
-    for code in codes_of(Kind.RULE):
-        assert code.name == code.value
+    assert Code.ATTN_IDENTITY_MISMATCH.value == "ATTN_IDENTITY_MISMATCH"
+    assert Code.DET_BLOCKING_MISMATCH.value == "DET_BLOCKING_MISMATCH"
+    assert (
+        Code.REPORT_SIDE_MISSING.value == "REPORT_SIDE_MISSING"
+        and Code.ALIGN_PRESET_REFUSED.value == "ALIGN_PRESET_REFUSED"
+    )
+    for code in Code:
+        assert code.name == code.value  # ``Code.X`` in the source is the ``X`` users see
     for code in codes_of(Kind.BINDING, Kind.DETERMINISM, Kind.REPORT):
         assert code.value.startswith({"binding": "ATTN_", "determinism": "DET_", "report": "REPORT_"}[code.kind.value])
 
@@ -85,12 +90,41 @@ def test_no_code_is_written_as_a_bare_string_and_no_other_code_enum_exists():
 
 
 def test_the_registry_is_a_leaf():
-    assert import_graph()[f"{PACKAGE}.codes"] <= {f"{PACKAGE}.errors"}
+    assert import_graph()[f"{PACKAGE}.codes"] == set()
     tree = ast.parse((REPO / PACKAGE / "codes.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert {m for m in imported if m.startswith(PACKAGE)} == {f"{PACKAGE}.errors"}
+    assert {m for m in imported if m.startswith(PACKAGE)} == set()
     assert {m.split(".")[0] for m in imported} <= {PACKAGE, "__future__", "enum", "typing"}
+
+
+def test_findings_are_made_only_by_errors_finding():
+    made = [
+        f"{name}:{node.lineno}"
+        for name, tree in _trees().items()
+        if name != f"{PACKAGE}.errors"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Finding"
+    ]
+    assert made == [], "make a Finding with errors.finding(Code.X, ...): it takes the severity from the registry"
+
+
+def test_finding_takes_the_severity_from_the_code_and_round_trips():
+    made = finding(Code.FLAG_NOT_BOOLEAN, "policy.x", 1, "message", "fix")
+    assert made.code is Code.FLAG_NOT_BOOLEAN and made.severity is Severity.WARNING
+    as_dict = made.to_dict()
+    assert type(as_dict["code"]) is str and json.dumps(as_dict).startswith(
+        '{"code": "FLAG_NOT_BOOLEAN", "severity": "warning"'
+    )
+    assert Finding.from_dict(as_dict) == made and Finding.from_dict(as_dict).code is Code.FLAG_NOT_BOOLEAN
+    side = finding(Code.REPORT_SIDE_MISSING, "workers.rollout", None, "m", "f", severity=Severity.ERROR)
+    assert side.severity is Severity.ERROR
+    with pytest.raises(ValueError, match="REPORT_SIDE_MISSING: the severity varies"):
+        finding(Code.REPORT_SIDE_MISSING, "workers.rollout", None, "m", "f")
+    with pytest.raises(ValueError, match="FLAG_NOT_BOOLEAN has severity warning"):
+        finding(Code.FLAG_NOT_BOOLEAN, "policy.x", 1, "m", "f", severity=Severity.ERROR)
+    with pytest.raises(ValueError):
+        Finding.from_dict({**as_dict, "code": "NOT_A_CODE"})
 
 
 def test_markdown_table_has_one_row_per_code_of_the_kinds():

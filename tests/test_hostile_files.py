@@ -19,7 +19,7 @@ from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.config.examples import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.report.document import ReportError, load_report
+from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.store import (
     read_worker_records,
     remove_stale_temp_files,

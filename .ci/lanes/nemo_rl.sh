@@ -9,16 +9,12 @@ cd "$(dirname "$0")/../.."
 lane_start=$SECONDS
 : "${ATTN_ALIGN_CI_VENVS:=$PWD/.ci-venvs}"
 : "${ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS:?set it to the NeMo-RL snapshots folder (.ci/run does when CI laid the snapshots beside the clone)}"
-PYTHON313="${ATTN_ALIGN_PYTHON313:-}"
-if [ -z "$PYTHON313" ]; then
-  for candidate in /root/.pyenv/versions/3.13.0/bin/python python3.13; do
-    if command -v "$candidate" >/dev/null 2>&1; then PYTHON313="$candidate"; break; fi
-  done
-fi
-[ -n "$PYTHON313" ] || { echo "lane nemo_rl: no Python 3.13 (set ATTN_ALIGN_PYTHON313)" >&2; exit 1; }
+# shellcheck source=../python.sh
+source .ci/python.sh
+python313="$(find_python 3.13)"  # $ATTN_ALIGN_CI_PYTHON313, else found by name
 
 venv="$ATTN_ALIGN_CI_VENVS/nemo_rl"
-"$PYTHON313" -m venv "$venv"
+"$python313" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q)
 # What NeMo-RL's Megatron modules import on CPU (torch is a CUDA wheel; it imports and runs on CPU).
 "${pip[@]}" torch==2.13.0 megatron-core==0.19.2 transformers==5.8.1 "ray[default]==2.60.0" \
@@ -29,7 +25,7 @@ pip=("$venv/bin/python" -m pip install -q)
   torchdata==0.11.0 soundfile==0.14.0
 # megatron-bridge declares Python < 3.13 and pins what it does not need here; decord for NeMo-RL v0.6.0.
 "${pip[@]}" --no-deps --ignore-requires-python megatron-bridge==0.6.2 decord==0.6.0
-"${pip[@]}" --no-deps .
+"${pip[@]}" --no-deps "$(plugin_source)"
 echo "lane nemo_rl: venv ready in $((SECONDS - lane_start))s"
 
 ATTN_ALIGN_TEST_LANE=nemo_rl "$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_nemo_rl tests/real_nemo_rl

@@ -10,7 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 started=$SECONDS
-python311="${ATTN_ALIGN_CI_PYTHON311:-$(command -v python3.11 || echo /root/.pyenv/versions/3.11.7/bin/python)}"
+# shellcheck source=../python.sh
+source .ci/python.sh
+python311="$(find_python 3.11)"  # $ATTN_ALIGN_CI_PYTHON311, else found by name
 venv="${ATTN_ALIGN_CI_VENVS:?set by .ci/run}/te"
 [ -x "$venv/bin/python" ] || "$python311" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q)
@@ -21,7 +23,7 @@ pip=("$venv/bin/python" -m pip install -q)
 "${pip[@]}" --no-deps transformer-engine==2.20.2
 te214="$venv/te-2.14.1"
 [ -d "$te214/transformer_engine" ] || "${pip[@]}" --no-deps --target "$te214" transformer-engine==2.14.1
-"${pip[@]}" .
+"${pip[@]}" "$(plugin_source)"
 echo "te lane: installs took $((SECONDS - started))s"
 ATTN_ALIGN_TEST_TE_PATHS="$te214" "$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_te tests/real_te
 echo "te lane: $((SECONDS - started))s"

@@ -10,7 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 started=$SECONDS
-python311="${ATTN_ALIGN_CI_PYTHON311:-$(command -v python3.11 || echo /root/.pyenv/versions/3.11.7/bin/python)}"
+# shellcheck source=../python.sh
+source .ci/python.sh
+python311="$(find_python 3.11)"  # $ATTN_ALIGN_CI_PYTHON311, else found by name
 venv="${ATTN_ALIGN_CI_VENVS:?set by .ci/run}/vllm"
 [ -x "$venv/bin/python" ] || "$python311" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q)
@@ -22,6 +24,6 @@ pip=("$venv/bin/python" -m pip install -q)
 # vLLM's CUDA selector (tests/real_vllm/test_selector.py) reads FlashInfer's Python; its CUDA deps are not needed.
 "${pip[@]}" nvidia-ml-py==13.615.71 apache-tvm-ffi==0.1.15.post2
 "${pip[@]}" --no-deps flashinfer-python==0.6.18.post1
-"${pip[@]}" .
+"${pip[@]}" "$(plugin_source)"
 echo "vllm lane: installs took $((SECONDS - started))s"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_vllm tests/real_vllm

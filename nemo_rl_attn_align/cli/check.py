@@ -126,8 +126,8 @@ def _kernels(cfg: Mapping[str, Any], environ, gpu: str | None, fa3: bool, te: st
     """The kernel each side runs on ``gpu`` (this machine's when None) and the errors of a side with none."""
     from nemo_rl_attn_align.drift.shape import attention_shape
     from nemo_rl_attn_align.preflight import gpu as gpus
-    from nemo_rl_attn_align.preflight.facts import read_recipe_facts
     from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     environ = os.environ if environ is None else environ
     local, local_source = gpus.local_gpu()
@@ -143,7 +143,8 @@ def _kernels(cfg: Mapping[str, Any], environ, gpu: str | None, fa3: bool, te: st
 
 def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
-    from nemo_rl_attn_align.preflight.preset import align, minimal
+    from nemo_rl_attn_align.preflight.fix import minimal
+    from nemo_rl_attn_align.preflight.preset import align
 
     alignment = align(cfg, preview_of, alter_ok=True)
     if alignment.preview.binding is None:

@@ -41,6 +41,14 @@ def register(subparsers) -> None:
         metavar="CONFIG [OVERRIDES...]",
         help="the NeMo-RL YAML, then Hydra-style overrides (a.b=v, ++a.b=v, ~a.b)",
     )
+    _add_shape_arguments(p)
+    _add_engine_arguments(p)
+    _add_run_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def _add_shape_arguments(p: argparse.ArgumentParser) -> None:
+    """The attention shape's options, each overriding what the config says."""
     shape = p.add_argument_group("attention shape (each overrides the config)")
     shape.add_argument("--heads", type=int, help="query heads")
     shape.add_argument("--kv-heads", type=int, help="KV heads (query groups)")
@@ -49,6 +57,10 @@ def register(subparsers) -> None:
     shape.add_argument(
         "--seq-len", type=int, help="sequence length (default: policy.max_total_sequence_length, else 1024)"
     )
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """What runs: the dtypes, the GPU generation and the training and rollout engines."""
     p.add_argument(
         "--dtypes",
         default=",".join(drift_shape.DEFAULT_DTYPES),
@@ -74,6 +86,10 @@ def register(subparsers) -> None:
         help="a rollout engine, repeatable, e.g. vllm-fa3:chunk=256,cascade=512 "
         "(default: the kernel vLLM's selector picks on --gpu, as check --gpu predicts: FA3 -> vllm-fa3, FA2 -> vllm)",
     )
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The random inputs (seed, vocabulary) and where and how the report goes."""
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and LM head (default 0)")
     p.add_argument(
         "--vocab",
@@ -91,7 +107,6 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG heatmap")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(handler=run)
 
 
 def _prepare(args: argparse.Namespace):
@@ -100,7 +115,7 @@ def _prepare(args: argparse.Namespace):
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.errors import UsageError
-    from nemo_rl_attn_align.preflight.facts import read_recipe_facts
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
@@ -187,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
+    from nemo_rl_attn_align.drift import render as drift_render
     from nemo_rl_attn_align.drift import sweep as drift
     from nemo_rl_attn_align.report.store import atomic_write_json
 
@@ -210,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     result["report"] = str(report)
     result["heatmap"] = None
     if not args.no_plot:
-        result["heatmap"] = drift.write_heatmap(result, args.out / HEATMAP_NAME)
+        result["heatmap"] = drift_render.write_heatmap(result, args.out / HEATMAP_NAME)
         if result["heatmap"] is None:
             print(
                 "note: matplotlib is not installed (pip install 'nemo-rl-attn-align[plot]'); no heatmap written",
@@ -220,6 +236,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print("\n".join([*(f"default engines: {note}" for note in notes), drift.render_table(result)]))
+        print("\n".join([*(f"default engines: {note}" for note in notes), drift_render.render_table(result)]))
         print(f"report: {report}" + (f"\nheatmap: {result['heatmap']}" if result["heatmap"] else ""))
     return EXIT_OK

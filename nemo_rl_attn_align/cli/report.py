@@ -48,7 +48,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``report``; returns the exit code."""
     from nemo_rl_attn_align.limits import shown_path, shown_text
-    from nemo_rl_attn_align.report.document import ReportError, load_report
+    from nemo_rl_attn_align.report.load import ReportError, load_report
     from nemo_rl_attn_align.report.render import render_summary
 
     try:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
 from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, field_spec, fields_of
-from nemo_rl_attn_align.errors import Finding
+from nemo_rl_attn_align.errors import Finding, finding
 
 
 class DeterminismEntryView(Protocol):
@@ -150,103 +150,106 @@ class FieldResult:
         }
 
 
-def _not_comparable(name, tier, t, r, demand) -> FieldResult:
-    unknown = [(side, fv) for side, fv in (("training", t), ("rollout", r)) if not fv.known]
-    pending = all(fv.provenance is Provenance.PENDING for _, fv in unknown)
-    why = "; ".join(
-        f"{side} is {fv.provenance.value}" + (f" ({fv.source})" if fv.source else "") for side, fv in unknown
-    )
-    code = Code.PENDING if pending else Code.UNOBSERVABLE
-    return FieldResult(name, tier, Status.NOT_COMPARABLE, code, t, r, demand, f"{name}: not comparable: {why}")
+@dataclass(frozen=True)
+class _Sides:
+    """One field as both sides hold it, with the mandate's demand (semantic tier only): what every
+    ``FieldResult`` of that field shares."""
+
+    name: str
+    tier: Tier
+    t: FieldValue
+    r: FieldValue
+    demand: Any
+
+    @property
+    def both_known(self) -> bool:
+        return self.t.known and self.r.known
+
+    def result(self, status: Status, code: Code | None, message: str) -> FieldResult:
+        return FieldResult(self.name, self.tier, status, code, self.t, self.r, self.demand, message)
+
+    def match(self) -> FieldResult:
+        return self.result(Status.MATCH, None, f"{self.name}: {self.t.value!r} on both sides")
+
+    def not_comparable(self) -> FieldResult:
+        """Some side is not known: pending (a preview) or unobservable, with each unknown side's source."""
+        unknown = [(side, fv) for side, fv in (("training", self.t), ("rollout", self.r)) if not fv.known]
+        pending = all(fv.provenance is Provenance.PENDING for _, fv in unknown)
+        why = "; ".join(
+            f"{side} is {fv.provenance.value}" + (f" ({fv.source})" if fv.source else "") for side, fv in unknown
+        )
+        code = Code.ATTN_PENDING if pending else Code.ATTN_UNOBSERVABLE
+        return self.result(Status.NOT_COMPARABLE, code, f"{self.name}: not comparable: {why}")
 
 
 def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Mandate | None, allow_dtype: bool) -> FieldResult:
+    """Field ``name`` bound under its tier's rule."""
     tier = field_spec(name).tier
-    demand = mandate.demand(name) if (mandate is not None and tier is Tier.SEMANTIC) else None
-    both_known = t.known and r.known
-    if tier is not Tier.SEMANTIC:
-        if not both_known:
-            return _not_comparable(name, tier, t, r, None)
-        if same_value(t.value, r.value):
-            return FieldResult(name, tier, Status.MATCH, None, t, r, None, f"{name}: {t.value!r} on both sides")
-        if tier is Tier.RECORDED:
-            return FieldResult(
-                name,
-                tier,
-                Status.DIFFERENT,
-                Code.RECORDED_DIFFERENCE,
-                t,
-                r,
-                None,
-                f"{name}: training {t.value!r}, rollout {r.value!r} (recorded)",
-            )
-        return FieldResult(
-            name,
-            tier,
-            Status.MISMATCH,
-            Code.IDENTITY_MISMATCH,
-            t,
-            r,
-            None,
-            f"{name}: training {t.value!r} != rollout {r.value!r}",
+    if tier is Tier.SEMANTIC:
+        demand = mandate.demand(name) if mandate is not None else None
+        return _bind_semantic(_Sides(name, tier, t, r, demand), allow_dtype)
+    return _bind_equal_or_recorded(_Sides(name, tier, t, r, None))
+
+
+def _bind_equal_or_recorded(s: _Sides) -> FieldResult:
+    """Identity: the sides are equal or it is a mismatch; recorded: equal or a listed difference."""
+    if not s.both_known:
+        return s.not_comparable()
+    if same_value(s.t.value, s.r.value):
+        return s.match()
+    if s.tier is Tier.RECORDED:
+        return s.result(
+            Status.DIFFERENT,
+            Code.ATTN_RECORDED_DIFFERENCE,
+            f"{s.name}: training {s.t.value!r}, rollout {s.r.value!r} (recorded)",
         )
-    # semantic: a known side that breaks the mandate fails even when the other side is unknown
+    return s.result(
+        Status.MISMATCH, Code.ATTN_IDENTITY_MISMATCH, f"{s.name}: training {s.t.value!r} != rollout {s.r.value!r}"
+    )
+
+
+def _bind_semantic(s: _Sides, allow_dtype: bool) -> FieldResult:
+    """The sides must agree with each other and with the mandate; a known side that breaks the
+    mandate fails even when the other side is unknown. ``allow_dtype`` lets ``dtype`` differ."""
     against_mandate = [
         (side, fv)
-        for side, fv in (("training", t), ("rollout", r))
-        if demand is not None and fv.known and not same_value(fv.value, demand)
+        for side, fv in (("training", s.t), ("rollout", s.r))
+        if s.demand is not None and fv.known and not same_value(fv.value, s.demand)
     ]
-    sides_differ = both_known and not same_value(t.value, r.value)
-    if name == "dtype" and allow_dtype:
-        if not both_known:
-            return _not_comparable(name, tier, t, r, demand)
+    sides_differ = s.both_known and not same_value(s.t.value, s.r.value)
+    if s.name == "dtype" and allow_dtype:
+        if not s.both_known:
+            return s.not_comparable()
         if sides_differ or against_mandate:
-            return FieldResult(
-                name,
-                tier,
+            return s.result(
                 Status.ALLOWED,
-                Code.DTYPE_DIFFERENCE_ALLOWED,
-                t,
-                r,
-                demand,
-                f"dtype: training {t.value!r}, rollout {r.value!r}, mandate {demand!r}: "
+                Code.ATTN_DTYPE_DIFFERENCE_ALLOWED,
+                f"dtype: training {s.t.value!r}, rollout {s.r.value!r}, mandate {s.demand!r}: "
                 "difference allowed (allow_dtype_difference)",
             )
-        return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"dtype: {t.value!r} on both sides")
+        return s.match()
     if against_mandate:
         broken = ", ".join(f"{side} {fv.value!r}" for side, fv in against_mandate)
-        return FieldResult(
-            name,
-            tier,
-            Status.MISMATCH,
-            Code.SEMANTIC_MANDATE,
-            t,
-            r,
-            demand,
-            f"{name}: {broken}, but the mandate demands {demand!r}",
+        return s.result(
+            Status.MISMATCH, Code.ATTN_SEMANTIC_MANDATE, f"{s.name}: {broken}, but the mandate demands {s.demand!r}"
         )
     if sides_differ:
-        return FieldResult(
-            name,
-            tier,
+        return s.result(
             Status.MISMATCH,
-            Code.SEMANTIC_SIDES_DIFFER,
-            t,
-            r,
-            demand,
-            f"{name}: training {t.value!r} != rollout {r.value!r}",
+            Code.ATTN_SEMANTIC_SIDES_DIFFER,
+            f"{s.name}: training {s.t.value!r} != rollout {s.r.value!r}",
         )
-    if not both_known:
-        return _not_comparable(name, tier, t, r, demand)
-    return FieldResult(name, tier, Status.MATCH, None, t, r, demand, f"{name}: {t.value!r} on both sides")
+    if not s.both_known:
+        return s.not_comparable()
+    return s.match()
 
 
 def _fix(result: FieldResult) -> str:
     if result.status is Status.MISMATCH:
         return field_spec(result.name).fix
-    if result.code is Code.PENDING:
+    if result.code is Code.ATTN_PENDING:
         return "known once the engines start; the run report records it"
-    if result.code is Code.UNOBSERVABLE:
+    if result.code is Code.ATTN_UNOBSERVABLE:
         return "record this field from a runtime readback (observed) to make it comparable"
     return "none needed: recorded so the measured drift can be attributed"
 
@@ -296,7 +299,7 @@ class BindingReport:
     def findings(self) -> list[Finding]:
         """One ``Finding`` per field that did not plainly match, then the determinism findings."""
         out = [
-            Finding(code.value, code.severity, f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
+            finding(code, f"contract.{r.tier.value}.{r.name}", _values(r), r.message, _fix(r))
             for r in self.results
             if r.status is not Status.MATCH and (code := r.code) is not None  # only a MATCH has no code
         ]

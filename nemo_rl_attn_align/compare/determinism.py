@@ -1,9 +1,7 @@
-"""The determinism probe: what each side's process really runs with, compared by meaning.
+"""Two determinism probes compared by meaning: what each side's process really runs with.
 
-``probe()`` runs inside a worker after its engine is up (vLLM's batch-invariant mode rewrites the
-environment inside its worker) and records the determinism environment variables (unset is kept
-apart from any value) and, when torch is there, its TF32 / reduced-precision / deterministic flags.
-``compare(training, rollout, collective)`` puts two probes side by side:
+``determinism_probe.probe()`` records, inside each worker, the determinism environment variables
+and torch's flags. ``compare(training, rollout, collective)`` puts two probes side by side:
 
 * ``NCCL_ALGO``, ``NCCL_PROTO`` and ``CUBLAS_WORKSPACE_CONFIG`` block when their *meanings* differ:
   the algorithms (protocols) NCCL may use for the collective that reduces the compared tensor, and
@@ -17,43 +15,23 @@ collective, ``^`` enables everything except the listed elements, names are case-
 unknown element or collective is an error (NCCL refuses to initialise).
 
 What Megatron's deterministic mode and vLLM's batch-invariant mode do to the environment is in
-``compare/profiles.py``. Stdlib only; torch is imported inside ``probe`` when asked for.
+``compare/profiles.py``. Stdlib only.
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import re
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding
+from nemo_rl_attn_align.compare.determinism_probe import BLOCKING_VARIABLES, DeterminismProbe
 
-#: Variables whose difference in meaning blocks the binding.
-BLOCKING_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG")
-
-#: Other variables always recorded (every other ``NCCL_*`` present is recorded too).
-RECORDED_VARIABLES = (
-    "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
-    "VLLM_BATCH_INVARIANT",
-    "VLLM_ALLREDUCE_USE_SYMM_MEM",
-    "NCCL_LAUNCH_MODE",
-    "NCCL_COLLNET_ENABLE",
-    "NCCL_NVLS_ENABLE",
-    "NCCL_P2P_NET_DISABLE",
-    "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS",
-    "NCCL_NTHREADS",
-    "NCCL_SOCKET_NTHREADS",
-    "NCCL_CUMEM_ENABLE",
-    "NVTE_FLASH_ATTN",
-    "NVTE_FUSED_ATTN",
-    "NVTE_UNFUSED_ATTN",
-)
+# the hosts' workers and contract/preview.py import it from here
+from nemo_rl_attn_align.compare.determinism_probe import probe as probe
+from nemo_rl_attn_align.errors import Finding, finding
 
 NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
@@ -170,88 +148,7 @@ def _collective(name: str) -> str:
     return key
 
 
-# --- the probe ---------------------------------------------------------------------------------
-
-
-def _torch_flags(torch: Any) -> dict[str, Any]:
-    """The determinism-relevant torch flags; a flag this torch lacks is recorded as an error text."""
-    readers: dict[str, Callable[[], Any]] = {
-        "torch_version": lambda: str(torch.__version__),
-        "matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
-        "matmul_fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,
-        "float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
-        "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
-        "cudnn_conv_fp32_precision": lambda: torch.backends.cudnn.conv.fp32_precision,
-        "matmul_allow_fp16_reduced_precision_reduction": lambda: (
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-        ),
-        "matmul_allow_bf16_reduced_precision_reduction": lambda: (
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-        ),
-        "deterministic_algorithms": lambda: torch.are_deterministic_algorithms_enabled(),
-        "deterministic_algorithms_warn_only": lambda: torch.is_deterministic_algorithms_warn_only_enabled(),
-        "cudnn_deterministic": lambda: torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": lambda: torch.backends.cudnn.benchmark,
-    }
-    flags = {}
-    for name, read in readers.items():
-        try:
-            value = read()
-        except Exception as err:
-            value = f"unreadable: {type(err).__name__}: {err}"
-        flags[name] = list(value) if isinstance(value, tuple) else value
-    return flags
-
-
-@dataclass(frozen=True)
-class DeterminismProbe:
-    """One process's determinism facts: ``env`` maps every watched variable to its value or
-    ``None`` (unset); ``torch`` holds the flags, ``None`` when torch was not probed, and
-    ``torch_status`` says why (``probed``, ``not_probed``, ``unavailable: ...``)."""
-
-    env: Mapping[str, str | None]
-    torch: Mapping[str, Any] | None
-    torch_status: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "env": dict(self.env),
-            "torch": dict(self.torch) if self.torch is not None else None,
-            "torch_status": self.torch_status,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DeterminismProbe:
-        if not isinstance(data, Mapping) or set(data) != {"env", "torch", "torch_status"}:
-            raise ValueError(f"a determinism probe needs env, torch and torch_status, got {data!r}")
-        env = data["env"]
-        if not isinstance(env, Mapping) or not all(v is None or isinstance(v, str) for v in env.values()):
-            raise ValueError("determinism probe env must map names to strings or null")
-        return cls(dict(env), None if data["torch"] is None else dict(data["torch"]), str(data["torch_status"]))
-
-
-def probe(env: Mapping[str, str] | None = None, torch_module: Any = None) -> DeterminismProbe:
-    """Probe ``env`` (default ``os.environ``) and torch's flags.
-
-    ``torch_module``: a torch module to read; ``None`` uses the imported torch or imports it
-    (recording ``unavailable`` when it cannot be imported); ``False`` skips torch.
-    """
-    env = os.environ if env is None else env
-    watched = set(BLOCKING_VARIABLES) | set(RECORDED_VARIABLES) | {k for k in env if k.startswith("NCCL_")}
-    values = {name: env.get(name) for name in sorted(watched)}
-    if torch_module is False:
-        return DeterminismProbe(values, None, "not_probed")
-    if torch_module is None:
-        torch_module = sys.modules.get("torch")
-        if torch_module is None:
-            try:
-                import torch as torch_module
-            except Exception as err:
-                return DeterminismProbe(values, None, f"unavailable: {type(err).__name__}: {err}")
-    return DeterminismProbe(values, _torch_flags(torch_module), "probed")
-
-
-# --- comparison --------------------------------------------------------------------------------
+# --- the comparison --------------------------------------------------------------------------------
 
 
 class DetStatus(str, enum.Enum):
@@ -346,9 +243,8 @@ class DeterminismDiff:
             values = f"training={e.training!r}, rollout={e.rollout!r}"
             if e.status is DetStatus.MISMATCH:
                 out.append(
-                    Finding(
-                        Code.DETERMINISM_BLOCKING.value,
-                        Code.DETERMINISM_BLOCKING.severity,
+                    finding(
+                        Code.DET_BLOCKING_MISMATCH,
                         f"determinism.{e.name}",
                         values,
                         f"{e.name} means different things on the two sides ({e.note})",
@@ -357,11 +253,10 @@ class DeterminismDiff:
                     )
                 )
             elif e.status in (DetStatus.DIFFERENT, DetStatus.EQUIVALENT):
-                code = Code.DETERMINISM_RECORDED if e.status is DetStatus.DIFFERENT else Code.DETERMINISM_EQUIVALENT
+                code = Code.DET_RECORDED_DIFFERENCE if e.status is DetStatus.DIFFERENT else Code.DET_EQUIVALENT
                 out.append(
-                    Finding(
-                        code.value,
-                        code.severity,
+                    finding(
+                        code,
                         f"determinism.{e.name}",
                         values,
                         f"{e.name}: {e.note or 'differs (recorded)'}",
@@ -371,9 +266,8 @@ class DeterminismDiff:
         for side, status in (("training", self.training_torch_status), ("rollout", self.rollout_torch_status)):
             if status != "probed":
                 out.append(
-                    Finding(
-                        Code.DETERMINISM_NOT_PROBED.value,
-                        Code.DETERMINISM_NOT_PROBED.severity,
+                    finding(
+                        Code.DET_NOT_PROBED,
                         f"determinism.{side}.torch",
                         status,
                         f"torch flags of the {side} side were not read ({status})",

@@ -234,3 +234,15 @@ def put_field(builder: ContractBuilder, name: str, value: Any, source: str, how:
         getattr(builder, how)(name, value, source)
     except ContractError as err:
         builder.unobservable(name, None, f"{source}: {err}")
+
+
+def configured_from(b: ContractBuilder, name: str, value: Any, key: str) -> None:
+    """``name`` configured from config key ``key`` (a preview); pending when the key is unset (the
+    engine's default applies) or holds a value the field cannot take (the pre-flight rules report it)."""
+    if value is None:
+        b.pending(name, f"{key} not set: the engine's default")
+        return
+    try:
+        b.configured(name, value, key)
+    except ContractError as err:
+        b.pending(name, f"{key}={value!r} is not usable: {err}")

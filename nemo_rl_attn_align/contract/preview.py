@@ -23,21 +23,25 @@ from typing import Any, NamedTuple
 from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
 from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
-from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder
+from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import (
     HFModelConfig,
     identity_fields,
     load_model_config,
 )
+from nemo_rl_attn_align.contract.kinds import dtype_or_none
+from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout
+from nemo_rl_attn_align.contract.rollout import kv_cache_format
 from nemo_rl_attn_align.contract.schema import (
-    ContractError,
+    NotBound,
     Provenance,
     Tier,
     fields_of,
-    normalize_dtype,
 )
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
-from nemo_rl_attn_align.preflight.facts import RecipeFacts, as_facts, vllm_batch_invariant
+from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
+from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.
@@ -48,15 +52,10 @@ _MODEL_OVERRIDE_FIELDS = {
     "kv_channels": "head_dim",
     "softmax_scale": "softmax_scale",
 }
+#: Generation backends whose workers record a rollout contract (sglang, dynamo, trtllm do not).
+BOUND_GENERATION_BACKENDS = ("vllm", "megatron")
 #: The vLLM batch-invariant profile the preview assumes (vLLM's version is known only at start).
 _VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
-
-
-def _dtype(value: Any) -> str | None:
-    try:
-        return normalize_dtype(value) if value is not None else None
-    except ContractError:
-        return None
 
 
 def _identity(b: ContractBuilder, facts: RecipeFacts, model: HFModelConfig | None) -> None:
@@ -70,12 +69,15 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, model: HFModelConfig | Non
             if value is None:  # sliding_window: null is full attention, a value like any other
                 b.configured(name, None, source)
             else:
-                _from_config(b, name, value, source)
+                configured_from(b, name, value, source)
     b.configured("causal", True, "decoder-only LM: causal mask")
     tokenizer = facts.tokenizer
     if isinstance(tokenizer, str) and tokenizer:
+        identity, how = tokenizer_identity(tokenizer)  # the workers' rule: local files by content
         b.configured(
-            "tokenizer", tokenizer, "policy.tokenizer.name (NeMo-RL tokenizes once and feeds token ids to both sides)"
+            "tokenizer",
+            identity,
+            f"policy.tokenizer.name: {how} (NeMo-RL tokenizes once and feeds token ids to both sides)",
         )
     else:
         b.pending("tokenizer", "policy.tokenizer.name is not set")
@@ -90,13 +92,19 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, model: HFModelConfig | Non
 def absent_sides(cfg: Mapping[str, Any] | RecipeFacts) -> dict[str, str]:
     """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
     the Megatron hook records training only where NeMo-RL enables Megatron (a truthy
-    ``policy.megatron_cfg.enabled``), the vLLM hook
-    rollout only with ``policy.generation.backend: vllm``."""
+    ``policy.megatron_cfg.enabled``); rollout is recorded only with ``policy.generation.backend``
+    vllm or megatron (``BOUND_GENERATION_BACKENDS``)."""
     facts, absent = as_facts(cfg), {}
     if not facts.megatron_enabled:
         absent["training"] = "policy.megatron_cfg.enabled is not truthy (the contract covers Megatron training)"
-    if not facts.generation.is_vllm:
-        absent["rollout"] = "policy.generation.backend is not vllm (no vLLM rollout to bind)"
+    backend = facts.generation.backend
+    if backend is None:
+        absent["rollout"] = "policy.generation.backend is not set (no generation workers to bind)"
+    elif backend not in BOUND_GENERATION_BACKENDS:
+        absent["rollout"] = NotBound(
+            f"policy.generation.backend {backend!r}: its workers record nothing "
+            "(the plugin hooks vLLM and Megatron generation only)"
+        )
     return absent
 
 
@@ -114,12 +122,12 @@ def predict_training(
     _identity(b, recipe, model)
     for key, name in _MODEL_OVERRIDE_FIELDS.items():
         if key in overrides:
-            _from_config(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
+            configured_from(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
     cp = facts.context_parallel_size
     comm = overrides.get("cp_comm_type") or "p2p"
     comm = comm if isinstance(comm, str) else "p2p"
     backend = facts.effective_backend
-    te_semantics(b, backend, _dtype(facts.precision), cp, comm, preview=True)
+    te_semantics(b, backend, dtype_or_none(facts.precision), cp, comm, preview=True)
     impl = facts.transformer_impl
     b.configured(
         "engine",
@@ -134,22 +142,22 @@ def predict_training(
         )
     else:
         b.pending("backend", "attention_backend is invalid")
-    _from_config(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
+    configured_from(b, "cp_size", cp, "policy.megatron_cfg.context_parallel_size")
     b.configured(
         "cp_layout",
         "load_balanced" if cp > 1 else "none",
         "Megatron's causal CP layout: rank r holds chunks r and 2cp-1-r",
     )
     if cp > 1:  # an unknown value is the pre-flight rules' CONFIG_VALUE_INVALID; the field is then pending
-        _from_config(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
+        configured_from(b, "cp_comm_type", comm, "model_overrides.cp_comm_type (Megatron's default p2p)")
     else:
         b.configured("cp_comm_type", None, "no context parallelism")
-    _from_config(b, "tp_size", facts.tensor_parallel_size.value, facts.tensor_parallel_size.key)
+    configured_from(b, "tp_size", facts.tensor_parallel_size.value, facts.tensor_parallel_size.key)
     b.configured("mode", "prefill", "logprobs come from a full-sequence forward")
     b.configured(
         "rope_fusion", facts.apply_rope_fusion, "policy.megatron_cfg.apply_rope_fusion (NeMo-RL's default true)"
     )
-    _from_config(b, "physical_batch", facts.physical_batch.value, facts.physical_batch.key)
+    configured_from(b, "physical_batch", facts.physical_batch.value, facts.physical_batch.key)
     # Megatron reads both flags by truthiness (``if config.batch_invariant_mode:``).
     b.configured("batch_invariant", bool(overrides.get("batch_invariant_mode")), "model_overrides.batch_invariant_mode")
     b.configured("deterministic", bool(overrides.get("deterministic_mode")), "model_overrides.deterministic_mode")
@@ -158,26 +166,30 @@ def predict_training(
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
 
 
-def _from_config(b: ContractBuilder, name: str, value: Any, key: str) -> None:
-    """``name`` configured from config key ``key``; pending when the key is unset (the engine's
-    default applies) or holds a value the field cannot take (the pre-flight rules report it)."""
-    if value is None:
-        b.pending(name, f"{key} not set: the engine's default")
-        return
-    try:
-        b.configured(name, value, key)
-    except ContractError as err:
-        b.pending(name, f"{key}={value!r} is not usable: {err}")
-
-
 def _worker_env(facts: RecipeFacts, side: str, environ: Mapping[str, str]) -> dict[str, str]:
     """A ``side``'s worker environment before its framework runs: the driver's, then that side's
     ``env_vars`` (NeMo-RL gives env_vars precedence over the driver's environment)."""
-    if side == "rollout":
+    if side == "rollout" and facts.megatron_generation is None:
         extra = facts.generation.env_vars
     else:
         extra = facts.policy.env_vars if facts.policy is not None else {}
     return {**environ, **extra}
+
+
+def _vllm_kv_cache_dtype(b: ContractBuilder, gen: Any, model: HFModelConfig | None) -> None:
+    """The KV-cache format the vLLM worker will record, by the record's rule (``rollout.kv_cache_format``):
+    ``auto`` is the model dtype (``vllm_cfg.precision``), ``fp8`` is ``fp8_e4m3``; pending where the
+    engine decides (``auto`` with a checkpoint whose ``quantization_config`` may choose an fp8 cache)."""
+    requested, key = gen.kv_cache_dtype.value, gen.kv_cache_dtype.key
+    if requested == "auto" and model is not None and model.config.get("quantization_config"):
+        b.pending("kv_cache_dtype", f"{key} auto: {model.path}'s quantization_config may choose it at engine start")
+        return
+    value, how = kv_cache_format(requested, gen.precision.value)
+    if value is None:
+        b.pending("kv_cache_dtype", f"{key}={requested!r}: {how}")
+        return
+    via = f", {gen.precision.key}" if requested == "auto" else ""
+    configured_from(b, "kv_cache_dtype", value, f"{key} {requested} ({how}{via})")
 
 
 def predict_rollout(
@@ -188,28 +200,34 @@ def predict_rollout(
     recipe = as_facts(cfg, environ)
     if "rollout" in absent_sides(recipe):
         return None
+    if recipe.megatron_generation is not None:
+        b = ContractBuilder("rollout", "preview-rollout")
+        _identity(b, recipe, model)
+        return predict_megatron_rollout(b, recipe.megatron_generation)
     gen = recipe.generation
     env = _worker_env(recipe, "rollout", os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
     b = ContractBuilder("rollout", "preview-rollout")
     _identity(b, recipe, model)
-    dtype = _dtype(gen.precision.value)
+    dtype = dtype_or_none(gen.precision.value)
     if dtype is not None:
         b.configured("dtype", dtype, gen.precision.key)
     backend = gen.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
     if backend:
-        _from_config(b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)")
+        configured_from(
+            b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)"
+        )
     else:
         b.pending("backend", "vLLM selects a backend per layer at engine start")
     vllm_semantics(b, (backend,) if isinstance(backend, str) and backend else None, invariant, preview=True)
     b.configured("engine", "vllm", "policy.generation.backend")
-    _from_config(b, "kv_page_size", gen.block_size, "vllm_kwargs.block_size")
-    _from_config(b, "kv_cache_dtype", gen.kv_cache_dtype.value, gen.kv_cache_dtype.key)
+    configured_from(b, "kv_page_size", gen.block_size, "vllm_kwargs.block_size")
+    _vllm_kv_cache_dtype(b, gen, model)
     chunked = gen.enable_chunked_prefill
     if chunked is False:
         b.configured("chunked_prefill_chunk", None, "vllm_kwargs.enable_chunked_prefill: false")
     else:
-        _from_config(b, "chunked_prefill_chunk", gen.max_num_batched_tokens, "vllm_kwargs.max_num_batched_tokens")
+        configured_from(b, "chunked_prefill_chunk", gen.max_num_batched_tokens, "vllm_kwargs.max_num_batched_tokens")
     b.configured(
         "mode",
         "prefill+decode" if chunked is False else "chunked_prefill+decode",
@@ -223,9 +241,9 @@ def predict_rollout(
     b.configured("cp_size", 1, "vLLM runs no context parallelism here")
     b.configured("cp_layout", "none", "no context parallelism")
     b.configured("cp_comm_type", None, "no context parallelism")
-    _from_config(b, "tp_size", gen.tensor_parallel_size.value, gen.tensor_parallel_size.key)
+    configured_from(b, "tp_size", gen.tensor_parallel_size.value, gen.tensor_parallel_size.key)
     b.configured("rope_fusion", None, "vLLM applies RoPE in its own kernel; no switch")
-    _from_config(b, "physical_batch", gen.max_num_seqs, "vllm_kwargs.max_num_seqs")
+    configured_from(b, "physical_batch", gen.max_num_seqs, "vllm_kwargs.max_num_seqs")
     b.configured("batch_invariant", invariant, "VLLM_BATCH_INVARIANT in the worker environment")
     b.configured("deterministic", None, "vLLM has no deterministic mode apart from batch invariance")
     b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
@@ -249,7 +267,9 @@ def predict_determinism(
         t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
         problems.extend(found)
     r_env = _worker_env(facts, "rollout", environ)
-    if vllm_batch_invariant(r_env):
+    if facts.megatron_generation is not None:  # the policy workers generate: their environment
+        r_env = t_env
+    elif vllm_batch_invariant(r_env):
         r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
         problems.extend(found)
     collective = collective_for(*(c.known_value("tp_size") for c in (training, rollout) if c is not None))
@@ -313,7 +333,7 @@ def preview_binding(
         return BindingPreview(training, rollout, None, tuple(notes))
     diff, problems = predict_determinism(facts, environ, training, rollout)
     notes.extend(f"determinism: {p}" for p in problems)
-    if vllm_batch_invariant(_worker_env(facts, "rollout", environ)):
+    if facts.megatron_generation is None and vllm_batch_invariant(_worker_env(facts, "rollout", environ)):
         notes.append(
             f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
             f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"

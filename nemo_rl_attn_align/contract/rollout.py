@@ -11,10 +11,15 @@ the ``(left, right)`` pair vLLM's FlashAttention/FlashInfer/Triton impls pass to
 (``(sliding_window - 1, 0)``, ``(-1, -1)`` for none), or the int CPU_ATTN and FLEX_ATTENTION keep
 (HF's ``sliding_window``, which counts the query itself: their masks keep keys with
 ``q - k < sliding_window``, a left window of ``sliding_window - 1``; ``-1`` or None for none).
-Soft capping is ``impl.logits_soft_cap`` (0 or None: none), the KV-cache dtype the dtype of the
-cache tensor each layer holds after allocation (``cache_config.cache_dtype`` ``auto`` resolves
-to the model dtype), the context-parallel sizes ``parallel_config.prefill_context_parallel_size``
-and ``decode_context_parallel_size`` (vLLM >= 0.12; none before), the tokenizer its files' hash.
+Soft capping is ``impl.logits_soft_cap`` (0 or None: none). The KV-cache dtype is the format each
+attention layer stores its cache in, by vLLM's own name (the layer's ``kv_cache_dtype``, which
+vLLM resolves from ``cache_config.cache_dtype``, a checkpoint's KV-cache scheme and
+``kv_cache_dtype_skip_layers``): ``auto`` is the model dtype (the cache tensor's, ``bf16`` ...),
+``fp8`` is vLLM's alias of ``fp8_e4m3``, and the quantized formats keep their names (``fp8_e4m3``,
+``fp8_e5m2``, ``fp8_inc``, ``nvfp4``, ...), since vLLM allocates most of them as ``torch.uint8``
+tensors whose dtype says nothing about the format. The context-parallel sizes are
+``parallel_config.prefill_context_parallel_size`` and ``decode_context_parallel_size`` (vLLM >= 0.12;
+none before), the tokenizer its files' hash.
 """
 
 from __future__ import annotations
@@ -103,6 +108,51 @@ def hf_layer_windows(hf: Any) -> list[int | None] | None:
     return [left if kind == "sliding_attention" else None for kind in types]
 
 
+#: vLLM's ``cache_dtype`` aliases (``vllm/config/cache.py``: "fp8 (=fp8_e4m3)" on CUDA and ROCm;
+#: the CPU and Triton backends read ``fp8`` as e4m3 too).
+KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}
+#: Torch dtypes of cache tensors that name their format (vLLM stores most quantized caches as uint8).
+_FP8_TENSOR_FORMATS = {
+    "torch.float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e5m2": "fp8_e5m2",
+    "torch.float8_e4m3fnuz": "fp8_e4m3fnuz",
+    "torch.float8_e5m2fnuz": "fp8_e5m2fnuz",
+}
+
+
+def kv_cache_format(cache_dtype: Any, model_dtype: Any = None) -> tuple[str | None, str]:
+    """The KV-cache format a vLLM ``cache_dtype`` name means, and how: ``auto`` -> the model dtype
+    (canonical, ``bf16`` ...; None when that is not known), an unquantized name -> its canonical
+    dtype, ``fp8`` -> ``fp8_e4m3``, any other (quantized) name as vLLM spells it. The one rule for
+    the record and the preview."""
+    if not isinstance(cache_dtype, str) or not cache_dtype:
+        return None, "no cache_dtype"
+    if cache_dtype == "auto":
+        try:
+            return normalize_dtype(model_dtype), "auto: the model dtype"
+        except ContractError:
+            return None, f"auto: the model dtype, {model_dtype!r}, is not known"
+    if cache_dtype in KV_CACHE_ALIASES:
+        return KV_CACHE_ALIASES[cache_dtype], f"vLLM's {cache_dtype} is {KV_CACHE_ALIASES[cache_dtype]}"
+    if cache_dtype.startswith("fp8"):  # fp8_e4m3 is normalize_dtype's fp8: keep vLLM's finer name
+        return cache_dtype, "vLLM's format name"
+    try:
+        return normalize_dtype(cache_dtype), "an unquantized dtype"
+    except ContractError:
+        return cache_dtype, "vLLM's format name"
+
+
+def layer_kv_cache_dtypes(static_forward_context: Mapping[str, Any]) -> dict[str, str]:
+    """Attention layer name -> the ``kv_cache_dtype`` name it stores its cache in (vLLM's
+    ``Attention.kv_cache_dtype``, after ``auto``, skip layers and a checkpoint's scheme are applied)."""
+    names = {}
+    for layer_name, layer in (static_forward_context or {}).items():
+        value = getattr(layer, "kv_cache_dtype", None)
+        if hasattr(layer, "attn_backend") and isinstance(value, str) and value:
+            names[layer_name] = value
+    return names
+
+
 def kv_cache_dtype(static_forward_context: Mapping[str, Any]) -> str | None:
     """The dtype of the KV cache the first attention layer holds (None before allocation)."""
     for layer in (static_forward_context or {}).values():
@@ -176,6 +226,7 @@ def rollout_facts(
         "tokenizer": getattr(model, "tokenizer", None),
         "dtype": _name(getattr(model, "dtype", None)),
         "kv_cache_dtype": _name(getattr(cache, "cache_dtype", None)),
+        "layer_kv_cache_dtypes": layer_kv_cache_dtypes(static_forward_context),
         "kv_cache_tensor_dtype": kv_cache_dtype(static_forward_context),
         "block_size": getattr(cache, "block_size", None),
         "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
@@ -192,7 +243,8 @@ def rollout_facts(
 
 
 def hf_rope(hf: Any) -> dict[str, Any]:
-    """RoPE facts of an HF config: ``rope_theta``, ``rope_scaling`` (None for plain RoPE), ``partial_rotary_factor``.
+    """RoPE facts of an HF config: ``rope_theta``, ``rope_scaling`` (None for plain RoPE),
+    ``partial_rotary_factor``, and ``rope_source``: the attribute they were read from.
 
     transformers >= 5 keeps them in one ``rope_parameters`` dict (``{"rope_type": "default",
     "rope_theta": ...}``); older releases have ``rope_theta`` and ``rope_scaling`` attributes.
@@ -201,15 +253,19 @@ def hf_rope(hf: Any) -> dict[str, Any]:
     if isinstance(params, Mapping):
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
         plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
+        in_params = "partial_rotary_factor" in params
         return {
             "rope_theta": params.get("rope_theta"),
             "rope_scaling": None if plain else scaling,
             "partial_rotary_factor": params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None)),
+            "rope_source": "hf_config.rope_parameters"
+            + ("" if in_params or getattr(hf, "partial_rotary_factor", None) is None else " + partial_rotary_factor"),
         }
     return {
         "rope_theta": getattr(hf, "rope_theta", None),
         "rope_scaling": getattr(hf, "rope_scaling", None),
         "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None),
+        "rope_source": "hf_config.rope_theta/partial_rotary_factor/rope_scaling",
     }
 
 
@@ -272,39 +328,55 @@ def _softcapping(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
     )
 
 
+def _tensor_format(tensor_dtype: Any) -> str | None:
+    """The format a cache tensor's dtype names: an unquantized or float8 dtype; None for the
+    ``uint8`` / ``int8`` storage vLLM's quantized formats share."""
+    if tensor_dtype in _FP8_TENSOR_FORMATS:
+        return _FP8_TENSOR_FORMATS[tensor_dtype]
+    try:
+        name = normalize_dtype(tensor_dtype)
+    except ContractError:
+        return None
+    return name if name != "fp8" else None
+
+
 def _kv_cache_dtype(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
-    """The KV-cache dtype in use: the cache tensor's, else ``cache_dtype`` (``auto``: the model dtype)."""
-
-    def canonical(value: Any) -> Any:
-        try:
-            return normalize_dtype(value)
-        except ContractError:
-            return value
-
-    if facts.get("kv_cache_tensor_dtype"):
-        b.observed(
-            "kv_cache_dtype",
-            canonical(facts["kv_cache_tensor_dtype"]),
-            f"attention layer .kv_cache dtype (cache_config.cache_dtype {facts.get('kv_cache_dtype')})",
+    """The KV-cache format in use (``kv_cache_format``): each attention layer's ``kv_cache_dtype``
+    name (observed; ``auto``: the cache tensor's dtype, else the model dtype), else
+    ``cache_config.cache_dtype`` (configured; the cache tensor's dtype where it names a format)."""
+    configured = facts.get("kv_cache_dtype")
+    tensor = facts.get("kv_cache_tensor_dtype")
+    seen = _tensor_format(tensor) if tensor else None
+    storage = f"; cache tensor {tensor}" if tensor else ""
+    names = facts.get("layer_kv_cache_dtypes") or {}
+    if names:
+        formats = {}
+        for layer, name in names.items():
+            formats[layer] = seen if name == "auto" and seen else kv_cache_format(name, facts.get("dtype"))[0]
+        distinct = sorted(set(formats.values()), key=str)
+        source = f"attention layers' kv_cache_dtype (cache_config.cache_dtype {configured}{storage})"
+        if len(distinct) > 1:
+            b.unobservable("kv_cache_dtype", None, f"{source}: layers differ: {dict(sorted(formats.items()))}")
+            return
+        [name] = sorted(set(names.values()))
+        how = (
+            "auto: the cache tensor's dtype"
+            if name == "auto" and seen
+            else kv_cache_format(name, facts.get("dtype"))[1]
         )
+        put_field(b, "kv_cache_dtype", distinct[0], f"{source}: {name} ({how})")
         return
-    requested = facts.get("kv_cache_dtype")
-    if requested == "auto" and facts.get("dtype"):
-        put_field(
-            b,
-            "kv_cache_dtype",
-            canonical(facts["dtype"]),
-            "cache_config.cache_dtype auto: model_config.dtype (no cache tensor seen)",
-            "configured",
-        )
-    else:
-        put_field(
-            b,
-            "kv_cache_dtype",
-            canonical(requested) if requested else None,
-            "cache_config.cache_dtype (no cache tensor seen)",
-            "configured",
-        )
+    if seen and (configured == "auto" or not configured):
+        b.observed("kv_cache_dtype", seen, f"attention layer .kv_cache dtype (cache_config.cache_dtype {configured})")
+        return
+    value, how = kv_cache_format(configured, facts.get("dtype"))
+    put_field(
+        b,
+        "kv_cache_dtype",
+        value,
+        f"cache_config.cache_dtype {configured} ({how}; no attention layer shows its kv_cache_dtype{storage})",
+        "configured",
+    )
 
 
 def _context_parallel(b: ContractBuilder, facts: Mapping[str, Any]) -> None:
@@ -353,8 +425,12 @@ def rollout_contract(
     rope_type, rope_params = canonical_rope(
         facts.get("rope_theta"), facts.get("partial_rotary_factor"), facts.get("rope_scaling")
     )
-    put("rope_type", rope_type, "hf_config.rope_scaling")
-    put("rope_parameters", rope_params, "hf_config.rope_theta/partial_rotary_factor/rope_scaling")
+    rope_source = facts.get("rope_source") or "hf_config.rope_theta/partial_rotary_factor/rope_scaling"
+    if rope_source.startswith("hf_config.rope_parameters"):  # transformers >= 5
+        put("rope_type", rope_type, "hf_config.rope_parameters['rope_type'] (absent: default)")
+    else:
+        put("rope_type", rope_type, "hf_config.rope_scaling (null: default; else its rope_type or type)")
+    put("rope_parameters", rope_params, rope_source)
     put("vocab_size", facts.get("vocab_size"), "hf_config.vocab_size")
     identity, how = tokenizer_identity(facts.get("tokenizer"))
     put("tokenizer", identity, f"model_config.tokenizer: {how}")

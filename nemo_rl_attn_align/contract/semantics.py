@@ -89,25 +89,36 @@ def te_semantics(
     b.configured("dtype", dtype, "policy.precision")
     b.configured("acc_dtype", "fp32", "TE flash/fused kernels and cuBLAS (unfused) accumulate in fp32")
     if backend in ("unfused", "local") or (backend == "auto" and dtype == "fp32"):
-        why = (
-            "auto with float32: TE's only fp32 backend is UnfusedDotProductAttention"
-            if backend == "auto"
-            else f"attention_backend {backend}: one softmax over the materialized score row"
-        )
-        b.configured("merge_rule", "full_softmax", why)
-        b.configured("reduction_order", "unspecified", why + "; the softmax row reduction has no KV block order")
-        b.configured("downcast", "final_write", why + "; the output is written once")
-        b.configured(
-            "reduction_engine",
-            "single_kernel",
-            why + "; no partials to merge (TE and Megatron run it only without context parallelism)",
-        )
+        _te_full_softmax(b, backend)
         return
     b.configured(
         "merge_rule",
         "online_softmax_lse",
         f"attention_backend {backend}: TE FlashAttention/FusedAttention fold KV tiles with an online softmax",
     )
+    _te_kv_reduction(b, unknown, dtype, cp, comm)
+
+
+def _te_full_softmax(b: ContractBuilder, backend: str) -> None:
+    """TE's unfused attention (or Megatron's local one): one softmax over the whole score row."""
+    why = (
+        "auto with float32: TE's only fp32 backend is UnfusedDotProductAttention"
+        if backend == "auto"
+        else f"attention_backend {backend}: one softmax over the materialized score row"
+    )
+    b.configured("merge_rule", "full_softmax", why)
+    b.configured("reduction_order", "unspecified", why + "; the softmax row reduction has no KV block order")
+    b.configured("downcast", "final_write", why + "; the output is written once")
+    b.configured(
+        "reduction_engine",
+        "single_kernel",
+        why + "; no partials to merge (TE and Megatron run it only without context parallelism)",
+    )
+
+
+def _te_kv_reduction(b: ContractBuilder, unknown: Callable[[str, str], Any], dtype: str, cp: int, comm: Any) -> None:
+    """How TE's flash/fused attention folds the KV: one kernel pass, or context parallelism's
+    ring-step partials or gathered KV, by ``cp_comm_type``."""
     if cp == 1:
         why = "one kernel pass over the KV in tile order"
         b.configured("reduction_order", "kv_index", why)
@@ -199,3 +210,51 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
             f"{names}: the split-KV merge kernel depends on the backend"
             + (" vLLM picks at engine start" if chosen is None else ""),
         )
+
+
+#: The fields ``megatron_inference_semantics`` sets (the dtype is the caller's: the model's params dtype).
+MEGATRON_INFERENCE_DERIVED = (
+    "merge_rule",
+    "reduction_order",
+    "acc_dtype",
+    "downcast",
+    "reduction_engine",
+    "split_kv_policy",
+)
+
+
+def megatron_inference_semantics(
+    b: ContractBuilder, flash_version: int | None, invariant: bool | None, *, preview: bool
+) -> None:
+    """Megatron generation (megatron-core's dynamic inference engine): ``MEGATRON_INFERENCE_DERIVED``
+    for the flash-attn generation its attention layers call (2, 3 or 4; None: not known) and
+    ``batch_invariant_mode``.
+
+    With a dynamic inference context every layer calls flash-attn itself
+    (``Attention.flash_decode_and_prefill``, megatron-core 0.19), not Transformer Engine: the
+    ``*_with_kvcache`` decode and the varlen prefill kernels over the paged cache, with
+    ``num_splits=0`` (the kernel's split-KV heuristic) or 1 in batch-invariant mode."""
+    unknown = _unknown(b, preview)
+    kernel = f"flash-attn {flash_version}" if flash_version else "flash-attn"
+    b.configured("merge_rule", "online_softmax_lse", f"{kernel}: KV tiles folded with an online softmax")
+    b.configured("acc_dtype", "fp32", f"{kernel}: fp32 accumulators")
+    b.configured("downcast", "final_write", "split-KV partials stay fp32 until the output is written once")
+    if invariant is None:
+        for name in ("split_kv_policy", "reduction_order", "reduction_engine"):
+            unknown(name, "batch_invariant_mode is not known: it decides num_splits")
+        return
+    if invariant:
+        why = "batch_invariant_mode: megatron-core passes num_splits=1 (flash-attn 3/4 only)"
+        b.configured("split_kv_policy", "fixed_count:1", why)
+        b.configured("reduction_order", "kv_index", why + ": one KV split, tiles folded in KV order")
+        b.configured("reduction_engine", "single_kernel", why + ": no split-KV combine")
+        return
+    b.configured(
+        "split_kv_policy", "heuristic", "megatron-core passes num_splits=0: flash-attn picks the split count per launch"
+    )
+    b.configured(
+        "reduction_order",
+        "split_kv",
+        "decode may split the KV (flash-attn's num_splits heuristic): the order depends on the batch",
+    )
+    b.configured("reduction_engine", "fa_split_combine", f"{kernel}'s split-KV combine kernel merges the partials")

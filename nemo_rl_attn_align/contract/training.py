@@ -163,7 +163,7 @@ def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None,
         )
 
 
-def _model_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> None:
+def model_identity_fields(b: ContractBuilder, facts: Mapping[str, Any], src: str) -> None:
     """The identity fields the TransformerConfig (and the tokenizer) fix."""
     put_field(b, "num_layers", facts.get("num_layers"), src + "num_layers")
     put_field(b, "num_attention_heads", facts.get("num_attention_heads"), src + "num_attention_heads")
@@ -272,7 +272,7 @@ def training_contract(
     src = f"{facts.get('model_config_class', 'TransformerConfig')}."
     seen = observed if observed and observed.get("status") == "observed" else None
     not_read = (observed or {}).get("source") or "not read back yet (before the first forward)"
-    _model_fields(b, facts, src)
+    model_identity_fields(b, facts, src)
     cp_size = _parallel_fields(b, facts, src)
     _flash_attention_version(b, seen, facts.get("flash_attention_version"), not_read)
     _backend_fields(b, facts, src, seen, not_read, cp_size)

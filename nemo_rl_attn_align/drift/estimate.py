@@ -83,7 +83,7 @@ def attention_only_estimate(
 
 def _estimate(cfg: Any, gpu: str | None, seeds: int, max_seq_len: int, environ, known: dict) -> dict[str, Any]:
     """The body of ``attention_only_estimate``; ``known`` collects what the unavailable result keeps."""
-    from nemo_rl_attn_align.preflight.facts import as_facts
+    from nemo_rl_attn_align.preflight.recipe_facts import as_facts
 
     facts = as_facts(cfg, environ)
     gpu = drift_shape.parse_gpu(gpu or drift_shape.DEFAULT_GPU)

@@ -20,8 +20,9 @@ from typing import Any
 
 from nemo_rl_attn_align.contract.hf_model import identity_fields, load_model_config
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.preflight.facts import UNSET, RecipeFacts, as_facts
+from nemo_rl_attn_align.preflight.facts import UNSET
 from nemo_rl_attn_align.preflight.kernel_query import AttentionShape, Kernel, KernelPlan
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
 
 #: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
 #: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).

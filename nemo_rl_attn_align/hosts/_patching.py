@@ -6,8 +6,10 @@ attribute exists for ``functools.wraps`` to copy onto someone else's wrapper of 
 is a no-op; ``unwrap`` restores exactly what was there, and when another layer was put on top of
 ours it leaves that layer in place and turns ours into a pass-through to the original. Hosts patch
 module attributes (functions called through a module global, or names another module imported by
-name) and methods on classes. ``Seams`` is one host's ``attach()`` / ``detach()``: the modules it
-watches and everything it wrapped in them.
+name) and methods on classes. A class attribute is looked up through ``vars()`` along the MRO, as
+wrapt's ``resolve_path`` does, so a ``classmethod`` or ``staticmethod`` is wrapped as the function it
+holds and goes back in as the same kind of descriptor (calls bind as before). ``Seams`` is one
+host's ``attach()`` / ``detach()``: the modules it watches and everything it wrapped in them.
 """
 
 from __future__ import annotations
@@ -79,10 +81,33 @@ def _layers_in(func: Any) -> list[_Layer]:
     return found
 
 
+def _descriptor_kind(entry: Any) -> type | None:
+    """``classmethod`` or ``staticmethod`` when ``entry`` is one (its function is what gets wrapped)."""
+    return type(entry) if isinstance(entry, (classmethod, staticmethod)) else None
+
+
+def _function_of(entry: Any) -> Any:
+    """The function a classmethod or staticmethod holds, else ``entry`` itself."""
+    return entry.__func__ if isinstance(entry, (classmethod, staticmethod)) else entry
+
+
+def _resolve(owner: Any, name: str) -> tuple[Any, type | None]:
+    """What ``owner.name`` holds, unbound, and its descriptor kind. For a class: the entry of the
+    first class along the MRO whose ``vars()`` has ``name`` (``getattr`` would bind a classmethod to
+    ``owner`` and strip a staticmethod), a classmethod or staticmethod replaced by its function.
+    Otherwise (modules, instances) ``getattr``. ``(None, None)`` when there is no such attribute."""
+    if isinstance(owner, type):
+        for cls in owner.__mro__:
+            entry = vars(cls).get(name, _ABSENT)
+            if entry is not _ABSENT:
+                return _function_of(entry), _descriptor_kind(entry)
+    return getattr(owner, name, None), None
+
+
 def _site_layers(owner: Any, name: str) -> list[_Layer]:
     """Our layers for ``owner.name``: those reachable from what it holds now first, then any other
     (one under a foreign wrapper that did not set ``__wrapped__``)."""
-    reachable = [layer for layer in _layers_in(getattr(owner, name, None)) if layer.sits_at(owner, name)]
+    reachable = [layer for layer in _layers_in(_resolve(owner, name)[0]) if layer.sits_at(owner, name)]
     others = [layer for layer in list(_layers.values()) if layer.sits_at(owner, name) and layer not in reachable]
     return reachable + others
 
@@ -120,8 +145,10 @@ def _new_wrapper(owner: Any, name: str, original: Callable, make_wrapper: Callab
 
 def wrap(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
     """Replace ``owner.name`` by a wrapper calling ``make_wrapper(original)``; False when missing or
-    already wrapped. Our pass-through layer under someone else's (see ``unwrap``) is switched back on."""
-    original = getattr(owner, name, None)
+    already wrapped. Our pass-through layer under someone else's (see ``unwrap``) is switched back on.
+    A classmethod or staticmethod: ``make_wrapper`` gets its function (a classmethod's takes ``cls``
+    first) and the wrapper goes in as the same kind of descriptor."""
+    original, kind = _resolve(owner, name)
     if original is None:
         return False
     reachable = [layer for layer in _layers_in(original) if layer.sits_at(owner, name)]
@@ -132,7 +159,8 @@ def wrap(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) ->
         return True
     if is_wrapped(original):  # ours for another site (a name imported from a wrapped module)
         return False
-    setattr(owner, name, _new_wrapper(owner, name, original, make_wrapper))
+    wrapper = _new_wrapper(owner, name, original, make_wrapper)
+    setattr(owner, name, kind(wrapper) if kind else wrapper)
     return True
 
 
@@ -144,7 +172,7 @@ def unwrap(owner: Any, name: str) -> bool:
     if layer is None:
         return False
     wrapper = layer.ref()
-    if wrapper is not None and getattr(owner, "__dict__", {}).get(name) is wrapper:
+    if wrapper is not None and _function_of(getattr(owner, "__dict__", {}).get(name)) is wrapper:
         if layer.previous is _ABSENT:
             delattr(owner, name)
         else:

@@ -48,7 +48,10 @@ WATCHED = {
     "nemo_rl.algorithms.ppo": "nemo_rl_driver",
     "nemo_rl.algorithms.rm": "nemo_rl_driver",
     "nemo_rl.algorithms.sft": "nemo_rl_driver",
+    "nemo_rl.algorithms.single_controller_utils": "nemo_rl_driver",
+    "nemo_rl.algorithms.single_controller_utils.setup": "nemo_rl_driver",
     "nemo_rl.algorithms.xtoken_off_policy_distillation": "nemo_rl_driver",
+    "nemo_rl.models.generation.megatron.megatron_worker": "megatron_generation",
     "nemo_rl.models.megatron.setup": "megatron_worker",
     "nemo_rl.models.policy.workers.megatron_policy_worker": "megatron_worker",
     "nemo_rl.utils.logger": "nemo_rl_driver",
@@ -198,8 +201,17 @@ class _LazyHost:
         importlib.import_module(f"nemo_rl_attn_align.hosts.{self.name}").attach()
 
 
+_UNSET = object()  # a module without ``__loader__`` at all
+
+
 class _NotifyingLoader:
-    """Runs the real loader, puts it back on the module, then notifies the watchers."""
+    """Puts the real loader back on the module, runs it, then notifies the watchers.
+
+    As wrapt's ``_ImportHookChainedLoader`` does: the real loader goes back *before* the module
+    executes (its code sees the loader it would see without the plugin), and only where the import
+    system put this wrapper (``__loader__`` being it or None, ``__spec__.loader`` being it); a loader
+    someone else set stays.
+    """
 
     def __init__(self, loader):
         self._loader = loader
@@ -207,11 +219,20 @@ class _NotifyingLoader:
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
+    def _restore_loader(self, module) -> None:
+        current = getattr(module, "__loader__", _UNSET)
+        if current is None or current is self:
+            try:
+                module.__loader__ = self._loader
+            except AttributeError:  # pragma: no cover - a module type without attribute assignment
+                pass
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and getattr(spec, "loader", None) is self:
+            spec.loader = self._loader
+
     def exec_module(self, module) -> None:
+        self._restore_loader(module)
         self._loader.exec_module(module)
-        module.__loader__ = self._loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self._loader
         _notify(module)
 
     def __getattr__(self, name):

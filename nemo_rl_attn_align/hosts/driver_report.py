@@ -87,10 +87,16 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
 def absent_sides(cfg: Mapping[str, Any], algorithm: str) -> dict[str, str]:
     """The sides this run has no workers for, with the reason the report states."""
     from nemo_rl_attn_align.contract.preview import absent_sides as absent_in_config
+    from nemo_rl_attn_align.contract.schema import NotBound
+    from nemo_rl_attn_align.preflight.expected_workers import generation_gpus
 
     sides = absent_in_config(cfg)
     if algorithm in NO_ROLLOUT:
         sides["rollout"] = f"{algorithm} trains on a fixed dataset and starts no generation workers"
+    elif isinstance(sides.get("rollout"), NotBound):
+        gpus, how = generation_gpus(cfg)
+        count = f"{gpus} generation GPUs" if gpus else "its generation workers"
+        sides["rollout"] = NotBound(f"{sides['rollout']}; {count} ({how}) run unrecorded")
     return sides
 
 
@@ -165,12 +171,12 @@ class RunReport:
                 raise
 
     def _stop_if_unrecorded(self, doc: Mapping[str, Any]) -> None:
-        """Strict mode: a side with 0 of N workers recorded stops the run (after the report is written)."""
+        """Strict mode: a side with 0 of N workers recorded, or a rollout side no hook can record,
+        stops the run (after the report is written)."""
         from nemo_rl_attn_align.codes import Code
 
-        unrecorded = [
-            f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value and f["severity"] == "error"
-        ]
+        stopping = (Code.REPORT_SIDE_MISSING.value, Code.REPORT_ROLLOUT_NOT_BOUND.value)
+        unrecorded = [f["message"] for f in doc["findings"] if f["code"] in stopping and f["severity"] == "error"]
         if unrecorded:
             self.finished = True
             raise _patching.StrictModeError(

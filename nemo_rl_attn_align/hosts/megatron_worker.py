@@ -113,6 +113,17 @@ class WorkerRecord(HostRecord):
     def peers(self) -> list[str]:
         return training_peers(world_size())
 
+    @property
+    def generation_only(self) -> bool:
+        """A worker of NeMo-RL's dedicated Megatron generation policy: it trains nothing, so it writes
+        no training record (its engine writes the rollout one, ``hosts.megatron_generation``)."""
+        from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
+
+        return is_generation_only(self.policy_cfg)
+
+    def write(self, stage: str):
+        return None if self.generation_only else super().write(stage)
+
     def contract(self):
         from nemo_rl_attn_align.contract.training import library_versions, training_contract
 
@@ -235,6 +246,7 @@ def _wrap_performance_config(original: Callable) -> Callable:
 def _wrap_validate_and_set_config(original: Callable) -> Callable:
     def validate_and_set_config(config, rank, *args, **kwargs):
         record.rank = int(rank)
+        record.policy_cfg = config if isinstance(config, dict) else record.policy_cfg
         runtime_config = original(config, rank, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(runtime_config.model_cfg))
         return runtime_config

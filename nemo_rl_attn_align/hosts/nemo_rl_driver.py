@@ -8,6 +8,11 @@ Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
   exists. Before it: the pre-flight rules on the whole config (errors stop here), and the
   ``attention_align`` settings exported for the workers (NeMo-RL copies ``os.environ`` into each
   worker group it creates inside ``setup()``). After it: the first collection of the report (``driver_report``).
+* ``nemo_rl.algorithms.single_controller_utils.setup.setup_single_controller(master_config,
+  tokenizer, *, ...)`` (7ea279a), which ``examples/run_grpo_single_controller.py`` calls (through the
+  package ``single_controller_utils``, which re-exports it) where ``run_grpo.py`` calls ``setup``: the
+  same lifecycle, as GRPO; matched by its first two parameters. Its train loop runs inside the
+  ``SingleControllerActor`` (a Ray actor), so this driver's last collection is the exit one.
 * the train functions (``grpo_train``, ``async_grpo_train``, ``grpo_sync.grpo_train_sync``,
   ``sft_train``, ``dpo_train``, ``distillation_train``, ``rm_train``, ``ppo_train``,
   ``async_ppo_train``, ``xtoken_off_policy_distillation_train``; those a version lacks are
@@ -45,6 +50,14 @@ from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handof
 
 ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft", "xtoken_off_policy_distillation")
 SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
+#: Setup functions of other names: module -> (function, the parameters it starts with, algorithm).
+#: The package re-exports the function; both names are wrapped (one wrapper: whichever is patched
+#: first wraps the function, the other finds it wrapped).
+_SINGLE_CONTROLLER = ("setup_single_controller", ("master_config", "tokenizer"), "grpo")
+NAMED_SETUPS = {
+    "nemo_rl.algorithms.single_controller_utils.setup": _SINGLE_CONTROLLER,
+    "nemo_rl.algorithms.single_controller_utils": _SINGLE_CONTROLLER,
+}
 #: Train functions by module; a NeMo-RL version may lack some of them.
 TRAIN_FUNCTIONS = {
     "nemo_rl.algorithms.distillation": ("distillation_train",),
@@ -60,7 +73,7 @@ LOGGER_MODULE = "nemo_rl.utils.logger"
 LOG_METRICS_PARAMS = ("self", "metrics", "step", "prefix")
 #: The prefix of the numbers the report logs (``report.tracker_metrics.PREFIX``).
 TRACKER_PREFIX = "attention_align"
-TARGETS = tuple(sorted({*SETUP_MODULES, *TRAIN_FUNCTIONS, LOGGER_MODULE}))
+TARGETS = tuple(sorted({*SETUP_MODULES, *NAMED_SETUPS, *TRAIN_FUNCTIONS, LOGGER_MODULE}))
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -200,11 +213,32 @@ def _patch_logger(module) -> None:
     _seams.wrap(logger_cls, "log_metrics", _wrap_log_metrics)
 
 
+def _starts_with(function: Any, params: tuple[str, ...]) -> bool:
+    try:
+        return tuple(inspect.signature(function).parameters)[: len(params)] == params
+    except (TypeError, ValueError):
+        return False
+
+
+def _patch_named_setup(module) -> None:
+    function, params, algorithm = NAMED_SETUPS[module.__name__]
+    found = getattr(module, function, None)
+    if found is not None and _patching.is_wrapped(found):  # the package's name for the wrapped function
+        return
+    if not callable(found) or not _starts_with(found, params):
+        _unsupported(f"{module.__name__}.{function}({', '.join(params)}, ...) not found (this run is not checked)")
+        return
+    _seams.wrap(module, function, functools.partial(_wrap_setup, algorithm=algorithm))
+
+
 def _patch(module) -> None:
     versions.check_supported("NeMo-RL", handoff.worker_settings().strict)  # once per process
     name = module.__name__
     if name == LOGGER_MODULE:
         _patch_logger(module)
+        return
+    if name in NAMED_SETUPS:
+        _patch_named_setup(module)
         return
     if name in SETUP_MODULES:
         if callable(getattr(module, "setup", None)):

@@ -19,6 +19,15 @@ plugin may bring its own) are covered when they are instantiated: ``Worker.__ini
 too, and wraps the method on the class of ``self`` that defines it. A subclass calling ``super()``
 records once. A class whose method cannot be wrapped is one warning naming it (an error in strict
 mode). The vLLM version is checked against ``versions.SUPPORTED`` once, at the first patch.
+
+One record per engine: each worker an engine warms up gets a token of its own, and claims its id
+(``report.store.claim_worker_id``) before its first write. A second engine recording under the same
+id in the same run (another ``LLM(...)`` in the same process, an engine-core process started after
+the first, an actor restarted with the same ``RANK``) takes ``<id>-engine1``, then ``-engine2``, ...;
+no engine's files replace another's. Without a driver run id, "the same run" is the processes that
+share ``NEMO_RL_ATTN_ALIGN_SESSION`` (set by the first process that loads the hook, inherited by
+the processes it starts); a claim of another session is taken over with a warning naming what it
+replaces, since nothing tells whether it was this run's.
 """
 
 from __future__ import annotations
@@ -26,28 +35,88 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import uuid
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
-from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
-from nemo_rl_attn_align.report.worker_ids import rollout_peers, rollout_worker_id
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, log, world_size
+from nemo_rl_attn_align.report.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
 
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 TARGETS = (WORKER_MODULE,)
 #: The base worker class and the method run once the engine is up (wrapped on every class defining it).
 SEAM = ("Worker", "compile_or_warm_up_model")
+#: Shared by a user process and the processes it starts: "one run" where no driver gave a run id.
+SESSION_ENV = "NEMO_RL_ATTN_ALIGN_SESSION"
+#: Engines recorded under one worker id in one run at most (``-engine1`` ... ``-engine{N-1}``).
+MAX_ENGINES = 100
+
+
+def session() -> str:
+    """This process tree's session (set here, once, when no parent process set it)."""
+    return os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
 
 
 class RolloutRecord(HostRecord):
-    """What one vLLM worker process saw."""
+    """What one vLLM worker process saw, for one engine (``writer``: that engine's worker's token)."""
 
     host = "vllm_worker"
 
-    def __init__(self, worker_id: str, facts: dict):
+    def __init__(self, worker_id: str, facts: dict, writer: str | None = None):
         super().__init__()
-        self.worker_id = worker_id
+        self.base_id = self.worker_id = worker_id
         self.facts = facts
+        self.writer = writer or uuid.uuid4().hex
+        self.engine: int | None = None  # the k of ``-engine<k>`` once the id is claimed
+
+    def claim(self, report_dir: str) -> bool:
+        """Claim the first id of this worker no other engine of this run holds; False (one warning:
+        this engine's record is lost) when every one is taken."""
+        from nemo_rl_attn_align.report.store import claim_worker_id
+
+        run_id = self.settings().run_id
+        for engine in range(MAX_ENGINES):
+            candidate = engine_worker_id(self.base_id, engine)
+            claim = claim_worker_id(report_dir, "rollout", candidate, self.writer, run_id, session())
+            if not claim.held:
+                continue
+            self.worker_id, self.engine = candidate, engine
+            if claim.replaced is not None:
+                log.warning(
+                    "nemo-rl-attn-align: the rollout record %s written by pid %s on %s at %s is replaced by this "
+                    "engine's: no run id tells whether it was this run's (the driver sets one; a script "
+                    "without it: give each run its own NEMO_RL_ATTN_ALIGN_REPORT_DIR)",
+                    candidate,
+                    claim.replaced.get("pid"),
+                    claim.replaced.get("host"),
+                    claim.replaced.get("claimed_at"),
+                )
+            elif engine:
+                log.info(
+                    "nemo-rl-attn-align: another vLLM engine of this run holds %s; recording as %s",
+                    self.base_id,
+                    candidate,
+                )
+            return True
+        lost = (
+            f"this vLLM engine's record is lost: {self.base_id} and its {MAX_ENGINES - 1} -engine<k> ids are all "
+            f"held by other engines of this run (see {Path(report_dir) / 'claims'})"
+        )
+        if self.settings().strict:
+            raise _patching.StrictModeError(lost + ". attention_align.strict is true, so the run stops.")
+        log.warning("nemo-rl-attn-align: %s", lost)
+        return False
+
+    def write(self, stage: str) -> Path | None:
+        """Claim this engine's id at its first write, then write (never over another engine's files)."""
+        report_dir = self.settings().report_dir
+        if report_dir and self.engine is None and not self.claim(report_dir):
+            self.stage = stage
+            return None
+        return super().write(stage)
 
     def contract(self):
         from nemo_rl_attn_align.contract.rollout import rollout_contract, rollout_versions
@@ -59,11 +128,22 @@ class RolloutRecord(HostRecord):
 
     def peers(self) -> list[str]:
         parallel = (self.facts.get("tensor_parallel_size") or 1) * (self.facts.get("pipeline_parallel_size") or 1)
-        return rollout_peers(world_size(), parallel)
+        return rollout_peers(world_size(), parallel, self.engine or 0)
 
 
-#: The record of the engine in this process (None until one has warmed up).
+#: The record of the last engine that warmed up in this process (None until one has).
 record: RolloutRecord | None = None
+#: Every engine recorded in this process, in order.
+records: list[RolloutRecord] = []
+#: Worker object -> its token: an engine warmed up again rewrites its own record.
+_writers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _writer_of(worker: Any) -> str:
+    try:
+        return _writers.setdefault(worker, uuid.uuid4().hex)
+    except TypeError:  # not weakly referenceable: a token of its own each time
+        return uuid.uuid4().hex
 
 
 def record_engine(worker: Any) -> RolloutRecord:
@@ -76,7 +156,8 @@ def record_engine(worker: Any) -> RolloutRecord:
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
     facts = rollout_facts(vllm_config, context, os.environ)
     worker_id = rollout_worker_id(os.environ.get("RANK", "0"), getattr(worker, "rank", 0))
-    record = RolloutRecord(worker_id, facts)
+    record = RolloutRecord(worker_id, facts, _writer_of(worker))
+    records.append(record)
     record.probe = probe()
     requested = facts["requested_backend"]
     chosen = sorted(set(facts["layer_backends"].values()))
@@ -170,7 +251,9 @@ _seams = _patching.Seams(TARGETS, _patch)
 
 
 def attach() -> None:
-    """Record every vLLM engine that warms up in this process from now on (idempotent)."""
+    """Record every vLLM engine that warms up in this process from now on (idempotent); the
+    session is set first, so the engine-core processes this one starts share it."""
+    session()
     _seams.attach()
 
 

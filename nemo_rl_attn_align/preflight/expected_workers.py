@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.config.loader import get_path
-from nemo_rl_attn_align.report.worker_ids import rollout_peers, training_peers
+from nemo_rl_attn_align.report.worker_ids import megatron_generation_peers, rollout_peers, training_peers
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,21 @@ def _gpus(cfg: Mapping[str, Any]) -> tuple[int | None, int | None, str]:
     )
 
 
+def _megatron_generation(gen_gpus: int | None, how: str) -> ExpectedSide:
+    """Megatron generation: one engine in every policy worker that generates (the training workers
+    when colocated, else the dedicated inference policy's, one per generation GPU)."""
+    if gen_gpus is None or gen_gpus < 1:
+        return ExpectedSide(None, (), how)
+    ids = tuple(megatron_generation_peers(gen_gpus))
+    return ExpectedSide(len(ids), ids, f"{how}: {gen_gpus} Megatron generation engines (one per policy worker)")
+
+
+def generation_gpus(cfg: Mapping[str, Any]) -> tuple[int | None, str]:
+    """GPUs of the generation cluster (None: not derivable) and how they were derived."""
+    _, gen_gpus, how = _gpus(cfg)
+    return gen_gpus, how
+
+
 def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = None) -> dict[str, ExpectedSide]:
     """``training`` and ``rollout`` -> the workers the run should start; sides in ``absent`` (no
     such workers in this run) are left out."""
@@ -80,7 +95,9 @@ def expected_workers(cfg: Mapping[str, Any], absent: Mapping[str, str] | None = 
                 tuple(training_peers(train_gpus)),
                 f"{how}: {train_gpus} policy workers ({', '.join(parallel)}, DP the rest)",
             )
-    if "rollout" not in absent:
+    if "rollout" not in absent and get_path(cfg, "policy.generation.backend", None) == "megatron":
+        out["rollout"] = _megatron_generation(gen_gpus, how)
+    elif "rollout" not in absent:
         tp = _positive(cfg, "policy.generation.vllm_cfg.tensor_parallel_size") or 1
         pp = _positive(cfg, "policy.generation.vllm_cfg.pipeline_parallel_size") or 1
         if gen_gpus is None or gen_gpus < 1:

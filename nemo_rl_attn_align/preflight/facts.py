@@ -3,9 +3,11 @@
 ``read_recipe_facts(cfg, environ)`` reads a resolved NeMo-RL config (a plain dict, as
 ``config.load_config`` returns it) into ``RecipeFacts``: ``policy`` (``PolicyFacts``, what the
 pre-flight rules and the training preview need, with the NVTE variables the Megatron worker will
-see), ``generation`` (``GenerationFacts``, the vLLM rollout settings) and ``shape`` (``ShapeFacts``,
-the attention-shape layers drift resolves a shape from). ``read_policy_facts`` reads a ``policy``
-section alone, which is what a Megatron policy worker receives.
+see; read here), ``generation`` (``GenerationFacts``, the vLLM rollout settings, read in
+``generation_facts``) and ``shape`` (``ShapeFacts``, the attention-shape layers drift resolves a
+shape from, read in ``shape_facts``). ``read_policy_facts`` reads a ``policy`` section alone, which
+is what a Megatron policy worker receives. The lookups every reader shares (``Fact``, ``UNSET``)
+are in ``config_lookup``.
 
 A value the host cannot use is kept as written where a consumer reports it (``PolicyFacts.raw``);
 elsewhere a section that is not a mapping reads as empty, as NeMo-RL's own ``.get`` chains do, so
@@ -23,6 +25,18 @@ from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, NVTE_VARIABLES
+from nemo_rl_attn_align.preflight.config_lookup import (
+    UNSET,
+    Fact,
+    as_env_vars,
+    get_or_unset,
+    is_count,
+    positive_int,
+    value_at,
+)
+
+# contract/preview.py and contract/rollout.py import it from here
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant as vllm_batch_invariant
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -30,8 +44,6 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 #: 'inference_optimized']``).
 TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
 
-#: Marks a key that is absent from the config (as opposed to present with value null).
-UNSET = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
 #: The ``policy.megatron_cfg`` keys NeMo-RL's ``Policy.__init__`` indexes without a default once
 #: Megatron is enabled, so a recipe without one dies with a KeyError before any worker starts; each
 #: with the value the fix adds (the single-GPU layout). Source: nemo_rl/models/policy/lm_policy.py,
@@ -49,56 +61,13 @@ SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
 
 
-def is_count(value: Any) -> bool:
-    """An integer >= 1 as NeMo-RL and Megatron use it (``True`` is Python's 1, so it counts)."""
-    return isinstance(value, int) and value >= 1
-
-
-def _positive(value: Any) -> int | None:
-    """``value`` when it is a positive int (a batch or step count; not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One config value and the dotted key it was read from."""
-
-    value: Any
-    key: str
-
-
 def _first_positive(section: Mapping[str, Any], prefix: str, *names: str) -> Fact:
     """The first of ``names`` in ``section`` holding a positive int, with its key; else None at the first."""
     for name in names:
-        value = _positive(section.get(name))
+        value = positive_int(section.get(name))
         if value is not None:
             return Fact(value, f"{prefix}.{name}")
     return Fact(None, f"{prefix}.{names[0]}")
-
-
-def _get(node: Any, key: str) -> Any:
-    return node.get(key, UNSET) if isinstance(node, dict) else UNSET
-
-
-def _at(cfg: Any, dotted: str) -> Any:
-    """The value at a dotted key of nested dicts, None where a level is missing or not a dict."""
-    for part in dotted.split("."):
-        if not isinstance(cfg, dict) or part not in cfg:
-            return None
-        cfg = cfg[part]
-    return cfg
-
-
-def _mapping(node: Any, key: str) -> Mapping[str, Any]:
-    """``node[key]`` when it is a mapping, else empty (a malformed section is NeMo-RL's to report)."""
-    value = node.get(key) if isinstance(node, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def _env_vars(value: Any) -> dict[str, str]:
-    """``env_vars`` as the worker gets them (``str`` of each name and value); {} when not a mapping
-    (a non-mapping env_vars is NeMo-RL's error to report)."""
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
 @dataclass(frozen=True)
@@ -184,14 +153,14 @@ def megatron_enabled(policy_cfg: Any) -> bool:
     (``lm_policy.py``: ``bool(config.get("megatron_cfg", {}).get("enabled", False))``): any truthy
     ``enabled`` counts (``1``, ``"yes"``, even ``"false"``); a ``megatron_cfg`` that is not a mapping
     counts as disabled (NeMo-RL fails on it itself)."""
-    megatron_cfg = _get(policy_cfg, "megatron_cfg")
+    megatron_cfg = get_or_unset(policy_cfg, "megatron_cfg")
     return isinstance(megatron_cfg, dict) and bool(megatron_cfg.get("enabled", False))
 
 
 def _nvte_env(
     megatron_cfg: Any, environ: Mapping[str, str], names: tuple[str, ...] = NVTE_VARIABLES
 ) -> dict[str, tuple[str, str]]:
-    env_vars = _get(megatron_cfg, "env_vars")
+    env_vars = get_or_unset(megatron_cfg, "env_vars")
     env_vars = env_vars if isinstance(env_vars, dict) else {}  # another value is a CONFIG_VALUE_INVALID finding
     found = {}
     for name in names:
@@ -214,20 +183,20 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
     if not isinstance(policy_cfg, dict):
         raise policy_not_a_mapping(policy_cfg)
     environ = os.environ if environ is None else environ
-    megatron_cfg = _get(policy_cfg, "megatron_cfg")
+    megatron_cfg = get_or_unset(policy_cfg, "megatron_cfg")
     mcfg = megatron_cfg if isinstance(megatron_cfg, dict) else {}
-    backend_raw = _get(megatron_cfg, "attention_backend")
-    overrides = _get(megatron_cfg, "model_overrides")
-    cp = _get(megatron_cfg, "context_parallel_size")
-    impl = _get(megatron_cfg, "transformer_impl")
-    model_name = _get(policy_cfg, "model_name")
+    backend_raw = get_or_unset(megatron_cfg, "attention_backend")
+    overrides = get_or_unset(megatron_cfg, "model_overrides")
+    cp = get_or_unset(megatron_cfg, "context_parallel_size")
+    impl = get_or_unset(megatron_cfg, "transformer_impl")
+    model_name = get_or_unset(policy_cfg, "model_name")
     fusion = mcfg.get("apply_rope_fusion", True)
     return PolicyFacts(
         megatron_enabled=megatron_enabled(policy_cfg),
         backend_raw=backend_raw,
         backend=backend_raw if isinstance(backend_raw, str) and backend_raw in BACKEND_NAMES else None,
-        precision_raw=_get(policy_cfg, "precision"),
-        pipeline_dtype_raw=_get(megatron_cfg, "pipeline_dtype"),
+        precision_raw=get_or_unset(policy_cfg, "precision"),
+        pipeline_dtype_raw=get_or_unset(megatron_cfg, "pipeline_dtype"),
         transformer_impl=impl if isinstance(impl, str) and impl in TRANSFORMER_IMPLS else "transformer_engine",
         context_parallel_size=int(cp) if is_count(cp) else 1,
         model_name=model_name if isinstance(model_name, str) else None,
@@ -239,201 +208,20 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
             "transformer_impl": impl,
             "context_parallel_size": cp,
             "model_overrides": overrides,
-            "env_vars": _get(megatron_cfg, "env_vars"),
+            "env_vars": get_or_unset(megatron_cfg, "env_vars"),
+            "generation": get_or_unset(policy_cfg, "generation"),
         },
         tensor_parallel_size=Fact(
             mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size"
         ),
         apply_rope_fusion=fusion if isinstance(fusion, bool) else True,
         physical_batch=_first_positive(policy_cfg, "policy", "logprob_batch_size", "train_micro_batch_size"),
-        env_vars=_env_vars(_get(megatron_cfg, "env_vars")),
-        enabled_raw=_get(megatron_cfg, "enabled"),
-        sequence_packing=bool(_at(policy_cfg, "sequence_packing.enabled")),
+        env_vars=as_env_vars(get_or_unset(megatron_cfg, "env_vars")),
+        enabled_raw=get_or_unset(megatron_cfg, "enabled"),
+        sequence_packing=bool(value_at(policy_cfg, "sequence_packing.enabled")),
         seq_len=_first_positive(policy_cfg, "policy", "max_total_sequence_length"),
         te_env=_nvte_env(megatron_cfg, environ, TE_SWITCHES),
         missing_indexed=tuple(
             entry for entry in MEGATRON_INDEXED_KEYS if isinstance(megatron_cfg, dict) and entry[0] not in mcfg
         ),
     )
-
-
-_VLLM_CFG = "policy.generation.vllm_cfg"
-
-
-def vllm_batch_invariant(env: Mapping[str, str | None]) -> bool:
-    """Whether ``VLLM_BATCH_INVARIANT`` turns the mode on (vLLM reads it as an integer != 0)."""
-    try:
-        return int(env.get("VLLM_BATCH_INVARIANT") or "0") != 0
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class GenerationFacts:
-    """``policy.generation``: the rollout backend and, for vLLM, the settings the rollout preview reads.
-    A value is as written, or vLLM's / NeMo-RL's default where the key is absent; None when unset."""
-
-    backend: Any = None
-    #: ``vllm_cfg.precision`` when present, else ``policy.precision`` (the key says which).
-    precision: Fact = Fact(None, f"{_VLLM_CFG}.precision")
-    kv_cache_dtype: Fact = Fact("auto", f"{_VLLM_CFG}.kv_cache_dtype")
-    tensor_parallel_size: Fact = Fact(1, f"{_VLLM_CFG}.tensor_parallel_size")
-    enable_prefix_caching: Fact = Fact(None, f"{_VLLM_CFG}.enable_prefix_caching")
-    #: ``vllm_cfg.env_vars`` as the worker gets them.
-    env_vars: Mapping[str, str] = field(default_factory=dict)
-    #: ``vllm_kwargs`` values (engine arguments).
-    attention_backend: Any = None
-    block_size: Any = None
-    enable_chunked_prefill: Any = True
-    max_num_batched_tokens: Any = None
-    max_num_seqs: Any = None
-
-    @property
-    def is_vllm(self) -> bool:
-        """Whether NeMo-RL starts vLLM generation workers (``policy.generation.backend: vllm``)."""
-        return self.backend == "vllm"
-
-
-def read_generation_facts(cfg: Any) -> GenerationFacts:
-    """Read ``policy.generation`` of a resolved config (empty facts where it is not a mapping)."""
-    gen = _at(cfg, "policy.generation")
-    if not isinstance(gen, Mapping):
-        return GenerationFacts()
-    vcfg, kwargs = _mapping(gen, "vllm_cfg"), _mapping(gen, "vllm_kwargs")
-    return GenerationFacts(
-        backend=gen.get("backend"),
-        precision=(
-            Fact(vcfg["precision"], f"{_VLLM_CFG}.precision")
-            if "precision" in vcfg
-            else Fact(_at(cfg, "policy.precision"), "policy.precision")
-        ),
-        kv_cache_dtype=Fact(vcfg.get("kv_cache_dtype", "auto"), f"{_VLLM_CFG}.kv_cache_dtype"),
-        tensor_parallel_size=Fact(vcfg.get("tensor_parallel_size", 1), f"{_VLLM_CFG}.tensor_parallel_size"),
-        enable_prefix_caching=Fact(vcfg.get("enable_prefix_caching"), f"{_VLLM_CFG}.enable_prefix_caching"),
-        env_vars=_env_vars(_at(cfg, f"{_VLLM_CFG}.env_vars")),
-        attention_backend=kwargs.get("attention_backend"),
-        block_size=kwargs.get("block_size"),
-        enable_chunked_prefill=kwargs.get("enable_chunked_prefill", True),
-        max_num_batched_tokens=kwargs.get("max_num_batched_tokens"),
-        max_num_seqs=kwargs.get("max_num_seqs"),
-    )
-
-
-def _left_window(value: Any) -> Any:
-    """Megatron's ``window_size`` is ``(left, right)``; keep the left size (``-1``/None: none)."""
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return None if value in (None, -1) else value
-
-
-def _hf_window(hf: dict) -> Any:
-    """HF ``sliding_window`` counts the query itself; the left window is one less."""
-    window = hf.get("sliding_window")
-    if hf.get("use_sliding_window") is False or window in (None, 0):
-        return None
-    return window - 1 if isinstance(window, int) and not isinstance(window, bool) else window
-
-
-@dataclass(frozen=True)
-class ShapeFacts:
-    """What the config says about the attention shape, in drift's field names (``heads``, ``kv_heads``,
-    ``head_dim``, ``window``, ``hidden``, ``seq_len``).
-
-    ``layers`` are the config's sections that set shape fields, highest priority first, each a
-    ``Fact`` whose value maps field -> value (None: not set there) and whose key is the section;
-    ``seq_len`` is ``policy.max_total_sequence_length`` (None when unset)."""
-
-    layers: tuple[Fact, ...] = ()
-    seq_len: Fact | None = None
-
-
-def read_shape_facts(cfg: Any) -> ShapeFacts:
-    """Read the attention-shape layers of a resolved config (none where a section is not a dict)."""
-    layers = []
-    drift = _at(cfg, "attention_align.drift")
-    if isinstance(drift, dict):
-        layers.append(Fact(dict(drift), "attention_align.drift"))
-    mo = _at(cfg, "policy.megatron_cfg.model_overrides")
-    if isinstance(mo, dict):
-        layers.append(
-            Fact(
-                {
-                    "heads": mo.get("num_attention_heads"),
-                    "kv_heads": mo.get("num_query_groups"),
-                    "head_dim": mo.get("kv_channels"),
-                    "window": _left_window(mo.get("window_size")),
-                    "hidden": mo.get("hidden_size"),
-                },
-                "policy.megatron_cfg.model_overrides",
-            )
-        )
-    hf = _at(cfg, "policy.hf_config_overrides")
-    if isinstance(hf, dict):
-        layers.append(
-            Fact(
-                {
-                    "heads": hf.get("num_attention_heads"),
-                    "kv_heads": hf.get("num_key_value_heads"),
-                    "head_dim": hf.get("head_dim"),
-                    "window": _hf_window(hf),
-                    "hidden": hf.get("hidden_size"),
-                },
-                "policy.hf_config_overrides",
-            )
-        )
-    seq = _at(cfg, "policy.max_total_sequence_length")
-    seq_fact = Fact(seq, "policy.max_total_sequence_length") if seq is not None else None
-    return ShapeFacts(tuple(layers), seq_fact)
-
-
-@dataclass(frozen=True)
-class RecipeFacts:
-    """A whole recipe's facts. ``policy`` is None when the ``policy`` section is not a mapping
-    (``require_policy`` then raises the one-line error the rules' reader raises)."""
-
-    policy: PolicyFacts | None
-    generation: GenerationFacts
-    shape: ShapeFacts
-    #: ``policy.model_name`` as written (None when unset), which ``hf_model`` looks up locally.
-    model_name: Any = None
-    #: ``policy.tokenizer.name``, else ``policy.model_name`` (falsy when neither is set).
-    tokenizer: Any = None
-    #: ``grpo.num_prompts_per_step`` x ``grpo.num_generations_per_prompt`` when both are positive ints.
-    rollout_batch_size: int | None = None
-    #: the ``policy`` section as written (for the error ``require_policy`` raises).
-    policy_raw: Any = None
-
-    @property
-    def megatron_enabled(self) -> bool:
-        """Whether NeMo-RL trains this policy with Megatron (see ``megatron_enabled``)."""
-        return self.policy is not None and self.policy.megatron_enabled
-
-    def require_policy(self) -> PolicyFacts:
-        """``policy``, or the ``UsageError`` for a ``policy`` section that is not a mapping."""
-        if self.policy is None:
-            raise policy_not_a_mapping(self.policy_raw)
-        return self.policy
-
-
-def read_recipe_facts(cfg: Any, environ: Mapping[str, str] | None = None) -> RecipeFacts:
-    """Read a resolved NeMo-RL config once; ``environ`` (default ``os.environ``) is the driver
-    environment the workers inherit."""
-    policy_raw = cfg.get("policy") if isinstance(cfg, Mapping) else None
-    policy = read_policy_facts(policy_raw, environ) if isinstance(policy_raw, dict) else None
-    prompts = _positive(_at(cfg, "grpo.num_prompts_per_step"))
-    generations = _positive(_at(cfg, "grpo.num_generations_per_prompt"))
-    return RecipeFacts(
-        policy=policy,
-        generation=read_generation_facts(cfg),
-        shape=read_shape_facts(cfg),
-        model_name=_at(cfg, "policy.model_name"),
-        tokenizer=_at(cfg, "policy.tokenizer.name") or _at(cfg, "policy.model_name"),
-        rollout_batch_size=prompts * generations if prompts and generations else None,
-        policy_raw=policy_raw,
-    )
-
-
-def as_facts(cfg: Any, environ: Mapping[str, str] | None = None) -> RecipeFacts:
-    """``cfg`` when it already is ``RecipeFacts``, else ``read_recipe_facts(cfg, environ)``: the public
-    functions of the preview and drift take either, so a caller reads the recipe once."""
-    return cfg if isinstance(cfg, RecipeFacts) else read_recipe_facts(cfg, environ)

@@ -21,9 +21,10 @@ from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding
+from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.facts import RecipeFacts, is_count, vllm_batch_invariant
+from nemo_rl_attn_align.preflight.facts import is_count
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.kernel_query import (
     DTYPE_OF_PRECISION,
     AttentionShape,
@@ -33,7 +34,7 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     TrainingQuery,
     substantive,
 )
-from nemo_rl_attn_align.preflight.rules import finding
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 #: The Transformer Engine NeMo-RL main pins (7ea279a pyproject: transformer-engine @ v2.14.1).
 NEMO_RL_TE = "2.14.1"

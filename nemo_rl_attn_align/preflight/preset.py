@@ -4,7 +4,9 @@
 setting that removes the first cause, then previews again. What each cause takes:
 
 * rollout ``reduction_order: split_kv`` (vLLM's decode may split the KV): vLLM's batch-invariant
-  mode, ``VLLM_BATCH_INVARIANT=1`` in ``policy.generation.vllm_cfg.env_vars`` (one KV split);
+  mode, ``VLLM_BATCH_INVARIANT=1`` in ``policy.generation.vllm_cfg.env_vars`` (one KV split); with
+  Megatron generation, megatron-core's batch-invariant mode (``model_overrides``, a change to both
+  sides' kernels: ``check --fix`` only);
 * ``CUBLAS_WORKSPACE_CONFIG`` meaning differs: Megatron's deterministic workspace ``:4096:8`` on the
   side that lacks one (vLLM's batch-invariant mode sets ``:4096:8`` or ``:16:8``, the same meaning);
 * ``dtype``: a rollout precision other than ``policy.precision`` (an FP8 rollout, say) is a choice:
@@ -34,7 +36,7 @@ from typing import Any
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
 from nemo_rl_attn_align.contract.schema import Tier
-from nemo_rl_attn_align.errors import Finding
+from nemo_rl_attn_align.errors import Finding, finding
 
 #: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.
 CUBLAS_DETERMINISTIC = ":4096:8"
@@ -69,6 +71,10 @@ class Change:
             "alters_run": self.alters_run,
             "override": self.override(),
         }
+
+
+#: What removes one cause: the changes, or the finding that says why the preset makes none.
+Remedy = list[Change] | Finding
 
 
 def _hydra_scalar(value: Any) -> str:
@@ -158,67 +164,115 @@ def blocking_causes(preview: Any) -> list[tuple[str, str, Any]]:
 
 
 def _refuse(where: str, value: Any, message: str, fix: str) -> Finding:
-    return Finding(Code.PRESET_REFUSED.value, Code.PRESET_REFUSED.severity, where, repr(value), message, fix)
+    return finding(Code.ALIGN_PRESET_REFUSED, where, repr(value), message, fix)
 
 
-def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok: bool) -> list[Change] | Finding:
-    """The changes that remove one cause, or the finding that says why none keeps the layout."""
+def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok: bool) -> Remedy:
+    """The changes that remove one cause (``blocking_causes``), or the finding that says why none
+    keeps the layout: a semantic field's remedy, or a determinism variable's."""
     if kind == "field":
-        t, r = result.training.value, result.rollout.value
-        if name == "reduction_order" and r == "split_kv":
-            return [
-                Change(
-                    f"{_VLLM_ENV}.VLLM_BATCH_INVARIANT",
-                    "1",
-                    "vLLM batch-invariant mode: one KV split, tiles folded in KV order",
-                )
-            ]
-        if name == "dtype":
-            if alter_ok:
-                return [
-                    Change(
-                        "policy.generation.vllm_cfg.precision",
-                        get_key(cfg, "policy.precision"),
-                        "the rollout runs the training precision (a deliberate low-precision rollout "
-                        "loses its speed-up)",
-                        alters_run=True,
-                    )
-                ]
-            return _refuse(
-                "policy.generation.vllm_cfg.precision",
-                r,
-                f"dtype: the rollout runs {r!r}, the training {t!r}: a rollout precision is a choice "
-                "the preset does not override",
-                "set policy.generation.vllm_cfg.precision to policy.precision (check --fix), or "
-                "attention_align.allow_dtype_difference: true to measure the difference",
+        return _field_remedy(name, result.training.value, result.rollout.value, cfg, alter_ok)
+    return _determinism_remedy(name, result, cfg, alter_ok)
+
+
+def _altering(alter_ok: bool, changes: list[Change], refusal: Finding) -> Remedy:
+    """``changes`` that alter the run (layout, rollout precision): ``check --fix`` makes them, the
+    preset refuses with ``refusal``."""
+    return changes if alter_ok else refusal
+
+
+def _field_remedy(name: str, t: Any, r: Any, cfg: Mapping[str, Any], alter_ok: bool) -> Remedy:
+    """A semantic field with training value ``t`` and rollout value ``r``."""
+    if name == "reduction_order" and r == "split_kv" and get_key(cfg, "policy.generation.backend") == "megatron":
+        return _megatron_invariant_remedy(cfg, alter_ok)
+    if name == "reduction_order" and r == "split_kv":
+        return [
+            Change(
+                f"{_VLLM_ENV}.VLLM_BATCH_INVARIANT",
+                "1",
+                "vLLM batch-invariant mode: one KV split, tiles folded in KV order",
             )
-        if name in ("reduction_order", "downcast") and t in ("ring_step", "per_partial"):
-            cp = get_key(cfg, "policy.megatron_cfg.context_parallel_size")
-            if alter_ok:
-                return [
-                    Change(
-                        "policy.megatron_cfg.context_parallel_size",
-                        1,
-                        "no context parallelism: one kernel pass over the KV; each GPU then holds "
-                        "whole sequences (more activation memory)",
-                        alters_run=True,
-                    )
-                ]
-            return _refuse(
-                "policy.megatron_cfg.context_parallel_size",
-                cp,
-                f"context_parallel_size {cp}: NeMo-RL packs sequences under context parallelism and "
-                "Transformer Engine runs packed attention only over its p2p ring, whose merge order "
-                "depends on rank and cp_size (a2a and all_gather reject packed masks)",
-                "set policy.megatron_cfg.context_parallel_size=1, or relax "
-                f"attention_align.mandate.{name} (the drift is then measured, not removed)",
-            )
-        return _refuse(
-            f"contract.semantic.{name}",
-            {"training": t, "rollout": r},
-            f"{name}: training {t!r}, rollout {r!r}: no setting the preset makes changes it",
-            _field_fix(name),
-        )
+        ]
+    if name == "dtype":
+        return _dtype_remedy(t, r, cfg, alter_ok)
+    if name in ("reduction_order", "downcast") and t in ("ring_step", "per_partial"):
+        return _context_parallel_remedy(name, cfg, alter_ok)
+    return _refuse(
+        f"contract.semantic.{name}",
+        {"training": t, "rollout": r},
+        f"{name}: training {t!r}, rollout {r!r}: no setting the preset makes changes it",
+        _field_fix(name),
+    )
+
+
+def _dtype_remedy(t: Any, r: Any, cfg: Mapping[str, Any], alter_ok: bool) -> Remedy:
+    """A rollout precision other than the training's: a choice, changed only by ``check --fix``."""
+    change = Change(
+        "policy.generation.vllm_cfg.precision",
+        get_key(cfg, "policy.precision"),
+        "the rollout runs the training precision (a deliberate low-precision rollout loses its speed-up)",
+        alters_run=True,
+    )
+    refusal = _refuse(
+        "policy.generation.vllm_cfg.precision",
+        r,
+        f"dtype: the rollout runs {r!r}, the training {t!r}: a rollout precision is a choice "
+        "the preset does not override",
+        "set policy.generation.vllm_cfg.precision to policy.precision (check --fix), or "
+        "attention_align.allow_dtype_difference: true to measure the difference",
+    )
+    return _altering(alter_ok, [change], refusal)
+
+
+def _megatron_invariant_remedy(cfg: Mapping[str, Any], alter_ok: bool) -> Remedy:
+    """Megatron generation's split-KV decode: megatron-core's batch-invariant mode (one split), which
+    needs flash attention and a pinned FlashAttention 3 or 4 on both sides: a slower mode of both."""
+    overrides = "policy.megatron_cfg.model_overrides"
+    why = "megatron-core batch-invariant mode: num_splits=1 in generation, the same FlashAttention kernel in training"
+    changes = [
+        Change("policy.megatron_cfg.attention_backend", "flash", why, alters_run=True),
+        Change(f"{overrides}.batch_invariant_mode", True, why, alters_run=True),
+        Change(f"{overrides}.flash_attention_version", 3, why + " (3: Hopper; use 4 on Blackwell)", alters_run=True),
+        Change(
+            f"{overrides}.attention_dropout", 0.0, "batch-invariant mode refuses attention dropout", alters_run=True
+        ),
+    ]
+    refusal = _refuse(
+        f"{overrides}.batch_invariant_mode",
+        get_key(cfg, f"{overrides}.batch_invariant_mode"),
+        "reduction_order: Megatron generation lets flash-attn split the KV (num_splits=0); one split takes "
+        "megatron-core's batch-invariant mode, which changes both sides' kernels",
+        f"set {overrides}.batch_invariant_mode=true with attention_backend=flash and "
+        f"{overrides}.flash_attention_version=3 or 4 (check --fix), or relax attention_align.mandate.reduction_order",
+    )
+    return _altering(alter_ok, changes, refusal)
+
+
+def _context_parallel_remedy(name: str, cfg: Mapping[str, Any], alter_ok: bool) -> Remedy:
+    """Training's ring-step merge under context parallelism: only ``context_parallel_size: 1`` aligns."""
+    cp = get_key(cfg, "policy.megatron_cfg.context_parallel_size")
+    change = Change(
+        "policy.megatron_cfg.context_parallel_size",
+        1,
+        "no context parallelism: one kernel pass over the KV; each GPU then holds "
+        "whole sequences (more activation memory)",
+        alters_run=True,
+    )
+    refusal = _refuse(
+        "policy.megatron_cfg.context_parallel_size",
+        cp,
+        f"context_parallel_size {cp}: NeMo-RL packs sequences under context parallelism and "
+        "Transformer Engine runs packed attention only over its p2p ring, whose merge order "
+        "depends on rank and cp_size (a2a and all_gather reject packed masks)",
+        "set policy.megatron_cfg.context_parallel_size=1, or relax "
+        f"attention_align.mandate.{name} (the drift is then measured, not removed)",
+    )
+    return _altering(alter_ok, [change], refusal)
+
+
+def _determinism_remedy(name: str, result: Any, cfg: Mapping[str, Any], alter_ok: bool) -> Remedy:
+    """A blocking determinism variable: the cuBLAS workspace is set where it lacks the deterministic
+    meaning; ``NCCL_ALGO`` / ``NCCL_PROTO`` align only without tensor parallelism."""
     if name == "CUBLAS_WORKSPACE_CONFIG":
         side = _MEGATRON_ENV if result.training_meaning.value != "deterministic" else _VLLM_ENV
         return [
@@ -226,35 +280,35 @@ def _remedy(kind: str, name: str, result: Any, cfg: Mapping[str, Any], alter_ok:
                 f"{side}.CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC, "deterministic cuBLAS workspace on both sides"
             )
         ]
-    tp = (
-        get_key(cfg, "policy.megatron_cfg.tensor_model_parallel_size"),
-        get_key(cfg, "policy.generation.vllm_cfg.tensor_parallel_size"),
-    )
-    if alter_ok:
-        return [
-            Change(
-                "policy.megatron_cfg.tensor_model_parallel_size",
-                1,
-                "no tensor parallelism in training: no allreduce reduces the compared tensor "
-                "(each GPU holds the whole model)",
-                alters_run=True,
-            ),
-            Change(
-                "policy.generation.vllm_cfg.tensor_parallel_size",
-                1,
-                "no tensor parallelism in rollout (each GPU holds the whole model)",
-                alters_run=True,
-            ),
-        ]
-    return _refuse(
+    changes = [
+        Change(
+            "policy.megatron_cfg.tensor_model_parallel_size",
+            1,
+            "no tensor parallelism in training: no allreduce reduces the compared tensor "
+            "(each GPU holds the whole model)",
+            alters_run=True,
+        ),
+        Change(
+            "policy.generation.vllm_cfg.tensor_parallel_size",
+            1,
+            "no tensor parallelism in rollout (each GPU holds the whole model)",
+            alters_run=True,
+        ),
+    ]
+    tp = {
+        "training": get_key(cfg, "policy.megatron_cfg.tensor_model_parallel_size"),
+        "rollout": get_key(cfg, "policy.generation.vllm_cfg.tensor_parallel_size"),
+    }
+    refusal = _refuse(
         "policy.megatron_cfg.tensor_model_parallel_size",
-        {"training": tp[0], "rollout": tp[1]},
+        tp,
         f"{name}: with tensor parallelism the allreduce must run one NCCL algorithm on both sides, "
         "but vLLM's batch-invariant mode pins it to Tree/Simple and Megatron's deterministic mode "
         "requires Ring",
         "run tensor_model_parallel_size=1 and vllm_cfg.tensor_parallel_size=1, or accept the "
         "measured allreduce drift (attention_align.on_mismatch: warn)",
     )
+    return _altering(alter_ok, changes, refusal)
 
 
 def _field_fix(name: str) -> str:
@@ -314,22 +368,6 @@ def align(
         "report this as a bug of nemo-rl-attn-align",
     )
     return Alignment(tuple(changes), preview, refusal, work)
-
-
-def minimal(
-    cfg: Mapping[str, Any], alignment: Alignment, preview_of: Callable[[Mapping[str, Any]], Any]
-) -> tuple[Change, ...]:
-    """The smallest subset of ``alignment.changes`` after which the preview still has no blocking
-    cause (each change is dropped in turn when the rest suffice)."""
-    kept = list(alignment.changes)
-    for change in list(kept):
-        trial = [c for c in kept if c is not change]
-        work = copy.deepcopy(dict(cfg))
-        for c in trial:
-            set_key(work, c.key, c.value)
-        if not blocking_causes(preview_of(work)):
-            kept = trial
-    return tuple(kept)
 
 
 def apply_changes(master_config: Any, changes: tuple[Change, ...]) -> None:

@@ -8,7 +8,7 @@ the reference bit for bit, so any drift figure is attributable to the engine's o
 
 Every engine in ``ENGINES`` names what it replays (engine, versions, source file and function),
 the GPU generations on which that engine runs that path, and the dtypes it accepts (``Engine``);
-``kernels`` holds the FlashAttention facts. In short:
+the replays themselves are in ``replays``, the FlashAttention facts in ``kernels``. In short:
 
 * ``te-p2p`` / ``te-p2p-bshd`` -- Transformer Engine 2.14-2.15 CP p2p ring
   (``AttnFuncWithCPAndKVP2P.forward`` in ``transformer_engine/pytorch/attention/
@@ -48,7 +48,6 @@ the GPU generations on which that engine runs that path, and the dtypes it accep
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,14 +56,8 @@ import torch
 from nemo_rl_attn_align.reference import kernels
 from nemo_rl_attn_align.reference.attention import fp32_matmuls, reference_attention
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
-from nemo_rl_attn_align.reference.plans import (
-    ChunkedPrefill,
-    ContextParallel,
-    PagedKVCache,
-    SinglePass,
-    SplitKV,
-    cp_chunks,
-)
+from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, SinglePass, SplitKV
+from nemo_rl_attn_align.reference.replays import flash, te_allgather, te_p2p, vllm
 from nemo_rl_attn_align.reference.unfused import hf_eager_attention, megatron_local_attention
 
 #: GPU generations the sweep can select plans for (``--gpu``).
@@ -75,195 +68,6 @@ ALL_DTYPES = ("bf16", "fp16", "fp32")
 
 class NotReplayable(RuntimeError):
     """The engine's reduction order is not public: no replay exists."""
-
-
-def _arange(start: int, stop: int, device) -> torch.Tensor:
-    return torch.arange(start, stop, device=device)
-
-
-def _even_chunks(geom: Geometry, cp: int) -> None:
-    if geom.seq_kv % (2 * cp):
-        raise ValueError(f"TE context parallelism needs the sequence length ({geom.seq_kv}) divisible by 2*cp={2 * cp}")
-
-
-def _te_p2p(q, k, v, geom: Geometry, cp: int, tile: int, packed: bool):
-    """The ring; ``packed`` selects the thd output correction (two roundings a step) over bshd's."""
-    if geom.window is not None:
-        raise ValueError("te-p2p models TE's full-causal ring only; use te-allgather for sliding-window attention")
-    _even_chunks(geom, cp)
-    shards = cp_chunks(geom.seq_kv, cp, "load_balanced")
-    out = torch.empty_like(q)
-    lse_all = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    for rank, ((a0, a1), (b0, b1)) in enumerate(shards):
-        q_pos = torch.cat([_arange(a0, a1, q.device), _arange(b0, b1, q.device)])
-        half = a1 - a0
-        steps = []
-        for i in range(cp):
-            (c0, c1), (d0, d1) = shards[(rank - i) % cp]
-            if i == 0:
-                kv_pos, rows = torch.cat([_arange(c0, c1, q.device), _arange(d0, d1, q.device)]), slice(None)
-            elif i <= rank:
-                kv_pos, rows = _arange(c0, c1, q.device), slice(None)
-            else:
-                kv_pos, rows = torch.cat([_arange(c0, c1, q.device), _arange(d0, d1, q.device)]), slice(half, None)
-            o, s = kernels.flash_forward(
-                q[q_pos[rows]],
-                q_pos[rows],
-                k[kv_pos],
-                v[kv_pos],
-                kv_pos,
-                geom.allowed,
-                scale=geom.softmax_scale,
-                block_n=tile,
-            )
-            steps.append((rows, o, s))
-        lse = steps[0][2].clone()
-        for rows, _, s in steps[1:]:
-            lse[rows] = kernels.te_lse_merge(lse[rows], s)
-        acc = te_out_correction(steps, lse, q_pos.shape[0], q.dtype, packed)
-        out[q_pos], lse_all[q_pos] = acc, lse
-    return out, lse_all
-
-
-def te_out_correction(steps: list, lse: torch.Tensor, n_rows: int, dtype, packed: bool) -> torch.Tensor:
-    """TE's forward output correction of one rank: ``steps`` ``[(rows, out_i, lse_i), ...]`` in ring
-    order (``out_i`` in ``dtype``), ``lse`` the merged FP32 LSE; returns ``out`` ``[n_rows, H, D]``.
-
-    ``packed`` (thd, ``thd_out_correction_kernel``): ``out`` starts at zero and each step adds
-    ``(dtype)(float(out_i) * exp(lse_i - lse))`` in ``dtype`` (0 where ``out_i`` is 0). bshd/sbhd:
-    step 0's FP32 product rounded, then each FP32 product added in place to the ``dtype`` tensor.
-    """
-    acc = torch.zeros(n_rows, *steps[0][1].shape[1:], dtype=dtype, device=steps[0][1].device)
-    for i, (rows, o, s) in enumerate(steps):
-        corrected = o * torch.exp(s - lse[rows])[..., None]  # FP32 product of a dtype out
-        if packed:
-            acc[rows] += torch.where(o == 0, 0.0, corrected).to(dtype)
-        elif i == 0:
-            acc = corrected.to(dtype)
-        else:
-            acc[rows] += corrected
-    return acc
-
-
-def _te_allgather(q, k, v, geom: Geometry, cp: int, tile: int):
-    _even_chunks(geom, cp)
-    chunk = geom.seq_kv // (2 * cp)
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    for rank in range(cp):
-        for c in (rank, 2 * cp - 1 - rank):
-            start, end = c * chunk, (c + 1) * chunk
-            kv_start = 0 if geom.window is None else max(0, start - geom.window)
-            kv_pos = _arange(kv_start, end, q.device)
-            out[start:end], lse[start:end] = kernels.flash_forward(
-                q[start:end],
-                _arange(start, end, q.device),
-                k[kv_start:end],
-                v[kv_start:end],
-                kv_pos,
-                geom.allowed,
-                scale=geom.softmax_scale,
-                block_n=tile,
-            )
-    return out, lse
-
-
-def _fa2_splits(requested: int, geom: Geometry, n_query_rows: int, gpu: str) -> int:
-    """``requested`` splits, or (0) FA2's heuristic for one sequence on ``gpu``."""
-    if requested:
-        return requested
-    mblocks = geom.num_heads * math.ceil(n_query_rows / 64)
-    return kernels.fa2_num_splits(
-        mblocks, 2 * kernels.NUM_SMS[gpu], math.ceil(geom.seq_kv / kernels.split_kv_tile(geom.head_dim))
-    )
-
-
-def _flash(q, k, v, geom: Geometry, tile: int, splits: int, gpu: str):
-    pos = _arange(0, geom.seq_kv, q.device)
-    splits = _fa2_splits(splits, geom, geom.seq_q, gpu)
-    if splits > 1 and not tile:
-        tile = kernels.split_kv_tile(geom.head_dim)
-    return kernels.flash_forward(
-        q,
-        pos[geom.q_start :],
-        k,
-        v,
-        pos,
-        geom.allowed,
-        scale=geom.softmax_scale,
-        block_n=tile or kernels.forward_tile(geom.head_dim),
-        num_splits=splits,
-    )
-
-
-def _vllm(q, k, v, geom: Geometry, p: dict, fa3: bool):
-    """vLLM's chunked prefill (then decode) over a paged cache; FA2 (sm80) or FA3 (sm90) kernels."""
-    local = geom.window is not None
-    tile = p["tile"] or (kernels.fa3_tile(geom.head_dim, local) if fa3 else kernels.split_kv_tile(geom.head_dim))
-    prefix = p["cascade"]
-    if prefix and local:
-        raise ValueError("vLLM disables cascade attention for sliding-window models (use_cascade_attention)")
-    cache = PagedKVCache(geom.seq_kv, p["page"], geom.num_kv_heads, geom.head_dim, k.dtype, k.device)
-    if geom.q_start:
-        cache.write(0, k[: geom.q_start], v[: geom.q_start])
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    g = geom.group
-
-    def call(q_rows, q_pos, kv_lo, kv_hi, causal=True):
-        k_c, v_c = cache.read(kv_lo, kv_hi)
-        allowed = (
-            geom.allowed if causal else (lambda r, c: torch.ones(len(r), len(c), dtype=torch.bool, device=q.device))
-        )
-        n_tiles = math.ceil((kv_hi - kv_lo) / tile)
-        if fa3:
-            rows_per_block = max(1, 128 // g)  # PackGQA: 128 (token, head) rows
-            splits = p["splits"] or kernels.fa3_num_splits(
-                geom.num_kv_heads * math.ceil(len(q_pos) * g / 128), kernels.NUM_SMS["sm90"], n_tiles
-            )
-            return kernels.flash_forward(
-                q_rows,
-                q_pos,
-                k_c,
-                v_c,
-                _arange(kv_lo, kv_hi, q.device),
-                allowed,
-                scale=geom.softmax_scale,
-                block_n=tile,
-                num_splits=splits,
-                split_visible=True,
-                row_block=rows_per_block,
-            )
-        decode = len(q_pos) == 1 and geom.num_heads > geom.num_kv_heads and not local
-        splits = (
-            (p["splits"] or kernels.fa2_num_splits(geom.num_kv_heads, 2 * kernels.NUM_SMS["sm80"], n_tiles))
-            if decode
-            else 1
-        )
-        return kernels.flash_forward(
-            q_rows,
-            q_pos,
-            k_c,
-            v_c,
-            _arange(kv_lo, kv_hi, q.device),
-            allowed,
-            scale=geom.softmax_scale,
-            block_n=tile,
-            num_splits=splits,
-        )
-
-    for start in range(geom.q_start, geom.seq_kv, p["chunk"]):
-        stop = min(geom.seq_kv, start + p["chunk"])
-        cache.write(start, k[start:stop], v[start:stop])
-        rows = slice(start - geom.q_start, stop - geom.q_start)
-        q_pos = _arange(start, stop, q.device)
-        if prefix and start >= prefix:  # cascade: shared prefix + own suffix
-            shared = call(q[rows], q_pos, 0, prefix, causal=False)
-            own = call(q[rows], q_pos, prefix, stop)
-            out[rows], lse[rows] = kernels.merge_attn_states(shared, own, q.dtype)
-        else:
-            out[rows], lse[rows] = call(q[rows], q_pos, 0, stop)
-    return out, lse
 
 
 def _not_replayable(q, k, v, geom, p):
@@ -310,14 +114,14 @@ ENGINES: dict[str, Engine] = {
         dtypes=ALL_DTYPES,
     ),
     "flash": Engine(
-        lambda q, k, v, g, p: _flash(q, k, v, g, p["tile"], p["splits"], p["gpu"]),
+        lambda q, k, v, g, p: flash(q, k, v, g, p["tile"], p["splits"], p["gpu"]),
         {"splits": 1, "tile": 0, "gpu": 90},
         lambda p: SplitKV(num_splits=p["splits"]) if p["splits"] > 1 else SinglePass(),
         "one FlashAttention-2 forward call",
         _FA2,
     ),
     "te-p2p": Engine(
-        lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), True),
+        lambda q, k, v, g, p: te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), True),
         {"cp": 2, "tile": 0},
         _cp_plan("p2p"),
         "Transformer Engine CP p2p ring, packed thd",
@@ -325,7 +129,7 @@ ENGINES: dict[str, Engine] = {
         "FlashAttention-2 per step",
     ),
     "te-p2p-bshd": Engine(
-        lambda q, k, v, g, p: _te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), False),
+        lambda q, k, v, g, p: te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), False),
         {"cp": 2, "tile": 0},
         _cp_plan("p2p"),
         "Transformer Engine CP p2p ring, bshd/sbhd",
@@ -333,7 +137,7 @@ ENGINES: dict[str, Engine] = {
         "(flash_attn_fwd_out_correction), FlashAttention-2 per step",
     ),
     "te-allgather": Engine(
-        lambda q, k, v, g, p: _te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
+        lambda q, k, v, g, p: te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
         {"cp": 2, "tile": 0},
         _cp_plan("all_gather"),
         "Transformer Engine CP KV all-gather",
@@ -347,7 +151,7 @@ ENGINES: dict[str, Engine] = {
         "Transformer Engine 2.14-2.15 FusedAttention (cuDNN fused attention): not replayable",
     ),
     "vllm": Engine(
-        lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=False),
+        lambda q, k, v, g, p: vllm(q, k, v, g, p, fa3=False),
         dict(_VLLM_PARAMS),
         _vllm_plan,
         "vLLM chunked prefill over paged KV, FlashAttention-2",
@@ -356,7 +160,7 @@ ENGINES: dict[str, Engine] = {
         gpus=("sm80",),
     ),
     "vllm-fa3": Engine(
-        lambda q, k, v, g, p: _vllm(q, k, v, g, p, fa3=True),
+        lambda q, k, v, g, p: vllm(q, k, v, g, p, fa3=True),
         dict(_VLLM_PARAMS),
         _vllm_plan,
         "vLLM chunked prefill over paged KV, FlashAttention-3",

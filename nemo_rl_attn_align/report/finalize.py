@@ -52,11 +52,7 @@ def _announcement(doc: Mapping[str, Any], previous: Mapping[str, Any] | None, pa
 def raise_for_mismatch(doc: Mapping[str, Any]) -> None:
     """``on_mismatch: error`` and verdict ``fail``: raise ``AttentionMismatch`` with the error findings."""
     if doc["settings"]["on_mismatch"] == "error" and doc["verdict"] == Verdict.FAIL.value:
-        errors = [
-            Finding(f["code"], Severity(f["severity"]), f["key"], f["value"], f["message"], f["fix"])
-            for f in doc["findings"]
-            if f["severity"] == Severity.ERROR.value
-        ]
+        errors = [Finding.from_dict(f) for f in doc["findings"] if f["severity"] == Severity.ERROR.value]
         raise AttentionMismatch(errors)
 
 
@@ -107,6 +103,27 @@ def finalize(
         expected_counts=expected_counts,
         strict=bool(getattr(settings, "strict", False)),
     )
+    _add_run_history(doc, folder, point, previous, preset, attention_only)
+    path = write_report(folder, doc)
+    message = _announcement(doc, previous, path, final)
+    if message is not None:
+        printer(message)
+    if enforce:
+        raise_for_mismatch(doc)
+    return doc
+
+
+def _add_run_history(
+    doc: dict[str, Any],
+    folder: Path,
+    point: str,
+    previous: Mapping[str, Any] | None,
+    preset: Mapping[str, Any] | None,
+    attention_only: Mapping[str, Any] | None,
+) -> None:
+    """What the run adds to a fresh collection: the moment ``point``, the preset, the drift steps and
+    history of the ``previous`` document, the logged drift, the attention-only estimate, and
+    ``point`` appended to the history."""
     doc["collected_at"] = point
     doc["settings"]["preset"] = dict(preset) if preset is not None else None
     if previous is not None:
@@ -116,10 +133,3 @@ def finalize(
     if attention_only is not None:
         doc["drift"]["attention_only"] = dict(attention_only)
     doc["history"].append({"point": point, "created_at": doc["created_at"], "verdict": doc["verdict"]})
-    path = write_report(folder, doc)
-    message = _announcement(doc, previous, path, final)
-    if message is not None:
-        printer(message)
-    if enforce:
-        raise_for_mismatch(doc)
-    return doc

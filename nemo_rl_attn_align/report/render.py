@@ -140,7 +140,7 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     coverage = coverage_line(workers.get("coverage") or {})
     if coverage:
         lines.append(coverage)
-    lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.SIDE_ABSENT.value)
+    lines.extend(f["message"] for f in doc["findings"] if f["code"] == Code.REPORT_SIDE_ABSENT.value)
     preset = doc["settings"].get("preset")
     if preset:
         changed = ", ".join(f"{c['key']}={c['value']!r}" for c in preset["changes"]) or "nothing"

@@ -6,7 +6,10 @@ Each worker writes its own files, atomically (a temp file in the same directory,
 * ``<report_dir>/workers/<side>--<worker_id>.json`` (``write_worker_record``): its contract and
   determinism probe;
 * ``<report_dir>/hosts/<side>--<worker_id>.json`` (``write_worker_detail``): what its host hook saw
-  (the stage it reached, findings such as a read-back mismatch, its peers).
+  (the stage it reached, findings such as a read-back mismatch, its peers);
+* ``<report_dir>/claims/<side>--<worker_id>.json`` (``claim_worker_id``): which engine of which run
+  holds that id, so that a second engine recording under the same id takes the next one instead of
+  replacing the first's files (the readers never look here).
 
 ``read_worker_records`` reads them all: a corrupt or foreign file is listed as unreadable, a temp
 file left behind as an incomplete write, a file another run wrote as stale; none of them stops the
@@ -25,9 +28,9 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
-from nemo_rl_attn_align.compare.determinism import DeterminismProbe
+from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.schema import SIDES
 from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, InputRefused, nesting_depth, read_text, shown_path
@@ -35,8 +38,10 @@ from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, InputRefuse
 REPORT_SCHEMA_VERSION = 1
 WORKER_KIND = "nemo-rl-attn-align/worker"
 DETAIL_KIND = "nemo-rl-attn-align/host-detail"
+CLAIM_KIND = "nemo-rl-attn-align/worker-claim"
 WORKERS_DIR = "workers"
 HOSTS_DIR = "hosts"
+CLAIMS_DIR = "claims"
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -78,7 +83,7 @@ def remove_stale_temp_files(report_dir: PathLike, older_than_s: float = STALE_TE
     """Delete the temp files (``.*.tmp``) that writers killed mid-write left in ``report_dir``,
     ``workers/`` and ``hosts/``, when untouched for ``older_than_s``; returns their paths. Never raises."""
     removed, cutoff = [], time.time() - older_than_s
-    for folder in (Path(report_dir), Path(report_dir) / WORKERS_DIR, Path(report_dir) / HOSTS_DIR):
+    for folder in (Path(report_dir), *(Path(report_dir) / name for name in (WORKERS_DIR, HOSTS_DIR, CLAIMS_DIR))):
         try:
             candidates = sorted(folder.glob(".*.tmp")) if folder.is_dir() else []
         except OSError:
@@ -110,6 +115,111 @@ def worker_record_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
 def worker_detail_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
     """Where the host detail of ``worker_id`` on ``side`` lives (same name, under ``hosts/``)."""
     return _worker_file(report_dir, HOSTS_DIR, side, worker_id)
+
+
+class Claim(NamedTuple):
+    """What ``claim_worker_id`` found: ``held`` (the id is this writer's now) and ``replaced``: the
+    claim of another process taken over although nothing tells whether it belongs to this run (the
+    claimer has no run id), whose records this writer's then replace (None otherwise)."""
+
+    held: bool
+    replaced: dict[str, Any] | None = None
+
+
+def _exclusive_write_json(path: Path, data: Any) -> bool:
+    """Create ``path`` holding ``data`` unless it exists (False then): the whole file appears at
+    once (a temp file hard-linked into place), so a reader never sees a part of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: create exclusively, then fill it
+            try:
+                created = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(created, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+#: A claim that cannot be read: being written (then held by whoever writes it) or left broken.
+_BUSY, _BROKEN = {"unreadable": "recent"}, {"unreadable": "old"}
+
+
+def _read_claim(path: Path) -> dict[str, Any] | None:
+    """The claim at ``path``; None when there is none; ``_BUSY`` or ``_BROKEN`` when it is not a
+    readable claim (younger or older than ``STALE_TEMP_AGE_S``)."""
+    try:
+        data = read_json_file(path, MAX_RECORD_BYTES, "worker claim")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        try:
+            recent = time.time() - path.stat().st_mtime < STALE_TEMP_AGE_S
+        except OSError:
+            return None
+        return _BUSY if recent else _BROKEN
+    return data if isinstance(data, dict) and data.get("kind") == CLAIM_KIND else _BROKEN
+
+
+def claim_worker_id(
+    report_dir: PathLike,
+    side: str,
+    worker_id: str,
+    writer: str,
+    run_id: str | None = None,
+    session: str | None = None,
+) -> Claim:
+    """Claim ``worker_id`` on ``side`` for ``writer`` (one engine's token) before writing its files.
+
+    Held by this writer already, or by nobody: it is ``writer``'s (``held``). Held by another
+    writer of the same run (the same ``run_id``; without one, the same ``session``, the id shared
+    by the processes one user process started): not held, the caller takes the next id, so no
+    record of this run is ever replaced. Held by another run: taken over (its files are stale);
+    ``replaced`` says whose it was when this writer has no ``run_id`` (a run the report cannot tell
+    from this one, whose records are then lost: the caller warns). Two writers taking over the
+    same stale claim in the same instant may both believe they hold it (a stale claim has no
+    compare-and-swap); a fresh id is claimed atomically (``os.link``)."""
+    path = _worker_file(report_dir, CLAIMS_DIR, side, worker_id)
+    mine = {
+        "kind": CLAIM_KIND,
+        "side": side,
+        "worker_id": worker_id,
+        "writer": writer,
+        "run_id": run_id,
+        "session": session,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "claimed_at": now_iso(),
+    }
+    for _ in range(3):  # a claim that vanishes or changes hands while we look: look again
+        if _exclusive_write_json(path, mine):
+            return Claim(True)
+        held = _read_claim(path)
+        if held is None:
+            continue
+        if held is _BUSY:
+            return Claim(False)
+        if held is not _BROKEN:
+            if held.get("writer") == writer:
+                return Claim(True)
+            if held.get("run_id") == run_id and (run_id is not None or held.get("session") == session):
+                return Claim(False)
+        atomic_write_json(path, mine)
+        if (_read_claim(path) or {}).get("writer") == writer:
+            return Claim(True, held if run_id is None and held is not _BROKEN else None)
+    return Claim(False)
 
 
 def write_worker_record(

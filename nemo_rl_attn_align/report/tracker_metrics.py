@@ -39,7 +39,7 @@ def _readback(doc: Mapping[str, Any]) -> dict[str, float]:
     differs = [
         f
         for f in doc["findings"]
-        if f["code"] == Code.WORKER_FINDING.value and f["value"] == "first_forward" and f["key"] in read_back
+        if f["code"] == Code.REPORT_WORKER_FINDING.value and f["value"] == "first_forward" and f["key"] in read_back
     ]
     return {"readback_workers": float(len(read_back)), "readback_mismatches": float(len(differs))}
 

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.binding import Mandate, Status, Verdict, bind, same_value
-from nemo_rl_attn_align.compare.determinism import compare, probe
+from nemo_rl_attn_align.compare.determinism import compare
+from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import FieldValue
+from nemo_rl_attn_align.contract.kinds import DTYPES
 from nemo_rl_attn_align.contract.schema import (
     DOWNCASTS,
-    DTYPES,
     MERGE_RULES,
     REDUCTION_ORDERS,
     ContractError,
@@ -52,7 +53,7 @@ def test_a_difference_in_any_identity_field_fails(name):
     report = bind(*_pair(name, rollout=SAMPLES[name][1]), MANDATE)
     assert report.verdict is Verdict.FAIL and not report.passed and report.comparable
     result = report.result(name)
-    assert (result.status, result.code) == (Status.MISMATCH, Code.IDENTITY_MISMATCH)
+    assert (result.status, result.code) == (Status.MISMATCH, Code.ATTN_IDENTITY_MISMATCH)
     assert [r.name for r in report.with_status(Status.MISMATCH)] == [name]
     (finding,) = report.findings()
     assert finding.severity is Severity.ERROR and finding.key == f"contract.identity.{name}" and finding.fix
@@ -63,9 +64,9 @@ def test_a_difference_in_any_recorded_field_passes_and_is_listed(name):
     report = bind(*_pair(name, rollout=SAMPLES[name][1]), MANDATE)
     assert report.verdict is Verdict.PASS and report.passed and report.comparable
     result = report.result(name)
-    assert (result.status, result.code) == (Status.DIFFERENT, Code.RECORDED_DIFFERENCE)
+    assert (result.status, result.code) == (Status.DIFFERENT, Code.ATTN_RECORDED_DIFFERENCE)
     (finding,) = report.findings()
-    assert finding.severity is Severity.INFO and finding.code == Code.RECORDED_DIFFERENCE.value
+    assert finding.severity is Severity.INFO and finding.code == Code.ATTN_RECORDED_DIFFERENCE.value
     assert name in report.summary_line()
 
 
@@ -76,7 +77,7 @@ SEMANTIC_NO_DTYPE = [n for n in fields_of(Tier.SEMANTIC) if n != "dtype"]
 def test_semantic_sides_that_differ_fail(name):
     report = bind(*_pair(name, rollout=SAMPLES[name][1]), None)  # no mandate: the sides alone must agree
     assert report.verdict is Verdict.FAIL
-    assert report.result(name).code is Code.SEMANTIC_SIDES_DIFFER
+    assert report.result(name).code is Code.ATTN_SEMANTIC_SIDES_DIFFER
 
 
 @pytest.mark.parametrize("side", ["training", "rollout"])
@@ -85,7 +86,7 @@ def test_semantic_against_the_mandate_each_side(name, side):
     other = SAMPLES[name][1]
     report = bind(*_pair(name, **{side: other}), MANDATE)
     result = report.result(name)
-    assert report.verdict is Verdict.FAIL and result.code is Code.SEMANTIC_MANDATE
+    assert report.verdict is Verdict.FAIL and result.code is Code.ATTN_SEMANTIC_MANDATE
     assert f"{side} {other!r}" in result.message and result.demand == SAMPLES[name][0]
 
 
@@ -93,7 +94,7 @@ def test_semantic_against_the_mandate_each_side(name, side):
 def test_both_sides_agreeing_against_the_mandate_fail_and_meeting_a_relaxed_one_pass(name):
     other = SAMPLES[name][1]
     agreeing = _pair(name, training=other, rollout=other)
-    assert bind(*agreeing, MANDATE).result(name).code is Code.SEMANTIC_MANDATE
+    assert bind(*agreeing, MANDATE).result(name).code is Code.ATTN_SEMANTIC_MANDATE
     relaxed = Mandate(**{**MANDATE_OF_SAMPLES, name: None})
     assert bind(*agreeing, relaxed).verdict is Verdict.PASS
     demanding_other = Mandate(**{**MANDATE_OF_SAMPLES, name: other})
@@ -104,7 +105,7 @@ def test_both_sides_agreeing_against_the_mandate_fail_and_meeting_a_relaxed_one_
 def test_a_known_side_breaking_the_mandate_fails_even_when_the_other_is_unobservable(name):
     training = full_contract("training", "t", **{name: FieldValue.observed(SAMPLES[name][1])})
     rollout = full_contract("rollout", "r", **{name: FieldValue.unobservable(SAMPLES[name][0])})
-    assert bind(training, rollout, MANDATE).result(name).code is Code.SEMANTIC_MANDATE
+    assert bind(training, rollout, MANDATE).result(name).code is Code.ATTN_SEMANTIC_MANDATE
 
 
 def test_dtype_difference_fails_unless_allowed():
@@ -116,7 +117,7 @@ def test_dtype_difference_fails_unless_allowed():
     result = allowed.result("dtype")
     assert allowed.verdict is Verdict.PASS and (result.status, result.code) == (
         Status.ALLOWED,
-        Code.DTYPE_DIFFERENCE_ALLOWED,
+        Code.ATTN_DTYPE_DIFFERENCE_ALLOWED,
     )
     # allowed also covers two sides that agree with each other but not with the mandate
     both_fp32 = _pair("dtype", training="fp32", rollout="fp32")
@@ -128,7 +129,7 @@ def test_dtype_difference_fails_unless_allowed():
 
 
 @pytest.mark.parametrize(
-    "provenance,code", [(Provenance.UNOBSERVABLE, Code.UNOBSERVABLE), (Provenance.PENDING, Code.PENDING)]
+    "provenance,code", [(Provenance.UNOBSERVABLE, Code.ATTN_UNOBSERVABLE), (Provenance.PENDING, Code.ATTN_PENDING)]
 )
 @pytest.mark.parametrize("name", fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC))
 def test_an_unknown_field_is_never_a_match(name, provenance, code):
@@ -154,13 +155,13 @@ def test_blocking_determinism_fails_the_binding_recorded_does_not():
     blocking = compare(probe(megatron, torch_module=False), probe(vllm, torch_module=False), "allreduce")
     report = bind(*_pair(), MANDATE, determinism=blocking)
     assert report.verdict is Verdict.FAIL and report.comparable
-    assert {f.code for f in report.findings() if f.severity is Severity.ERROR} == {Code.DETERMINISM_BLOCKING.value}
+    assert {f.code for f in report.findings() if f.severity is Severity.ERROR} == {Code.DET_BLOCKING_MISMATCH.value}
     # no collective reduces the compared tensor (TP=1 on both sides): NCCL_ALGO/PROTO are only recorded
     recorded_only = compare(probe(megatron, torch_module=False), probe(vllm, torch_module=False), None)
     report = bind(*_pair(), MANDATE, determinism=recorded_only)
     assert report.verdict is Verdict.PASS
     assert recorded_only.entry("NCCL_ALGO").status.value == "different"
-    assert any(f.code == Code.DETERMINISM_RECORDED.value for f in report.findings())
+    assert any(f.code == Code.DET_RECORDED_DIFFERENCE.value for f in report.findings())
 
 
 def test_same_value_is_exact():

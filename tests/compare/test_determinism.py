@@ -13,7 +13,6 @@ import pytest
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.determinism import (
     BLOCKING_VARIABLES,
-    DeterminismProbe,
     DetStatus,
     NcclSyntaxError,
     compare,
@@ -21,8 +20,8 @@ from nemo_rl_attn_align.compare.determinism import (
     nccl_algorithms,
     nccl_protocols,
     parse_nccl_list,
-    probe,
 )
+from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe, probe
 
 # NCCL_ALGO value, collective, algorithms NCCL may use (worked out by hand from NCCL's parseList and
 # ncclTopoTuneModel: CollNet needs NCCL_COLLNET_ENABLE=1; allgather/reducescatter run ring, PAT,
@@ -224,7 +223,7 @@ def test_a_side_without_torch_flags_is_listed_as_not_probed():
     statuses = {e.status for e in diff.entries if e.kind == "torch"}
     assert statuses == {DetStatus.NOT_PROBED}
     codes = [f.code for f in diff.findings()]
-    assert codes.count(Code.DETERMINISM_NOT_PROBED.value) == 1
+    assert codes.count(Code.DET_NOT_PROBED.value) == 1
 
 
 def test_probe_round_trips_and_refuses_bad_records():

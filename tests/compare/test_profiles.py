@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.compare.determinism import DetStatus, compare, probe
+from nemo_rl_attn_align.compare.determinism import DetStatus, compare
+from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.errors import Severity
-from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 
 
 def _diff(training_env, rollout_env, collective="allreduce"):

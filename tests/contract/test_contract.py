@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
+from nemo_rl_attn_align.contract.kinds import normalize_dtype
 from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
@@ -20,7 +21,6 @@ from nemo_rl_attn_align.contract.schema import (
     Tier,
     field_spec,
     fields_of,
-    normalize_dtype,
 )
 from tests.contract_samples import SAMPLES, contracts, full_contract
 

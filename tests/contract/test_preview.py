@@ -39,15 +39,15 @@ def test_stock_example_fails_on_the_rollout_reduction_order_and_says_why():
     preview = _preview()
     binding = preview.binding
     assert binding.verdict is Verdict.FAIL and not binding.comparable
-    assert _errors(binding) == {("contract.semantic.reduction_order", Code.SEMANTIC_MANDATE.value)}
+    assert _errors(binding) == {("contract.semantic.reduction_order", Code.ATTN_SEMANTIC_MANDATE.value)}
     result = binding.result("reduction_order")
     assert (result.training.value, result.rollout.value, result.demand) == ("kv_index", "split_kv", "kv_index")
     assert "rollout 'split_kv'" in result.message and "split-KV" in result.rollout.source
-    (finding,) = [f for f in binding.findings() if f.code == Code.SEMANTIC_MANDATE.value]
+    (finding,) = [f for f in binding.findings() if f.code == Code.ATTN_SEMANTIC_MANDATE.value]
     assert "VLLM_BATCH_INVARIANT=1" in finding.fix
     # the model's shape is read from its HF config at start: pending, never a match
     for name in ("architecture", "num_layers", "head_dim", "softmax_scale", "vocab_size"):
-        assert binding.result(name).code is Code.PENDING
+        assert binding.result(name).code is Code.ATTN_PENDING
     for name in ("causal", "tokenizer", "batch_size", "merge_rule", "acc_dtype", "downcast", "dtype"):
         assert binding.result(name).status is Status.MATCH, name
     assert binding.result("batch_size").training.value == 32 * 16
@@ -69,7 +69,7 @@ def test_batch_invariant_rollout_meets_the_mandate_but_cublas_differs():
     preview = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1")
     binding = preview.binding
     assert all(binding.result(n).status is Status.MATCH for n in fields_of(Tier.SEMANTIC))
-    assert _errors(binding) == {("determinism.CUBLAS_WORKSPACE_CONFIG", Code.DETERMINISM_BLOCKING.value)}
+    assert _errors(binding) == {("determinism.CUBLAS_WORKSPACE_CONFIG", Code.DET_BLOCKING_MISMATCH.value)}
     assert binding.determinism.collective is None  # TP=1 on both sides: the NCCL variables are only recorded
     assert binding.determinism.entry("NCCL_ALGO").status is DetStatus.DIFFERENT
     assert any("vLLM 0.33" in note for note in preview.notes)
@@ -119,7 +119,7 @@ def test_fp32_reference_against_bf16_rollout_needs_allow_dtype_difference():
     )
     plain = _preview(*args).binding
     assert plain.result("merge_rule").training.value == "full_softmax"  # TE runs fp32 only unfused
-    assert ("contract.semantic.dtype", Code.SEMANTIC_MANDATE.value) in _errors(plain)
+    assert ("contract.semantic.dtype", Code.ATTN_SEMANTIC_MANDATE.value) in _errors(plain)
     swept = _preview(
         *args,
         "++attention_align.allow_dtype_difference=true",
@@ -129,8 +129,8 @@ def test_fp32_reference_against_bf16_rollout_needs_allow_dtype_difference():
     assert swept.result("dtype").status is Status.ALLOWED
     # the dtype is allowed; what stays is that unfused fp32 and vLLM's kernels fold differently
     assert _errors(swept) == {
-        ("contract.semantic.merge_rule", Code.SEMANTIC_SIDES_DIFFER.value),
-        ("contract.semantic.reduction_order", Code.SEMANTIC_SIDES_DIFFER.value),
+        ("contract.semantic.merge_rule", Code.ATTN_SEMANTIC_SIDES_DIFFER.value),
+        ("contract.semantic.reduction_order", Code.ATTN_SEMANTIC_SIDES_DIFFER.value),
     }
 
 
@@ -151,7 +151,7 @@ def test_megatron_deterministic_mode_predicts_its_environment_and_problems():
 def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
     sft = _preview(path=EXAMPLES / "sft_megatron_flash.yaml")
     assert sft.training is not None and sft.rollout is None and sft.binding is None
-    assert any("policy.generation.backend is not vllm" in n for n in sft.notes)
+    assert any("policy.generation.backend is not set" in n for n in sft.notes)
     assert sft.to_dict()["verdict"] is None and "note:" in sft.render()
     no_megatron = _preview("policy.megatron_cfg.enabled=false")
     assert no_megatron.training is None and no_megatron.binding is None
@@ -159,7 +159,7 @@ def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
 
 def test_absent_sides_name_the_key_that_decides():
     assert absent_sides(load_config(EXAMPLES / "sft_megatron_flash.yaml")) == {
-        "rollout": "policy.generation.backend is not vllm (no vLLM rollout to bind)"
+        "rollout": "policy.generation.backend is not set (no generation workers to bind)"
     }
     assert absent_sides(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")) == {}
     assert set(absent_sides({"policy": {"megatron_cfg": None, "generation": None}})) == {"training", "rollout"}
@@ -168,15 +168,15 @@ def test_absent_sides_name_the_key_that_decides():
 def test_an_invalid_backend_leaves_the_semantic_tier_pending():
     binding = _preview("policy.megatron_cfg.attention_backend=flashh").binding
     assert all(binding.result(n).training.provenance is Provenance.PENDING for n in fields_of(Tier.SEMANTIC))
-    assert binding.result("merge_rule").code is Code.PENDING  # the rollout side meets the mandate: not comparable
-    assert binding.result("reduction_order").code is Code.SEMANTIC_MANDATE  # the rollout side breaks it anyway
+    assert binding.result("merge_rule").code is Code.ATTN_PENDING  # the rollout side meets the mandate: not comparable
+    assert binding.result("reduction_order").code is Code.ATTN_SEMANTIC_MANDATE  # the rollout side breaks it anyway
     assert binding.result("backend").training.provenance is Provenance.PENDING
 
 
 def test_settings_default_to_the_config_own_block():
     cfg = load_config(GRPO, ["++attention_align.mandate.reduction_order=split_kv"])
     result = preview_binding(cfg, None, environ={}).binding.result("reduction_order")
-    assert result.demand == "split_kv" and result.code is Code.SEMANTIC_MANDATE
+    assert result.demand == "split_kv" and result.code is Code.ATTN_SEMANTIC_MANDATE
     assert "training 'kv_index'" in result.message and "rollout" not in result.message.split(",")[0]
 
 

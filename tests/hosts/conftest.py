@@ -18,7 +18,7 @@ from nemo_rl_attn_align.hosts import bootstrap
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NEMO_RL = REPO / "tests" / "fake_nemo_rl"
 FAKE_VLLM = REPO / "tests" / "fake_vllm"
-PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "nemo_rl_attn_align.pth", "README.md")
+PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "nemo_rl_attn_align.pth", "README.md", "LICENSE")
 
 
 def venv_python(venv: Path) -> Path:
@@ -73,6 +73,7 @@ def copy_source_tree(root: Path) -> Path:
     shutil.copytree(
         REPO / "nemo_rl_attn_align", root / "nemo_rl_attn_align", ignore=shutil.ignore_patterns("__pycache__")
     )
+    shutil.copytree(REPO / "examples" / "configs", root / "examples" / "configs")  # build_py ships them
     return root
 
 

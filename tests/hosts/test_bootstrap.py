@@ -315,3 +315,27 @@ def test_the_callback_table_holds_under_concurrent_watch_and_unwatch(bootstrap_s
     table = bootstrap._callbacks[name]  # in whatever order the threads left it
     assert sorted(map(id, table)) == sorted(map(id, (resident, *callbacks)))
     assert sum(isinstance(f, bootstrap._PostImportFinder) for f in sys.meta_path) == 1
+
+
+def test_a_watched_module_executes_with_its_real_loader_and_keeps_one_it_sets(bootstrap_state, tmp_path, monkeypatch):
+    """As wrapt does: the real loader goes back before the module runs, and only where the import
+    system had put our wrapper (a module that sets its own ``__loader__`` keeps it)."""
+    import importlib
+
+    names = ("attn_align_test_loader_seen", "attn_align_test_loader_own")
+    (tmp_path / f"{names[0]}.py").write_text("SEEN = (type(__loader__).__name__, type(__spec__.loader).__name__)\n")
+    (tmp_path / f"{names[1]}.py").write_text("class Own:\n    pass\n\n\n__loader__ = Own()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    notified: list = []
+    for name in names:
+        bootstrap.watch(name, notified.append)
+    try:
+        seen, own = (importlib.import_module(name) for name in names)
+        assert seen.SEEN == ("SourceFileLoader", "SourceFileLoader")
+        assert type(seen.__loader__).__name__ == "SourceFileLoader" and seen.__spec__.loader is seen.__loader__
+        assert type(own.__loader__).__name__ == "Own"  # its own, not reset after it ran
+        assert type(own.__spec__.loader).__name__ == "SourceFileLoader"
+        assert notified == [seen, own]  # the watchers are still called once each
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)

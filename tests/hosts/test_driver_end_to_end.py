@@ -25,7 +25,8 @@ pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
+from nemo_rl_attn_align.report.document import REPORT_FILENAME
+from nemo_rl_attn_align.report.load import load_report
 from tests.fake_nemo_rl.configs import policy_config
 from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO, venv_without_plugin
 
@@ -124,7 +125,7 @@ def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster,
     }
     merge = next(r for r in doc["binding"]["fields"] if r["field"] == "merge_rule")
     assert merge["training"]["value"] == "full_softmax" and merge["rollout"]["value"] == "online_softmax_lse"
-    (finding,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_FINDING.value]
+    (finding,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_WORKER_FINDING.value]
     assert finding["key"] == "workers.policy-rank0" and "requested AttnBackend.flash" in finding["message"]
     logged = [json.loads(line) for line in (tmp_path / "logs" / "exp_001" / "metrics.jsonl").read_text().splitlines()]
     drift = [
@@ -138,7 +139,7 @@ def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster,
 def test_on_mismatch_error_stops_the_run_at_setup_with_the_report_written(ray_cluster, tmp_path):
     config = recipe_config(tmp_path, vllm_workers=1, batch_invariant=False, on_mismatch="error")
     out = run_recipe(ray_cluster, tmp_path, config)
-    assert out.returncode == 1 and "AttentionMismatch" in out.stderr and Code.SEMANTIC_MANDATE.value in out.stderr
+    assert out.returncode == 1 and "AttentionMismatch" in out.stderr and Code.ATTN_SEMANTIC_MANDATE.value in out.stderr
     assert "stand-in grpo_train" not in out.stdout  # stopped before any training step
     assert out.stdout.count(SUMMARY) == 1 and f"{SUMMARY} FAIL (on_mismatch: error; collected at setup)" in out.stdout
     doc = the_report(tmp_path)
@@ -168,7 +169,7 @@ def test_a_worker_that_died_in_setup_is_a_visible_gap(ray_cluster, tmp_path):
     )
     doc = the_report(tmp_path)
     assert doc["workers"]["found"] == ["vllm-rank0-worker0"] and doc["workers"]["missing"] == ["vllm-rank1-worker0"]
-    assert Code.WORKER_MISSING.value in {f["code"] for f in doc["findings"]}
+    assert Code.REPORT_WORKER_MISSING.value in {f["code"] for f in doc["findings"]}
 
 
 def test_sft_run_states_that_there_is_no_rollout_side(ray_cluster, tmp_path):
@@ -204,5 +205,6 @@ def test_a_run_whose_vllm_workers_never_record_shows_0_of_n(ray_cluster, tmp_pat
     }
     assert doc["verdict"] == "incomparable" and doc["binding"] is None
     assert any(
-        f["code"] == Code.SIDE_MISSING.value and f["message"].startswith("rollout: 0 of 2") for f in doc["findings"]
+        f["code"] == Code.REPORT_SIDE_MISSING.value and f["message"].startswith("rollout: 0 of 2")
+        for f in doc["findings"]
     )

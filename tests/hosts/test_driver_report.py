@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.compare.determinism import probe
+from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
-from nemo_rl_attn_align.report.document import REPORT_FILENAME, load_report
+from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, nemo_rl_driver
+from nemo_rl_attn_align.report.document import REPORT_FILENAME
 from nemo_rl_attn_align.report.finalize import AttentionMismatch
+from nemo_rl_attn_align.report.load import load_report
 from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
 from nemo_rl_attn_align.report.tracker_metrics import PREFIX as TRACKER_PREFIX
 from nemo_rl_attn_align.report.tracker_metrics import VERDICT_VALUES
@@ -114,7 +115,7 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
         {"loss": 0.5, "token_mult_prob_error": np.float32(1.0625), "gen_kl_error": 1e-4}, 1, "train"
     )
     assert len(printed) == 2 and printed[1].startswith("attention_align (first_step): the report changed since setup:")
-    assert f"new: warning {Code.WORKER_FINDING.value}" in printed[1] and "ran local" in printed[1]
+    assert f"new: warning {Code.REPORT_WORKER_FINDING.value}" in printed[1] and "ran local" in printed[1]
     driver_report.train_metrics({"loss": 0.4, "token_mult_prob_error": 1.03125, "gen_kl_error": [0.1, 0.2]}, 2, "train")
     driver_report.train_metrics({"loss": 0.3, "token_mult_prob_error": 9.0}, 2, "validation")  # not a training step
     assert len(printed) == 2
@@ -145,7 +146,7 @@ def test_error_stops_at_setup_with_the_report_written(driver, tmp_path):
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1), **SPLIT_KV)
     with pytest.raises(AttentionMismatch) as err:
         run.at_setup()
-    assert [f.code for f in err.value.findings] == [Code.SEMANTIC_MANDATE.value]
+    assert [f.code for f in err.value.findings] == [Code.ATTN_SEMANTIC_MANDATE.value]
     assert report_of(run)["verdict"] == "fail" and len(printed) == 1 and "verdict FAIL" in printed[0]
     driver_report.end_of_training()  # the run stopped: no further collection, no second print
     assert len(printed) == 1 and [h["point"] for h in report_of(run)["history"]] == ["setup"]
@@ -200,7 +201,7 @@ def test_record_prints_one_line_then_only_writes(driver, tmp_path):
     assert [h["point"] for h in doc["history"]] == ["setup", "first_step", "train_end"] and doc["drift"]["steps"][0][
         "step"
     ] == 1
-    assert any(f["code"] == Code.WORKER_FINDING.value for f in doc["findings"])
+    assert any(f["code"] == Code.REPORT_WORKER_FINDING.value for f in doc["findings"])
 
 
 def test_a_worker_that_never_wrote_is_a_gap_named_by_its_peers(driver, tmp_path):
@@ -239,7 +240,7 @@ def test_sft_says_there_is_no_rollout_side(driver, tmp_path):
     doc = report_of(run)
     assert doc["binding"] is None and doc["binding_applicable"] is False and doc["verdict"] == "incomparable"
     codes = {f["code"] for f in doc["findings"]}
-    assert Code.SIDE_ABSENT.value in codes and Code.SIDE_MISSING.value not in codes
+    assert Code.REPORT_SIDE_ABSENT.value in codes and Code.REPORT_SIDE_MISSING.value not in codes
     assert (
         "no rollout side: sft trains on a fixed dataset and starts no generation workers; "
         "the training/rollout binding is not applicable"
@@ -250,7 +251,39 @@ def test_grpo_without_vllm_names_the_config_key(driver, tmp_path):
     run, printed = driver(config(tmp_path, rollout=False))
     worker(run, "training", "policy-rank0", training_peers(1))
     run.at_setup()
-    assert "no rollout side: policy.generation.backend is not vllm" in printed[0]
+    assert "no rollout side: policy.generation.backend is not set" in printed[0]
+
+
+@pytest.mark.parametrize("backend", ["sglang", "dynamo"])
+def test_an_unhooked_rollout_backend_is_one_warning_naming_its_gpus(driver, tmp_path, backend):
+    cfg = config(tmp_path, rollout=False)
+    cfg["policy"]["generation"] = {"backend": backend, "colocated": {"enabled": True}}
+    cfg["cluster"] = {"num_nodes": 1, "gpus_per_node": 8}
+    run, printed = driver(cfg)
+    worker(run, "training", "policy-rank0", training_peers(1))
+    run.at_setup()
+    [line] = [line for line in printed[0].splitlines() if "REPORT_ROLLOUT_NOT_BOUND" in line]
+    assert line.lstrip().startswith("warning")
+    assert f"rollout side not bound: policy.generation.backend '{backend}'" in line
+    assert "8 generation GPUs (cluster 1 x 8 GPUs, generation colocated) run unrecorded" in line
+
+
+def test_strict_mode_stops_on_an_unhooked_rollout_backend(driver, tmp_path):
+    cfg = config(tmp_path, rollout=False, strict=True)
+    cfg["policy"]["generation"] = {"backend": "sglang"}
+    run, _ = driver(cfg)
+    worker(run, "training", "policy-rank0", training_peers(1))
+    with pytest.raises(_patching.StrictModeError, match="rollout side not bound"):
+        run.at_setup()
+
+
+def test_megatron_generation_expects_one_engine_per_policy_worker(driver, tmp_path):
+    cfg = config(tmp_path, rollout=False)
+    cfg["policy"]["generation"] = {"backend": "megatron", "colocated": {"enabled": True}}
+    cfg["cluster"] = {"num_nodes": 1, "gpus_per_node": 2}
+    run, _ = driver(cfg)
+    assert run.expected["rollout"].ids == ("megatron-gen-rank0", "megatron-gen-rank1")
+    assert "rollout" not in run.absent
 
 
 @pytest.mark.parametrize(
@@ -376,7 +409,7 @@ def test_a_side_with_no_record_is_0_of_n_from_the_config(driver, tmp_path):
         and doc["workers"]["coverage"]["rollout"]["expected"] == 2
     )
     assert "training: 2 of 2 workers recorded; rollout: 0 of 2 workers recorded" in printed[0]
-    [missing] = [f for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value]
+    [missing] = [f for f in doc["findings"] if f["code"] == Code.REPORT_SIDE_MISSING.value]
     assert missing["severity"] == "warning" and missing["message"].startswith("rollout: 0 of 2 workers recorded")
     assert doc["workers"]["missing"] == ["vllm-rank0-worker0", "vllm-rank1-worker0"]
     assert doc["verdict"] == "incomparable"  # never an empty pass
@@ -390,7 +423,7 @@ def test_0_of_n_stops_a_strict_run_after_the_report_is_written(driver, tmp_path)
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1))
     with pytest.raises(StrictModeError, match="training: 0 of 1 workers recorded"):
         run.at_setup()
-    [missing] = [f for f in report_of(run)["findings"] if f["code"] == Code.SIDE_MISSING.value]
+    [missing] = [f for f in report_of(run)["findings"] if f["code"] == Code.REPORT_SIDE_MISSING.value]
     assert missing["severity"] == "error"
 
 

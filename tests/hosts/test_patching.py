@@ -192,3 +192,65 @@ def test_original_of_names_the_host_function_under_our_layer_and_a_foreign_one()
     foreign = functools.wraps(ours)(lambda: ours())
     assert _patching.original_of(ours) is host and _patching.original_of(foreign) is host
     _patching.unwrap(owner, "f")
+
+
+def test_a_classmethod_is_wrapped_as_a_classmethod_and_binds_the_class_it_is_called_on():
+    """``getattr`` would hand over the method bound to ``Base`` and install a plain function: an
+    instance call would then pass ``self`` on top, and a subclass would get ``Base`` as ``cls``."""
+
+    class Base:
+        @classmethod
+        def make(cls, x):
+            return cls, x
+
+    class Sub(Base):
+        pass
+
+    own, seen = vars(Base)["make"], []
+
+    def make_wrapper(original):
+        def hooked(cls, x):
+            seen.append(cls)
+            return original(cls, x)
+
+        return hooked
+
+    assert _patching.wrap(Base, "make", make_wrapper)
+    assert isinstance(vars(Base)["make"], classmethod)
+    assert Base.make(1) == (Base, 1) and Sub.make(2) == (Sub, 2) and Sub().make(3) == (Sub, 3)
+    assert seen == [Base, Sub, Sub] and _patching.is_wrapped(vars(Base)["make"].__func__)
+    assert not _patching.wrap(Base, "make", make_wrapper)  # one layer
+    assert _patching.unwrap(Base, "make") and vars(Base)["make"] is own
+
+
+def test_an_inherited_classmethod_wrapped_on_the_subclass_comes_back_inherited():
+    class Base:
+        @classmethod
+        def name(cls):
+            return cls.__name__
+
+    class Sub(Base):
+        pass
+
+    class Leaf(Sub):
+        pass
+
+    calls = []
+    assert _patching.wrap(Sub, "name", recording(calls, "ours"))
+    assert Sub().name() == "Sub" and Leaf.name() == "Leaf" and Base.name() == "Base" and calls == ["ours", "ours"]
+    assert _patching.unwrap(Sub, "name") and "name" not in vars(Sub) and Sub.name() == "Sub"
+
+
+def test_a_staticmethod_is_wrapped_as_a_staticmethod_and_restored_exactly():
+    """``getattr`` strips the staticmethod: a plain function on the class would take ``self``."""
+
+    class Host:
+        @staticmethod
+        def add(a, b):
+            return a + b
+
+    own, calls = vars(Host)["add"], []
+    assert _patching.wrap(Host, "add", recording(calls, "ours"))
+    assert isinstance(vars(Host)["add"], staticmethod)
+    assert Host.add(1, 2) == 3 and Host().add(3, 4) == 7 and calls == ["ours", "ours"]
+    assert _patching.unwrap(Host, "add") and vars(Host)["add"] is own and Host().add(1, 1) == 2

@@ -24,6 +24,7 @@ def fake_vllm(bootstrap_state, monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.delenv("NEMO_RL_ATTN_ALIGN_STRICT", raising=False)
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.setenv(vllm_worker.SESSION_ENV, "test-session")  # restored after the test
     bootstrap_state.deactivate()
     vllm_worker.register()  # what vLLM's load_general_plugins() does
     with standin(FAKE_VLLM, "vllm"):
@@ -158,7 +159,9 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     ],
 )
 def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
-    assert vllm_record.hf_rope(hf) == expected
+    facts = vllm_record.hf_rope(hf)
+    assert facts.pop("rope_source").startswith("hf_config.rope_parameters" if hasattr(hf, "rope_parameters") else "hf")
+    assert facts == expected
 
 
 def _record(fake_vllm, tmp_path, config):
@@ -231,8 +234,8 @@ def test_softcapping_kv_cache_dtype_and_context_parallel_sizes():
     assert contract.value("logit_softcapping") == 50.0 and contract["logit_softcapping"].provenance.value == "observed"
     assert contract.value("kv_cache_dtype") == "bf16" and contract["kv_cache_dtype"].provenance.value == "configured"
     assert (contract.value("cp_size"), contract.value("decode_cp_size")) == (2, 4)
-    seen = vllm_record.rollout_contract({**facts, "kv_cache_tensor_dtype": "torch.float8_e4m3fn"}, "w")
-    assert seen.value("kv_cache_dtype") == "fp8" and seen["kv_cache_dtype"].provenance.value == "observed"
+    seen = vllm_record.rollout_contract({**facts, "kv_cache_tensor_dtype": "torch.bfloat16"}, "w")
+    assert seen.value("kv_cache_dtype") == "bf16" and seen["kv_cache_dtype"].provenance.value == "observed"
     old = vllm_record.rollout_contract({"attn_logit_softcapping": 30.0}, "w")  # no impl shows its cap
     assert old.value("logit_softcapping") == 30.0 and old["logit_softcapping"].provenance.value == "configured"
     assert old.value("cp_size") == 1 and "no prefill_context_parallel_size" in old["cp_size"].source
@@ -329,3 +332,147 @@ def test_an_override_the_plugin_cannot_wrap_is_one_warning_naming_the_class(fake
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
     with pytest.raises(_patching.HostLayoutError, match="Opaque"):
         Opaque(fake_vllm.standin_vllm_config())
+
+
+# --- the KV-cache format: vLLM's names, not the uint8 storage -------------------------------------
+
+
+def _kv_facts(cache_dtype, layer_names, tensor="torch.uint8"):
+    return {
+        "kv_cache_dtype": cache_dtype,
+        "dtype": "torch.bfloat16",
+        "layer_kv_cache_dtypes": {f"model.layers.{i}.self_attn.attn": n for i, n in enumerate(layer_names)},
+        "kv_cache_tensor_dtype": tensor,
+    }
+
+
+@pytest.mark.parametrize(
+    "cache_dtype, layer_names, tensor, expected",
+    [
+        ("fp8", ["fp8", "fp8"], "torch.uint8", "fp8_e4m3"),  # vLLM: fp8 (=fp8_e4m3)
+        ("fp8_e4m3", ["fp8_e4m3", "fp8_e4m3"], "torch.uint8", "fp8_e4m3"),
+        ("fp8_e5m2", ["fp8_e5m2", "fp8_e5m2"], "torch.uint8", "fp8_e5m2"),
+        ("fp8_inc", ["fp8_inc", "fp8_inc"], "torch.float8_e4m3fn", "fp8_inc"),
+        ("nvfp4", ["nvfp4", "nvfp4"], "torch.uint8", "nvfp4"),
+        ("auto", ["auto", "auto"], "torch.bfloat16", "bf16"),
+        ("auto", ["fp8", "fp8"], "torch.uint8", "fp8_e4m3"),  # a checkpoint's kv_cache_scheme: auto -> fp8
+        ("bfloat16", ["bfloat16", "bfloat16"], "torch.bfloat16", "bf16"),
+    ],
+)
+def test_kv_cache_format_is_named_from_the_layers_not_the_tensor(cache_dtype, layer_names, tensor, expected):
+    contract = vllm_record.rollout_contract(_kv_facts(cache_dtype, layer_names, tensor), "w")
+    assert contract.value("kv_cache_dtype") == expected
+    assert contract["kv_cache_dtype"].provenance.value == "observed"
+    assert "attention layers' kv_cache_dtype" in contract["kv_cache_dtype"].source
+    assert f"cache tensor {tensor}" in contract["kv_cache_dtype"].source
+
+
+def test_kv_cache_formats_that_differ_per_layer_are_not_one_value():
+    contract = vllm_record.rollout_contract(_kv_facts("fp8", ["auto", "fp8"], "torch.bfloat16"), "w")
+    assert contract["kv_cache_dtype"].provenance.value == "unobservable"
+    assert "layers differ" in contract["kv_cache_dtype"].source and "fp8_e4m3" in contract["kv_cache_dtype"].source
+
+
+def test_kv_cache_format_without_layer_names_is_the_configured_name():
+    """No layer shows its kv_cache_dtype: ``cache_config.cache_dtype``, never the uint8 storage."""
+    old = vllm_record.rollout_contract({"kv_cache_dtype": "fp8_e5m2", "kv_cache_tensor_dtype": "torch.uint8"}, "w")
+    assert old.value("kv_cache_dtype") == "fp8_e5m2" and old["kv_cache_dtype"].provenance.value == "configured"
+    fp8 = vllm_record.rollout_contract({"kv_cache_dtype": "fp8"}, "w")
+    assert fp8.value("kv_cache_dtype") == "fp8_e4m3"
+    assert vllm_record.kv_cache_format("auto", None) == (None, "auto: the model dtype, None, is not known")
+    assert vllm_record.kv_cache_format("float16") == ("fp16", "an unquantized dtype")
+
+
+def test_the_fake_engines_layers_name_their_kv_cache_format(fake_vllm, tmp_path):
+    config = fake_vllm.standin_vllm_config("FLASH_ATTN")
+    config.cache_config.cache_dtype = "fp8_e5m2"
+    for layer in config.compilation_config.static_forward_context.values():
+        layer.kv_cache_dtype = "fp8_e5m2"
+    contract = _record(fake_vllm, tmp_path, config)
+    assert contract.value("kv_cache_dtype") == "fp8_e5m2"
+
+
+def test_rope_sources_name_the_attribute_read():
+    new = vllm_record.hf_rope(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    assert new["rope_source"] == "hf_config.rope_parameters"
+    contract = vllm_record.rollout_contract(new, "w")
+    assert contract["rope_type"].source == "hf_config.rope_parameters['rope_type'] (absent: default)"
+    assert contract["rope_parameters"].source == "hf_config.rope_parameters"
+    old = vllm_record.rollout_contract(vllm_record.hf_rope(SimpleNamespace(rope_theta=1e4, rope_scaling=None)), "w")
+    assert old["rope_type"].source.startswith("hf_config.rope_scaling")
+    partial = vllm_record.hf_rope(
+        SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, partial_rotary_factor=0.5)
+    )
+    assert partial["rope_source"] == "hf_config.rope_parameters + partial_rotary_factor"
+
+
+# --- one record per engine ---------------------------------------------------------------------
+
+
+def _ids(tmp_path):
+    return [c.worker_id for c, _ in read_worker_records(tmp_path)["records"]]
+
+
+def test_a_second_engine_in_the_process_gets_its_own_record(fake_vllm, tmp_path):
+    first = fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN"), rank=0)
+    first.compile_or_warm_up_model()
+    config = fake_vllm.standin_vllm_config("FLASH_ATTN")
+    config.cache_config.block_size = 32
+    second = fake_vllm.Worker(config, rank=0)
+    second.compile_or_warm_up_model()
+    assert _ids(tmp_path) == ["vllm-rank3-worker0", "vllm-rank3-worker0-engine1"]
+    records = {c.worker_id: c for c, _ in read_worker_records(tmp_path)["records"]}
+    assert records["vllm-rank3-worker0"].value("kv_page_size") == 16  # the first is kept as it was
+    assert records["vllm-rank3-worker0-engine1"].value("kv_page_size") == 32
+    detail = json.loads((tmp_path / "hosts" / "rollout--vllm-rank3-worker0-engine1.json").read_text())
+    assert detail["peers"] == ["vllm-rank0-worker0-engine1"]  # WORLD_SIZE 1: the group of the second engine
+    assert [r.worker_id for r in vllm_worker.records[-2:]] == ["vllm-rank3-worker0", "vllm-rank3-worker0-engine1"]
+    first.compile_or_warm_up_model()  # the same engine again rewrites its own record
+    assert _ids(tmp_path) == ["vllm-rank3-worker0", "vllm-rank3-worker0-engine1"]
+
+
+def test_a_record_of_this_run_is_never_replaced_across_processes(tmp_path):
+    """Another process of the same run (an engine core started later, an actor restarted) took the id."""
+    from nemo_rl_attn_align.report.store import claim_worker_id
+
+    assert claim_worker_id(tmp_path, "rollout", "vllm-rank0-worker0", "a", run_id="run1").held
+    assert claim_worker_id(tmp_path, "rollout", "vllm-rank0-worker0", "a", run_id="run1").held  # its own again
+    assert not claim_worker_id(tmp_path, "rollout", "vllm-rank0-worker0", "b", run_id="run1").held
+    # a stale claim of another run is taken over, silently: the report leaves that run's files out
+    assert claim_worker_id(tmp_path, "rollout", "vllm-rank0-worker0", "c", run_id="run2") == (True, None)
+    # no run id: the same session is one run; another session's claim is replaced, and said
+    assert claim_worker_id(tmp_path, "rollout", "w1", "d", session="s1").held
+    assert not claim_worker_id(tmp_path, "rollout", "w1", "e", session="s1").held
+    taken = claim_worker_id(tmp_path, "rollout", "w1", "f", session="s2")
+    assert taken.held and taken.replaced["writer"] == "d" and taken.replaced["pid"] == os.getpid()
+    # a broken claim file is nobody's (once it is older than a write takes)
+    broken = tmp_path / "claims" / "rollout--w2.json"
+    broken.write_text("{not json")
+    os.utime(broken, (0, 0))
+    assert claim_worker_id(tmp_path, "rollout", "w2", "g", session="s1") == (True, None)
+    broken.write_text("{not json")  # a claim being written right now: held by its writer
+    assert not claim_worker_id(tmp_path, "rollout", "w2", "h", session="s1").held
+    assert not list((tmp_path / "claims").glob(".*.tmp"))
+
+
+def test_an_earlier_session_is_replaced_with_a_warning(fake_vllm, tmp_path, monkeypatch, caplog):
+    fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN")).compile_or_warm_up_model()
+    monkeypatch.setenv(vllm_worker.SESSION_ENV, "a-later-run")  # the same script run again into the same dir
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN")).compile_or_warm_up_model()
+    assert _ids(tmp_path) == ["vllm-rank3-worker0"]
+    [warning] = [r.getMessage() for r in caplog.records if "is replaced" in r.getMessage()]
+    assert "vllm-rank3-worker0" in warning and f"pid {os.getpid()}" in warning and "no run id" in warning
+
+
+def test_an_engine_whose_every_id_is_held_warns_that_its_record_is_lost(fake_vllm, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(vllm_worker, "MAX_ENGINES", 2)
+    for _ in range(2):
+        fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN")).compile_or_warm_up_model()
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN")).compile_or_warm_up_model()
+    assert _ids(tmp_path) == ["vllm-rank3-worker0", "vllm-rank3-worker0-engine1"]
+    assert any("this vLLM engine's record is lost" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
+    with pytest.raises(_patching.StrictModeError, match="record is lost"):
+        fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN")).compile_or_warm_up_model()

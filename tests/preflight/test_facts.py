@@ -11,15 +11,9 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.preflight.facts import (
-    UNSET,
-    Fact,
-    GenerationFacts,
-    RecipeFacts,
-    as_facts,
-    read_policy_facts,
-    read_recipe_facts,
-)
+from nemo_rl_attn_align.preflight.facts import UNSET, Fact, read_policy_facts
+from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts, read_recipe_facts
 from tests.conftest import EXAMPLES
 
 

@@ -12,8 +12,10 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 SNAPSHOTS = os.environ.get("ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS")
-#: The only reasons a recipe with both sides may stay unaligned: a parallel layout the preset keeps.
+#: The only reasons a recipe with both sides may stay unaligned: a parallel layout the preset keeps,
+#: a rollout precision, or Megatron generation's batch-invariant mode (a change to both sides' kernels).
 KNOWN_REFUSALS = {
+    "policy.megatron_cfg.model_overrides.batch_invariant_mode",
     "policy.megatron_cfg.tensor_model_parallel_size",
     "policy.megatron_cfg.context_parallel_size",
     "policy.generation.vllm_cfg.precision",

@@ -14,7 +14,7 @@ from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
 from nemo_rl_attn_align.preflight.facts import MEGATRON_INDEXED_KEYS, read_policy_facts
 from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
-from nemo_rl_attn_align.preflight.rules import RULES, rule
+from nemo_rl_attn_align.preflight.rules.registry import RULES, rule
 from tests.conftest import EXAMPLES
 
 BASE = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")["policy"]
@@ -227,6 +227,39 @@ CASES = [
         {},
     ),
     (
+        Code.BATCH_INVARIANT_REQUIRES_FLASH_VERSION,
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": True, "flash_attention_version": 2}),
+        {},
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": True, "flash_attention_version": 3}),
+        {},
+    ),
+    (
+        Code.BATCH_INVARIANT_NO_ATTENTION_DROPOUT,
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": True, "attention_dropout": 0.1}),
+        {},
+        policy(megatron_cfg__model_overrides={"batch_invariant_mode": True, "attention_dropout": 0.0}),
+        {},
+    ),
+    (
+        Code.GENERATION_ATTENTION_DIFFERS,
+        policy(
+            generation={
+                "backend": "megatron",
+                "colocated": {"enabled": False},
+                "mcore_generation_config": {"model_overrides": {"deterministic_mode": True}},
+            }
+        ),
+        {},
+        policy(
+            generation={
+                "backend": "megatron",
+                "colocated": {"enabled": False},
+                "mcore_generation_config": {"block_size_tokens": 256},
+            }
+        ),
+        {},
+    ),
+    (
         Code.MODEL_OVERRIDE_CONFLICT,
         policy(megatron_cfg__model_overrides={"attention_backend": "fused"}),
         {},
@@ -300,6 +333,8 @@ def test_every_rule_code_is_declared_by_one_rule_and_the_rules_run_in_their_old_
         "_model_override_conflict",
         "_nvte_environment",
         "_without_megatron",
+        "_batch_invariant_kernels",
+        "_generation_attention",
     ]
 
 
@@ -311,7 +346,9 @@ def test_a_rule_raises_only_the_codes_it_declares():
             assert {Code(f.code) for f in check(facts)} <= raised_by[check.__name__], check.__name__
 
 
-@pytest.mark.parametrize("codes_", [(), (Code.SEMANTIC_MANDATE,), (Code.PRECISION_INVALID, Code.PRESET_REFUSED)])
+@pytest.mark.parametrize(
+    "codes_", [(), (Code.ATTN_SEMANTIC_MANDATE,), (Code.PRECISION_INVALID, Code.ALIGN_PRESET_REFUSED)]
+)
 def test_a_rule_must_declare_rule_codes(codes_):
     with pytest.raises(ValueError, match="a rule raises rule codes"):
         rule(*codes_)

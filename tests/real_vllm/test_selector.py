@@ -19,7 +19,7 @@ from nemo_rl_attn_align.preflight.kernels import predict_rollout
 pytestmark = pytest.mark.real_vllm
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "nemo_rl_attn_align" / "examples" / "configs"
+EXAMPLES = REPO / "examples" / "configs"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

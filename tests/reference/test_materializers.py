@@ -115,7 +115,7 @@ def test_thd_correction_is_te_kernel_read_element_by_element():
     """``te_out_correction`` against a scalar transcription of ``thd_out_correction_kernel``:
     ``p = (dtype)(p + (p_step == 0 ? 0 : (dtype)(float(p_step) * expf(lse_step - lse))))``, and of
     bshd's ``out.add_(out_step * exp(lse_step - lse))`` (one rounding), on a small hand-sized case."""
-    from nemo_rl_attn_align.reference.materializers import te_out_correction
+    from nemo_rl_attn_align.reference.replays import te_out_correction
 
     gen = torch.Generator().manual_seed(5)
     dtype = torch.bfloat16

@@ -10,10 +10,10 @@ from nemo_rl_attn_align.report.document import (
     REPORT_FILENAME,
     collect,
     drift_entry,
-    load_report,
     write_report,
 )
 from nemo_rl_attn_align.report.drift_log import append_step, drift_log_path, read_steps
+from nemo_rl_attn_align.report.load import load_report
 
 
 def test_steps_read_back_in_order_with_the_last_figures_of_a_repeated_step(tmp_path):

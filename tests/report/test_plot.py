@@ -12,7 +12,7 @@ import pytest
 
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.compare.binding import Mandate
-from nemo_rl_attn_align.compare.determinism import probe
+from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.report.document import add_drift, collect, write_report
 from nemo_rl_attn_align.report.plot import (

@@ -16,20 +16,19 @@ import pytest
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.binding import Mandate
-from nemo_rl_attn_align.compare.determinism import probe
+from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,
-    ReportError,
     add_drift,
     collect,
-    load_report,
     write_report,
 )
 from nemo_rl_attn_align.report.finalize import AttentionMismatch, finalize
+from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
 from nemo_rl_attn_align.report.store import (
     atomic_write_json,
@@ -75,7 +74,7 @@ def test_the_report_says_why_a_binding_fails(tmp_path):
     doc = collect(tmp_path, mandate=MANDATE)
     assert doc["verdict"] == "fail"
     (error,) = [f for f in doc["findings"] if f["severity"] == "error"]
-    assert error["code"] == Code.SEMANTIC_MANDATE.value and "split_kv" in error["message"]
+    assert error["code"] == Code.ATTN_SEMANTIC_MANDATE.value and "split_kv" in error["message"]
     text = render_summary(doc)
     assert "verdict FAIL" in text and re.search(r"reduction_order\s+semantic\s+MISMATCH", text)
     assert "drift: none recorded yet" in text
@@ -139,7 +138,7 @@ def test_a_worker_that_died_leaves_a_gap_not_a_corrupt_file(tmp_path):
     assert doc["workers"]["missing"] == ["vllm-1"]
     assert doc["workers"]["unreadable"] == [] and len(doc["workers"]["incomplete_writes"]) == 1
     assert doc["verdict"] == "incomparable"  # the two that wrote agree, but not every worker was seen
-    assert Code.WORKER_MISSING.value in {f["code"] for f in doc["findings"]}
+    assert Code.REPORT_WORKER_MISSING.value in {f["code"] for f in doc["findings"]}
     assert "missing: vllm-1" in render_summary(doc)
 
 
@@ -167,7 +166,7 @@ def test_a_worker_that_disagrees_with_its_side_fails_the_report(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(27)))
     doc = collect(tmp_path, mandate=MANDATE)
     assert doc["verdict"] == "fail" and doc["binding"]["verdict"] == "pass"
-    (f,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_DIVERGES.value]
+    (f,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_WORKER_DIVERGES.value]
     assert "policy-1" in f["message"] and f["key"] == "contract.identity.num_layers"
 
 
@@ -175,7 +174,7 @@ def test_a_side_without_records_cannot_be_bound(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-0"))
     doc = collect(tmp_path, mandate=MANDATE)
     assert doc["binding"] is None and doc["verdict"] == "incomparable"
-    assert Code.SIDE_MISSING.value in {f["code"] for f in doc["findings"]}
+    assert Code.REPORT_SIDE_MISSING.value in {f["code"] for f in doc["findings"]}
     assert "verdict INCOMPARABLE" in render_summary(doc)
 
 
@@ -213,7 +212,7 @@ def test_finalize_writes_prints_once_and_enforces(tmp_path, on_mismatch):
     if on_mismatch == "error":
         with pytest.raises(AttentionMismatch) as err:
             finalize(settings, printer=printed.append)
-        assert [f.code for f in err.value.findings] == [Code.SEMANTIC_MANDATE.value]
+        assert [f.code for f in err.value.findings] == [Code.ATTN_SEMANTIC_MANDATE.value]
     else:
         assert finalize(settings, printer=printed.append)["verdict"] == "fail"
     assert len(printed) == 1  # the summary is printed once
@@ -372,16 +371,21 @@ def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
         code = Code(f["code"])
         seen.add(code)
         assert not code.varies and f["severity"] == code.severity.value, f
-    assert {Code.WORKER_DIVERGES, Code.WORKER_FINDING, Code.WORKER_MISSING, Code.RECORD_UNREADABLE} <= seen
+    assert {
+        Code.REPORT_WORKER_DIVERGES,
+        Code.REPORT_WORKER_FINDING,
+        Code.REPORT_WORKER_MISSING,
+        Code.REPORT_RECORD_UNREADABLE,
+    } <= seen
     # the one report code whose severity varies: warning, an error in strict mode with a known count
     write_worker_record(tmp_path / "alone", full_contract("training", "policy-0"))
     for strict, severity in ((False, "warning"), (True, "error")):
         doc = collect(
             tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": {"count": 2, "how": "cfg"}}
         )
-        (f,) = [f for f in doc["findings"] if f["code"] == Code.SIDE_MISSING.value]
-        assert Code.SIDE_MISSING.varies and f["severity"] == severity
-        assert f["severity"] in Code.SIDE_MISSING.severity_text
+        (f,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_SIDE_MISSING.value]
+        assert Code.REPORT_SIDE_MISSING.varies and f["severity"] == severity
+        assert f["severity"] in Code.REPORT_SIDE_MISSING.severity_text
 
 
 # --- host details, later collections, other runs -------------------------------------------------
@@ -418,7 +422,7 @@ def test_host_details_give_stages_findings_and_the_peers_that_never_wrote(tmp_pa
     }
     assert [u["path"].endswith("rollout--vllm-9.json") for u in doc["workers"]["unreadable"]] == [True]
     assert doc["workers"]["incomplete_writes"][0].endswith(".tmp")
-    (finding,) = [f for f in doc["findings"] if f["code"] == Code.WORKER_FINDING.value]
+    (finding,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_WORKER_FINDING.value]
     assert finding == {
         "code": "REPORT_WORKER_FINDING",
         "severity": "warning",
@@ -451,7 +455,7 @@ def test_a_side_absent_by_design_is_stated_not_missing(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-0"))
     doc = collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "sft starts no generation workers"})
     assert doc["binding_applicable"] is False and doc["binding"] is None and doc["verdict"] == "incomparable"
-    assert [f["code"] for f in doc["findings"]] == [Code.SIDE_ABSENT.value]
+    assert [f["code"] for f in doc["findings"]] == [Code.REPORT_SIDE_ABSENT.value]
     assert (
         "no rollout side: sft starts no generation workers; the training/rollout binding is not applicable"
         in render_summary(doc)

@@ -1,0 +1,41 @@
+"""``check --fix``: the smallest set of the preset's changes (and those it refuses) that still aligns.
+
+``minimal`` drops each change of an ``Alignment`` (``preset.align(cfg, alter_ok=True)``) in turn
+while the rest keep the preview free of blocking causes and the pre-flight rules free of new
+errors. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nemo_rl_attn_align.preflight.plan import build_plan
+from nemo_rl_attn_align.preflight.preset import Alignment, Change, blocking_causes, set_key
+
+
+def minimal(
+    cfg: Mapping[str, Any], alignment: Alignment, preview_of: Callable[[Mapping[str, Any]], Any]
+) -> tuple[Change, ...]:
+    """The smallest subset of ``alignment.changes`` after which the preview still has no blocking
+    cause and the pre-flight rules find no error the whole set does not (each change is dropped in
+    turn when the rest suffice: batch-invariant mode without its flash-attn pin would not start)."""
+
+    def changed(changes: list[Change]) -> dict[str, Any]:
+        work = copy.deepcopy(dict(cfg))
+        for c in changes:
+            set_key(work, c.key, c.value)
+        return work
+
+    def rule_errors(work: Mapping[str, Any]) -> set[str]:
+        return {f.code.value for f in build_plan(work).errors}
+
+    kept = list(alignment.changes)
+    allowed = rule_errors(changed(kept))
+    for change in list(kept):
+        trial = [c for c in kept if c is not change]
+        work = changed(trial)
+        if not blocking_causes(preview_of(work)) and rule_errors(work) <= allowed:
+            kept = trial
+    return tuple(kept)

@@ -1,0 +1,205 @@
+"""What the worker files say about the workers: who was expected, who wrote, who is missing, how
+much of each side recorded (``side_coverage``), and the findings about them: a worker that diverges
+from the first of its side, a hook's finding, a missing or unreadable worker file, a side that wrote
+nothing. ``document.build_report`` puts them in the report. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.compare.binding import same_value
+from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.schema import SIDES, NotBound, Tier, field_spec, fields_of
+from nemo_rl_attn_align.errors import Finding, Severity, finding
+from nemo_rl_attn_align.report.store import HOSTS_DIR, worker_detail_path
+
+
+def _divergences(representative: AttentionContract, other: AttentionContract) -> list[Finding]:
+    """Identity/semantic fields where a worker disagrees with the first worker of its side."""
+    out = []
+    for name in fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC):
+        a, b = representative[name], other[name]
+        if a.known and b.known and not same_value(a.value, b.value):
+            out.append(
+                finding(
+                    Code.REPORT_WORKER_DIVERGES,
+                    f"contract.{field_spec(name).tier.value}.{name}",
+                    f"{representative.worker_id}={a.value!r}, {other.worker_id}={b.value!r}",
+                    f"{other.side} worker {other.worker_id} disagrees with {representative.worker_id} on {name}",
+                    f"every {other.side} worker must run the same attention; check per-rank overrides",
+                )
+            )
+    return out
+
+
+def detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Finding]:
+    """What the host hooks noticed (e.g. Transformer Engine ran another backend than requested)."""
+    out = []
+    for (side, worker_id), detail in sorted(details.items()):
+        for problem in detail.get("findings") or []:
+            out.append(
+                finding(
+                    Code.REPORT_WORKER_FINDING,
+                    f"workers.{worker_id}",
+                    detail.get("stage"),
+                    f"{side} worker {worker_id} ({detail.get('host', 'hook')}): {problem}",
+                    f"see {HOSTS_DIR}/{worker_detail_path('.', side, worker_id).name} for what the hook saw; "
+                    "attention_align.strict: true stops the run on such a finding",
+                )
+            )
+    return out
+
+
+def side_coverage(
+    by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]], peers: Mapping[str, set] = {}
+) -> dict[str, Any]:
+    """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
+    starts workers for (``expected_counts``) or that some worker recorded; without the config's
+    count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
+    coverage = {}
+    for side in SIDES:
+        expected = dict(expected_counts.get(side) or {})
+        if not expected and not by_side.get(side):
+            continue
+        if not expected and peers.get(side):
+            expected = {
+                "count": len(peers[side]),
+                "ids": sorted(peers[side]),
+                "how": "the peers the workers' host details name",
+            }
+        ids = set(expected.get("ids") or ())
+        recorded = [c.worker_id for c in by_side.get(side, [])]
+        coverage[side] = {
+            "recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
+            "expected": expected.get("count"),
+            "how": expected.get("how") or "not derived from the config",
+        }
+    return coverage
+
+
+def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, set]:
+    peers: dict[str, set] = {}
+    for (side, _), detail in details.items():
+        peers.setdefault(side, set()).update(p for p in detail.get("peers") or [] if isinstance(p, str))
+    return peers
+
+
+def _side_missing(side: str, expected: Mapping[str, Any] | None, strict: bool) -> Finding:
+    """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
+    count = (expected or {}).get("count")
+    what = (
+        f"{side}: 0 of {count} workers recorded ({expected['how']})"
+        if expected and count
+        else f"no {side} worker wrote a record"
+    )
+    return finding(
+        Code.REPORT_SIDE_MISSING,
+        f"workers.{side}",
+        count,
+        f"{what}: nothing to bind, the {side} side was not checked",
+        f"check that the {side} workers started with the plugin active (their log names the hook that did not attach)",
+        severity=Severity.ERROR if strict and count else Severity.WARNING,
+    )
+
+
+def expected_ids(
+    expected: Iterable[str],
+    details: Mapping[tuple[str, str], Mapping[str, Any]],
+    expected_counts: Mapping[str, Mapping[str, Any]],
+) -> set[str]:
+    """The worker ids that should have written: ``expected``, the host details' ``peers`` and the config's ids."""
+    ids = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
+    return ids | {worker for e in expected_counts.values() for worker in e.get("ids") or ()}
+
+
+def file_findings(missing: list[str], unreadable: list[Mapping[str, Any]]) -> list[Finding]:
+    """A worker that wrote no record, a worker file that could not be read."""
+    findings = [
+        finding(
+            Code.REPORT_WORKER_MISSING,
+            f"workers.{worker}",
+            None,
+            f"worker {worker} wrote no record (it may have died before its engine was up)",
+            "check that worker's log; the binding below covers only the workers that wrote",
+        )
+        for worker in missing
+    ]
+    findings += [
+        finding(
+            Code.REPORT_RECORD_UNREADABLE,
+            "workers.record",
+            bad["path"],
+            f"unreadable worker file: {bad['error']}",
+            "remove the file or rerun that worker",
+        )
+        for bad in unreadable
+    ]
+    return findings
+
+
+def _not_bound(side: str, why: str, strict: bool) -> Finding:
+    return finding(
+        Code.REPORT_ROLLOUT_NOT_BOUND,
+        f"workers.{side}",
+        None,
+        f"{side} side not bound: {why}; the training/rollout binding is not applicable",
+        "use policy.generation.backend vllm or megatron to bind the rollout side"
+        + ("" if strict else ", or accept a training-only record"),
+        severity=Severity.ERROR if strict else Severity.WARNING,
+    )
+
+
+def side_findings(
+    by_side: Mapping[str, list[AttentionContract]],
+    not_applicable: Mapping[str, str],
+    expected_counts: Mapping[str, Mapping[str, Any]],
+    strict: bool,
+) -> list[Finding]:
+    """Per side: workers that diverge from its first worker, then a side this run has none of
+    (stated) or a side no worker recorded (``_side_missing``)."""
+    findings: list[Finding] = []
+    for side, members in by_side.items():
+        for other in members[1:]:
+            findings.extend(_divergences(members[0], other))
+        if isinstance(not_applicable.get(side), NotBound):
+            findings.append(_not_bound(side, not_applicable[side], strict))
+        elif side in not_applicable:
+            findings.append(
+                finding(
+                    Code.REPORT_SIDE_ABSENT,
+                    f"workers.{side}",
+                    None,
+                    f"no {side} side: {not_applicable[side]}; the training/rollout binding is not applicable",
+                    "nothing to fix: this run records one side only",
+                )
+            )
+        elif not members:
+            findings.append(_side_missing(side, expected_counts.get(side), strict))
+    return findings
+
+
+def section(
+    records: Mapping[str, Any],
+    expected: set[str],
+    found: list[str],
+    missing: list[str],
+    by_side: Mapping[str, list[AttentionContract]],
+    expected_counts: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The document's ``workers`` section: who was expected, found, missing; stages, bad files, coverage."""
+    details = records.get("details", {})
+    return {
+        "expected": sorted(expected),
+        "found": found,
+        "missing": missing,
+        "stages": {
+            side: {wid: d.get("stage") for (s, wid), d in sorted(details.items()) if s == side} for side in SIDES
+        },
+        "unreadable": list(records["unreadable"]),
+        "incomplete_writes": list(records["incomplete_writes"]),
+        "stale": list(records.get("stale", [])),
+        "coverage": side_coverage(by_side, expected_counts, _peers_by_side(details)),
+    }

@@ -1,0 +1,161 @@
+"""What the rollout record used to get wrong, against real vLLM engines (issue 20, item 5).
+
+* fp8 KV caches: vLLM allocates ``fp8`` (e4m3) and ``fp8_e5m2`` caches alike as ``torch.uint8``;
+  the record names the format from each attention layer's ``kv_cache_dtype``.
+* Several engines started one after another in one process (``serve_many.py``, in-process engine
+  core) and in one user process that starts an engine-core process per engine (vLLM's default):
+  one record per engine, the first never replaced.
+* ``check``'s preview reports the tokenizer (by content, the files being local) and the KV-cache
+  format as the record does; the RoPE sources name the attribute really read (transformers 5:
+  ``rope_parameters``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.contract.hf_model import load_model_config
+from nemo_rl_attn_align.contract.preview import predict_rollout
+from nemo_rl_attn_align.contract.schema import Tier, fields_of
+from nemo_rl_attn_align.report.document import collect
+from tests.conftest import EXAMPLES
+from tests.real_vllm.conftest import BASE_ARGS, HERE, IN_PROCESS, KV_CACHE_GIB, PROMPT
+
+pytestmark = pytest.mark.real_vllm
+
+#: The engines of each run, in order: (name, engine args over BASE_ARGS).
+IN_PROCESS_ENGINES = (("auto", {}), ("fp8", {"kv_cache_dtype": "fp8"}), ("fp8_e5m2", {"kv_cache_dtype": "fp8_e5m2"}))
+MULTIPROCESS_ENGINES = (("fp8_e5m2", {"kv_cache_dtype": "fp8_e5m2"}), ("block64", {"block_size": 64}))
+EXPECTED_KV = {"auto": "bf16", "fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "block64": "bf16"}
+
+
+def serve_many(model: Path, report_dir: Path, engines, env: dict) -> dict:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NEMO_RL_ATTN_ALIGN", "VLLM_"))}
+    full_env = {**base, "NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report_dir), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, **env}
+    spec = {
+        "engines": [{"model": str(model), "engine": {**BASE_ARGS, **args}} for _, args in engines],
+        "prompt": PROMPT,
+    }
+    done = subprocess.run(
+        [sys.executable, str(HERE / "serve_many.py"), json.dumps(spec)],
+        env=full_env,
+        cwd=report_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, f"rc {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("SERVE_RESULT ")]
+    return {**json.loads(line.removeprefix("SERVE_RESULT ")), "stderr": done.stderr}
+
+
+def _by_stem(folder: Path) -> dict[str, dict]:
+    """File stem -> JSON, in worker-id order (``...-worker0`` before ``...-worker0-engine1``)."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("rollout--*.json"), key=lambda p: p.stem)}
+
+
+def records(report_dir: Path) -> dict[str, dict]:
+    return _by_stem(report_dir / "workers")
+
+
+def details(report_dir: Path) -> dict[str, dict]:
+    return _by_stem(report_dir / "hosts")
+
+
+IDS = ["rollout--vllm-rank0-worker0", "rollout--vllm-rank0-worker0-engine1", "rollout--vllm-rank0-worker0-engine2"]
+
+
+@pytest.fixture(scope="module")
+def in_process(models, tmp_path_factory):
+    report_dir = tmp_path_factory.mktemp("three-engines") / "report"
+    report_dir.mkdir()
+    return report_dir, serve_many(models["qwen3"], report_dir, IN_PROCESS_ENGINES, IN_PROCESS)
+
+
+@pytest.fixture(scope="module")
+def multiprocess(models, tmp_path_factory):
+    report_dir = tmp_path_factory.mktemp("two-engine-cores") / "report"
+    report_dir.mkdir()
+    return report_dir, serve_many(models["qwen3"], report_dir, MULTIPROCESS_ENGINES, {})
+
+
+def test_fp8_kv_caches_are_named_by_their_format_not_the_uint8_tensor(in_process):
+    report_dir, _ = in_process
+    recorded, seen = records(report_dir), details(report_dir)
+    assert list(recorded) == IDS
+    for worker_id, (name, _) in zip(IDS, IN_PROCESS_ENGINES, strict=True):
+        field = recorded[worker_id]["contract"]["fields"]["kv_cache_dtype"]
+        assert (field["value"], field["provenance"]) == (EXPECTED_KV[name], "observed"), (worker_id, field)
+        facts = seen[worker_id]["vllm_config"]
+        assert set(facts["layer_kv_cache_dtypes"].values()) == {name}
+        # what the cache tensor says: the model dtype for auto, uint8 for both fp8 formats
+        assert facts["kv_cache_tensor_dtype"] == ("torch.bfloat16" if name == "auto" else "torch.uint8")
+        assert f"cache tensor {facts['kv_cache_tensor_dtype']}" in field["source"]
+
+
+def test_engines_one_after_another_in_one_process_keep_one_record_each(in_process):
+    report_dir, served = in_process
+    recorded, seen = records(report_dir), details(report_dir)
+    assert [r["pid"] for r in recorded.values()] == [served["pid"]] * 3  # all in this one process
+    assert [r["worker_id"] for r in recorded.values()] == [i.removeprefix("rollout--") for i in IDS]
+    assert [d["peers"] for d in seen.values()] == [[i.removeprefix("rollout--")] for i in IDS]
+    assert len(served["tokens"]) == 3 and all(len(t) == 4 for t in served["tokens"])
+    assert "is replaced" not in served["stderr"] and "record is lost" not in served["stderr"]
+    claims = [json.loads(p.read_text()) for p in sorted((report_dir / "claims").glob("*.json"))]
+    assert len({c["writer"] for c in claims}) == 3 and len({c["session"] for c in claims}) == 1
+    report = collect(report_dir, mandate=None)  # the report lists all three
+    assert [c["worker_id"] for c in report["contracts"]] == [i.removeprefix("rollout--") for i in IDS]
+    assert report["workers"]["missing"] == []
+
+
+def test_engine_core_processes_of_one_user_process_keep_one_record_each(multiprocess):
+    report_dir, served = multiprocess
+    recorded = records(report_dir)
+    assert list(recorded) == IDS[:2]
+    pids = [r["pid"] for r in recorded.values()]
+    assert len(set(pids)) == 2 and served["pid"] not in pids  # each in its own engine-core process
+    fields = [r["contract"]["fields"] for r in recorded.values()]
+    assert [f["kv_cache_dtype"]["value"] for f in fields] == ["fp8_e5m2", "bf16"]
+    assert [f["kv_page_size"]["value"] for f in fields] == [32, 64]  # the first engine's record kept as it was
+
+
+def test_the_preview_reports_the_tokenizer_and_kv_cache_format_as_the_record_does(in_process, models):
+    report_dir, _ = in_process
+    model = models["qwen3"]
+    for worker_id, (name, args) in zip(IDS, IN_PROCESS_ENGINES, strict=True):
+        overrides = [
+            f"policy.model_name={model}",
+            f"policy.tokenizer.name={model}",
+            "policy.generation.vllm_cfg.precision=bfloat16",
+            f"++policy.generation.vllm_cfg.kv_cache_dtype={args.get('kv_cache_dtype', 'auto')}",
+        ]
+        cfg = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml", overrides)
+        predicted = predict_rollout(cfg, {}, load_model_config(str(model), {}))
+        fields = records(report_dir)[worker_id]["contract"]["fields"]
+        for field in ("tokenizer", "kv_cache_dtype", "dtype"):
+            assert predicted[field].provenance.value == "configured", (name, field)
+            assert predicted.value(field) == fields[field]["value"], (name, field)
+        assert fields["tokenizer"]["value"].startswith("sha256:")
+        known = ("observed", "configured")  # batch_size: not known to the vLLM worker
+        both = [
+            n
+            for n in fields_of(Tier.IDENTITY)
+            if predicted[n].provenance.value == "configured" and fields[n]["provenance"] in known
+        ]
+        assert {"tokenizer", "num_layers", "head_dim", "rope_type", "rope_parameters"} <= set(both)
+        assert {n: predicted.value(n) for n in both} == {n: fields[n]["value"] for n in both}
+
+
+def test_rope_sources_name_what_transformers_5_keeps(in_process):
+    report_dir, _ = in_process
+    fields = records(report_dir)[IDS[0]]["contract"]["fields"]
+    assert fields["rope_type"]["source"] == "hf_config.rope_parameters['rope_type'] (absent: default)"
+    assert fields["rope_parameters"]["source"] == "hf_config.rope_parameters"
+    assert "rope_scaling" not in fields["rope_type"]["source"] + fields["rope_parameters"]["source"]
