@@ -20,11 +20,11 @@ from pathlib import Path
 
 def classify(path: Path) -> tuple[str, str]:
     """``(outcome, detail)`` for one recipe."""
+    from nemo_rl_attn_align.compare.preset import align
+    from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
-    from nemo_rl_attn_align.contract.preview import preview_binding
     from nemo_rl_attn_align.errors import UsageError
-    from nemo_rl_attn_align.preflight.preset import align
 
     try:
         cfg = load_config(path, ["++attention_align.preset=aligned"])

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a checkout that is not installed
 
-from nemo_rl_attn_align.compare.binding import Mandate  # noqa: E402
+from nemo_rl_attn_align.contract.mandate import Mandate  # noqa: E402
 from nemo_rl_attn_align.drift.estimate import ESTIMATED, WHY_ESTIMATED, result  # noqa: E402
 from nemo_rl_attn_align.report.document import add_drift, collect  # noqa: E402
 from nemo_rl_attn_align.report.plot import write_drift_plot  # noqa: E402

@@ -85,11 +85,12 @@ def evaluate(
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass; the kernels on ``gpu`` (default this
     machine's). The JSON-ready dict ``--json`` prints."""
+    from nemo_rl_attn_align.compare.preset import align
+    from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
-    from nemo_rl_attn_align.contract.preview import preview_binding
     from nemo_rl_attn_align.preflight.plan import build_plan
-    from nemo_rl_attn_align.preflight.preset import align
+    from nemo_rl_attn_align.report.render import render_preview
 
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
@@ -116,7 +117,7 @@ def evaluate(
             "preset": alignment.to_dict() if alignment is not None else None,
         },
         "fix": _fix(alignment.config if alignment is not None else cfg, preview_of) if fix else None,
-        "preview_text": preview.render() if full else _short_preview(preview_dict, settings.on_mismatch),
+        "preview_text": render_preview(preview) if full else _short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
@@ -143,8 +144,8 @@ def _kernels(cfg: Mapping[str, Any], environ, gpu: str | None, fa3: bool, te: st
 
 def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
-    from nemo_rl_attn_align.preflight.fix import minimal
-    from nemo_rl_attn_align.preflight.preset import align
+    from nemo_rl_attn_align.compare.fix import minimal
+    from nemo_rl_attn_align.compare.preset import align
 
     alignment = align(cfg, preview_of, alter_ok=True)
     if alignment.preview.binding is None:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any, Protocol
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
-from nemo_rl_attn_align.contract.schema import ContractError, Provenance, Tier, field_spec, fields_of
+from nemo_rl_attn_align.contract.mandate import Mandate
+from nemo_rl_attn_align.contract.schema import Provenance, Tier, field_spec, fields_of
 from nemo_rl_attn_align.errors import Finding, finding
 
 
@@ -71,42 +71,6 @@ class Verdict(str, enum.Enum):
     PASS = "pass"
     INCOMPARABLE = "incomparable"
     FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class Mandate:
-    """What the user demands of the semantic tier; ``None`` for a field means no demand.
-
-    Defaults: the canonical reduction of RL-Align's reference (online-softmax LSE merge, partials
-    folded by global KV block index, FP32 accumulators, one downcast at the final write). ``dtype``
-    has no default here; ``settings.load_settings`` fills it from ``policy.precision``.
-    """
-
-    merge_rule: str | None = "online_softmax_lse"
-    reduction_order: str | None = "kv_index"
-    acc_dtype: str | None = "fp32"
-    downcast: str | None = "final_write"
-    dtype: str | None = None
-
-    def __post_init__(self):
-        for item in dataclass_fields(self):
-            raw = getattr(self, item.name)
-            if raw is not None:
-                try:
-                    object.__setattr__(self, item.name, field_spec(item.name).validate(raw))
-                except ContractError as err:
-                    raise ContractError(f"mandate {err}") from None
-
-    def demand(self, name: str) -> str | None:
-        """The demanded value of semantic field ``name`` (``None``: no demand)."""
-        return getattr(self, name)
-
-    def to_dict(self) -> dict[str, str | None]:
-        return {item.name: getattr(self, item.name) for item in dataclass_fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Mandate:
-        return cls(**dict(data))
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -40,8 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.config.loader import get_path
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import ContractError, field_spec, normalize_dtype
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.limits import shown, shown_text

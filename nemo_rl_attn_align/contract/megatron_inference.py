@@ -150,10 +150,3 @@ def megatron_inference_contract(
     if versions:
         put_field(b, "versions", dict(versions), "importlib.metadata", "observed")
     return b.build(unset_source="not known to the Megatron generation worker")
-
-
-def inference_versions() -> dict[str, str]:
-    """Installed versions of the libraries that decide Megatron generation's attention."""
-    from nemo_rl_attn_align.hosts._patching import library_versions
-
-    return library_versions(VERSIONED)

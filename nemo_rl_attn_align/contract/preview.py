@@ -1,12 +1,12 @@
-"""Predict both attention contracts, and their binding, from a resolved NeMo-RL config alone.
+"""Predict both attention contracts from a resolved NeMo-RL config alone (``compare.preview`` binds them).
 
-``check`` calls ``preview_binding(cfg, settings)``: the training contract comes from
+The training contract comes from
 ``policy`` / ``policy.megatron_cfg``, the rollout contract from ``policy.generation.vllm_cfg`` /
 ``vllm_kwargs``. What the config fixes is ``configured``; what only the running engines know (the
 model's shape, read from its HF config at start, vLLM's own defaults, library versions) is
 ``pending``, so the predicted binding is at best ``incomparable`` and fails only on differences
-the config already implies. The worker environment is predicted too (``env_vars`` over the
-driver's environment, Megatron's deterministic mode and vLLM's batch-invariant mode applied).
+the config already implies. ``worker_env`` predicts each side's worker environment (``env_vars``
+over the driver's).
 
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, bind
-from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
-from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import (
     HFModelConfig,
     identity_fields,
-    load_model_config,
 )
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
 from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout
@@ -54,8 +50,6 @@ _MODEL_OVERRIDE_FIELDS = {
 }
 #: Generation backends whose workers record a rollout contract (sglang, dynamo, trtllm do not).
 BOUND_GENERATION_BACKENDS = ("vllm", "megatron")
-#: The vLLM batch-invariant profile the preview assumes (vLLM's version is known only at start).
-_VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
 
 
 def _identity(b: ContractBuilder, facts: RecipeFacts, model: HFModelConfig | None) -> None:
@@ -166,7 +160,7 @@ def predict_training(
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
 
 
-def _worker_env(facts: RecipeFacts, side: str, environ: Mapping[str, str]) -> dict[str, str]:
+def worker_env(facts: RecipeFacts, side: str, environ: Mapping[str, str]) -> dict[str, str]:
     """A ``side``'s worker environment before its framework runs: the driver's, then that side's
     ``env_vars`` (NeMo-RL gives env_vars precedence over the driver's environment)."""
     if side == "rollout" and facts.megatron_generation is None:
@@ -205,7 +199,7 @@ def predict_rollout(
         _identity(b, recipe, model)
         return predict_megatron_rollout(b, recipe.megatron_generation)
     gen = recipe.generation
-    env = _worker_env(recipe, "rollout", os.environ if environ is None else environ)
+    env = worker_env(recipe, "rollout", os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
     b = ContractBuilder("rollout", "preview-rollout")
     _identity(b, recipe, model)
@@ -249,95 +243,3 @@ def predict_rollout(
     b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
     b.pending("versions", "the worker's installed libraries")
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
-
-
-def predict_determinism(
-    cfg: Mapping[str, Any] | RecipeFacts,
-    environ: Mapping[str, str] | None = None,
-    training: AttentionContract | None = None,
-    rollout: AttentionContract | None = None,
-):
-    """The determinism diff the workers would report, from the config and ``environ``, with the
-    problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
-    environ = os.environ if environ is None else environ
-    facts = as_facts(cfg, environ)
-    t_env = _worker_env(facts, "training", environ)
-    problems: list[str] = []
-    if facts.policy is not None and facts.policy.model_overrides.get("deterministic_mode"):
-        t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
-        problems.extend(found)
-    r_env = _worker_env(facts, "rollout", environ)
-    if facts.megatron_generation is not None:  # the policy workers generate: their environment
-        r_env = t_env
-    elif vllm_batch_invariant(r_env):
-        r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
-        problems.extend(found)
-    collective = collective_for(*(c.known_value("tp_size") for c in (training, rollout) if c is not None))
-    return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), problems
-
-
-class BindingPreview(NamedTuple):
-    """What ``check`` shows: both predicted contracts (``None`` where the config has no such side),
-    the predicted binding (``None`` unless both exist) and notes on assumptions and problems."""
-
-    training: AttentionContract | None
-    rollout: AttentionContract | None
-    binding: BindingReport | None
-    notes: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "training": self.training.to_dict() if self.training else None,
-            "rollout": self.rollout.to_dict() if self.rollout else None,
-            "binding": self.binding.to_dict() if self.binding else None,
-            "verdict": self.binding.verdict.value if self.binding else None,
-            "notes": list(self.notes),
-        }
-
-    def render(self) -> str:
-        """Human-readable text: the binding table and the notes."""
-        from nemo_rl_attn_align.report.render import render_binding, render_findings
-
-        lines = ["attention contract preview (from the config; 'pending' = known only once the engines run):"]
-        if self.binding is not None:
-            binding = self.binding.to_dict()
-            lines.append(render_binding(binding))
-            lines.extend(render_findings(binding["findings"], shown=("error",)))
-        lines.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(lines)
-
-
-def preview_binding(
-    cfg: Mapping[str, Any], settings: Any = None, environ: Mapping[str, str] | None = None
-) -> BindingPreview:
-    """Predict both contracts and bind them under ``settings`` (``settings.AlignSettings``; ``None``
-    reads them from ``cfg``). ``environ`` is the driver environment the workers inherit
-    (default ``os.environ``, as ``plan.build_plan``)."""
-    if settings is None:
-        from nemo_rl_attn_align.config.settings import load_settings
-
-        settings = load_settings(cfg)
-    environ = os.environ if environ is None else environ
-    facts = as_facts(cfg, environ)
-    model = load_model_config(facts.model_name, environ)
-    training, rollout = predict_training(facts, environ, model), predict_rollout(facts, environ, model)
-    notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]
-    if model is not None:
-        notes.append(f"identity read from {model.path} (local; never fetched)")
-    elif training is not None and rollout is not None:
-        notes.append(
-            f"identity pending: policy.model_name={facts.model_name!r} has no config.json "
-            "on this machine (a local directory or the Hugging Face cache); nothing is downloaded"
-        )
-    if training is None or rollout is None:
-        return BindingPreview(training, rollout, None, tuple(notes))
-    diff, problems = predict_determinism(facts, environ, training, rollout)
-    notes.extend(f"determinism: {p}" for p in problems)
-    if facts.megatron_generation is None and vllm_batch_invariant(_worker_env(facts, "rollout", environ)):
-        notes.append(
-            f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
-            f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"
-        )
-    mandate: Mandate = settings.to_mandate()
-    binding = bind(training, rollout, mandate, allow_dtype_difference=settings.allow_dtype_difference, determinism=diff)
-    return BindingPreview(training, rollout, binding, tuple(notes))

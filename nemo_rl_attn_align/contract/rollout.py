@@ -47,14 +47,6 @@ from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 VERSIONED = ("torch", "flashinfer-python", "flash-attn", "triton")
 
 
-def rollout_versions() -> dict[str, str]:
-    """Versions of vLLM and the libraries that decide its attention; those not installed are left out."""
-    from nemo_rl_attn_align.hosts import _patching, versions
-
-    vllm = versions.installed_version("vLLM")
-    return {**({"vllm": vllm} if vllm else {}), **_patching.library_versions(VERSIONED)}
-
-
 def _name(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.name

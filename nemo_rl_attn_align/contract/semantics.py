@@ -18,9 +18,9 @@ from typing import Any
 
 from nemo_rl_attn_align.contract.contract import ContractBuilder
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
+from nemo_rl_attn_align.preflight.backend import CP_COMM_TYPES
 
-#: Megatron ``cp_comm_type`` values; TE merges per-step (out, lse) partials for the ring ones.
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+#: The ring ``cp_comm_type`` values (``preflight.backend.CP_COMM_TYPES``): TE merges per-step (out, lse) partials.
 RING_COMM_TYPES = ("p2p", "a2a+p2p")
 
 #: vLLM backends that fold (out, lse) tiles with an online softmax and accumulate in fp32.

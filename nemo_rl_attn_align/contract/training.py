@@ -106,13 +106,6 @@ def model_config_facts(model_cfg: Any, policy_cfg: Mapping[str, Any] | None = No
     return facts
 
 
-def library_versions() -> dict[str, str]:
-    """Installed versions of the libraries that decide the training attention."""
-    from nemo_rl_attn_align.hosts._patching import library_versions as installed
-
-    return installed(VERSIONED)
-
-
 def _rope(facts: Mapping[str, Any]) -> tuple[str | None, dict | None]:
     kind = facts.get("position_embedding_type")
     if kind is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -238,27 +237,3 @@ def unsupported(host: str, version: str | None, missing: str, strict: bool) -> N
     if key not in _warned:
         _warned.add(key)
         log.warning("nemo-rl-attn-align: %s The plugin leaves it untouched and records nothing for it.", message)
-
-
-def host_version(module: str, distribution: str) -> str | None:
-    """Version of a host library: ``<module>.__version__`` if imported (NeMo-RL is not on PyPI),
-    else the installed distribution's, else None."""
-    return getattr(sys.modules.get(module), "__version__", None) or distribution_version(distribution)
-
-
-@functools.cache
-def distribution_version(name: str) -> str | None:
-    """Installed version of distribution ``name``, or None (looked up once per process: each
-    lookup scans ``sys.path``, and what is installed does not change during a run)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def library_versions(names: Iterable[str]) -> dict[str, str]:
-    """Installed versions of the distributions ``names``; those not installed are left out."""
-    versions = {name: distribution_version(name) for name in names}
-    return {name: version for name, version in versions.items() if version}

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching, handoff
+from nemo_rl_attn_align.hosts import _patching, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
 from nemo_rl_attn_align.report.worker_ids import megatron_generation_peers, megatron_generation_worker_id
 
@@ -68,12 +68,12 @@ class GenerationRecord(HostRecord):
         return megatron_generation_peers(world_size())
 
     def contract(self):
-        from nemo_rl_attn_align.contract.megatron_inference import inference_versions, megatron_inference_contract
+        from nemo_rl_attn_align.contract.megatron_inference import VERSIONED, megatron_inference_contract
 
-        return megatron_inference_contract(self.facts, self.worker_id, inference_versions())
+        return megatron_inference_contract(self.facts, self.worker_id, versions.library_versions(VERSIONED))
 
     def detail(self) -> dict[str, Any]:
-        return {"nemo_rl": _patching.host_version("nemo_rl", "nemo-rl"), "engine_facts": self.facts}
+        return {"nemo_rl": versions.host_version("nemo_rl", "nemo-rl"), "engine_facts": self.facts}
 
 
 #: The record of this worker's engine (None until the engine is initialized).
@@ -154,7 +154,7 @@ def _patch(module) -> None:
         return
     _patching.unsupported(
         "NeMo-RL",
-        _patching.host_version("nemo_rl", "nemo-rl"),
+        versions.host_version("nemo_rl", "nemo-rl"),
         f"{MODULE} has no {MIXIN}.{METHOD}{PARAMS}",
         handoff.worker_settings().strict,
     )

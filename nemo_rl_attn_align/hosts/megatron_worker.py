@@ -125,14 +125,14 @@ class WorkerRecord(HostRecord):
         return None if self.generation_only else super().write(stage)
 
     def contract(self):
-        from nemo_rl_attn_align.contract.training import library_versions, training_contract
+        from nemo_rl_attn_align.contract.training import VERSIONED, training_contract
 
-        return training_contract(self.facts or {}, self.worker_id, self.observed, library_versions())
+        return training_contract(self.facts or {}, self.worker_id, self.observed, versions.library_versions(VERSIONED))
 
     def detail(self) -> dict[str, Any]:
         return {
             "layout": self.layout,
-            "nemo_rl": _patching.host_version("nemo_rl", "nemo-rl"),
+            "nemo_rl": versions.host_version("nemo_rl", "nemo-rl"),
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "backend_mapped_by": self.backend_mapped_by,
             "model_config": self.facts,
@@ -311,7 +311,7 @@ def _patch(module) -> None:
 
 def _unsupported(missing: str) -> None:
     _patching.unsupported(
-        "NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
+        "NeMo-RL", versions.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
     )
 
 

@@ -109,8 +109,8 @@ def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
     config before any worker group exists (NeMo-RL builds every worker's environment from it), log
     each change and, where a cause needs a layout change, the one finding that says so. Returns the
     alignment (``preset.Alignment.to_dict()``) for the report."""
-    from nemo_rl_attn_align.contract.preview import preview_binding
-    from nemo_rl_attn_align.preflight.preset import align, apply_changes
+    from nemo_rl_attn_align.compare.preset import align, apply_changes
+    from nemo_rl_attn_align.compare.preview import preview_binding
 
     alignment = align(cfg, lambda config: preview_binding(config, settings, os.environ))
     apply_changes(master_config, alignment.changes)
@@ -190,7 +190,7 @@ def _wrap_log_metrics(original: Callable) -> Callable:
 
 def _unsupported(missing: str) -> None:
     _patching.unsupported(
-        "NeMo-RL", _patching.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
+        "NeMo-RL", versions.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
     )
 
 

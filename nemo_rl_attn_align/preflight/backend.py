@@ -52,3 +52,7 @@ def to_attn_backend(name: str):
     from megatron.core.transformer.enums import AttnBackend
 
     return AttnBackend[name]
+
+
+#: Megatron's ``cp_comm_type`` values (TransformerConfig): how TE's context-parallel attention exchanges KV.
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")

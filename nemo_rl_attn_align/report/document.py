@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.compare.binding import BindingReport, Mandate, Verdict, bind
+from nemo_rl_attn_align.compare.binding import BindingReport, Verdict, bind
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import SIDES
 from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.report import workers

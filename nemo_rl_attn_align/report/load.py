@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import Mandate, Verdict
+from nemo_rl_attn_align.compare.binding import Verdict
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.limits import MAX_REPORT_BYTES, InputRefused, shown_path
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, REPORT_KIND, collect, with_logged_drift
 from nemo_rl_attn_align.report.store import (

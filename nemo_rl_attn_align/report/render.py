@@ -203,3 +203,14 @@ def render_changes(previous: Mapping[str, Any], doc: Mapping[str, Any]) -> list[
     if gone:
         lines.append(f"{gone} earlier finding(s) no longer apply")
     return lines
+
+
+def render_preview(preview: Any) -> str:
+    """A ``compare.preview.BindingPreview`` as text: the binding table, its errors and the notes."""
+    lines = ["attention contract preview (from the config; 'pending' = known only once the engines run):"]
+    if preview.binding is not None:
+        binding = preview.binding.to_dict()
+        lines.append(render_binding(binding))
+        lines.extend(render_findings(binding["findings"], shown=("error",)))
+    lines.extend(f"note: {note}" for note in preview.notes)
+    return "\n".join(lines)

@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
-from nemo_rl_attn_align.compare.binding import Mandate, Status, Verdict, bind, same_value
+from nemo_rl_attn_align.compare.binding import Status, Verdict, bind, same_value
 from nemo_rl_attn_align.compare.determinism import compare
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.kinds import DTYPES
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import (
     DOWNCASTS,
     MERGE_RULES,

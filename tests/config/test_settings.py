@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.errors import UsageError
 from tests.conftest import EXAMPLES
 

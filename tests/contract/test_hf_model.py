@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.hf_model import find_config, identity_fields, load_model_config
-from nemo_rl_attn_align.contract.preview import preview_binding
 from tests.conftest import EXAMPLES
 
 QWEN3 = {

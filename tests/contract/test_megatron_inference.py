@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.contract.megatron_inference import ENGINE, megatron_inference_contract, resolve_flash_version
-from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, preview_binding
+from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
 
 MODEL = {

@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status, Verdict
 from nemo_rl_attn_align.compare.determinism import DetStatus
+from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, preview_binding
+from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.report.render import render_preview
 from tests.conftest import EXAMPLES
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
@@ -51,7 +53,7 @@ def test_stock_example_fails_on_the_rollout_reduction_order_and_says_why():
     for name in ("causal", "tokenizer", "batch_size", "merge_rule", "acc_dtype", "downcast", "dtype"):
         assert binding.result(name).status is Status.MATCH, name
     assert binding.result("batch_size").training.value == 32 * 16
-    text = preview.render()
+    text = render_preview(preview)
     assert "reduction_order" in text and "MISMATCH" in text and "[pending]" in text
     json.dumps(preview.to_dict(), allow_nan=False)
 
@@ -152,7 +154,7 @@ def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
     sft = _preview(path=EXAMPLES / "sft_megatron_flash.yaml")
     assert sft.training is not None and sft.rollout is None and sft.binding is None
     assert any("policy.generation.backend is not set" in n for n in sft.notes)
-    assert sft.to_dict()["verdict"] is None and "note:" in sft.render()
+    assert sft.to_dict()["verdict"] is None and "note:" in render_preview(sft)
     no_megatron = _preview("policy.megatron_cfg.enabled=false")
     assert no_megatron.training is None and no_megatron.binding is None
 
@@ -248,7 +250,7 @@ def test_arbitrary_values_never_crash_the_preview(edits):
         assert "\n" not in str(err)
         return
     json.dumps(preview.to_dict(), allow_nan=False)
-    preview.render()
+    render_preview(preview)
 
 
 @pytest.mark.parametrize("prompts", [-16, 0, True, "32"])

@@ -187,8 +187,8 @@ def _train_step(result: dict[str, Any], spec: dict[str, Any], model: Any, seed: 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from nemo_rl_attn_align.contract.training import library_versions
-    from nemo_rl_attn_align.hosts import _patching, bootstrap, megatron_worker
+    from nemo_rl_attn_align.contract.training import VERSIONED
+    from nemo_rl_attn_align.hosts import _patching, bootstrap, megatron_worker, versions
     from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 
     seed = spec.get("seed", 1234)
@@ -197,7 +197,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         torch.use_deterministic_algorithms(True)
     torch.cuda.set_device(0)
     result["device"] = {"name": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability())}
-    result["versions"] = library_versions()
+    result["versions"] = versions.library_versions(VERSIONED)
     host = nemo_rl_host.locate()
     result["nemo_rl"] = host.to_dict()
     setup, worker_module, build = (_real_worker if host.kind == "real" else _standin_worker)(spec, seed)

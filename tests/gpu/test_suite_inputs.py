@@ -40,8 +40,8 @@ def test_the_fp32_case_is_one_the_plugin_stops():
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_the_vllm_case_config_previews_the_semantic_verdict_the_test_expects(batch_invariant):
+    from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.settings import load_settings
-    from nemo_rl_attn_align.contract.preview import preview_binding
 
     cfg = master_config(
         policy_config("flash", model=megatron_model_from_hf(HF_V4), tokenizer="/models/tiny"), batch_invariant

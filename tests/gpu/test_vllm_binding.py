@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 
+from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.settings import load_settings
-from nemo_rl_attn_align.contract.preview import preview_binding
 from nemo_rl_attn_align.contract.schema import Tier
 from nemo_rl_attn_align.report.document import collect
 from tests.gpu.cases import CUBLAS, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config, run_case

@@ -15,9 +15,10 @@ import pytest
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
-from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES, VLLM_ONLINE_SOFTMAX_BACKENDS
+from nemo_rl_attn_align.contract.semantics import VLLM_ONLINE_SOFTMAX_BACKENDS
+from nemo_rl_attn_align.preflight.backend import CP_COMM_TYPES
 from nemo_rl_attn_align.contract.training import training_contract
-from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.hosts import versions
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from tests.fake_nemo_rl.configs import policy_config
 
@@ -150,12 +151,12 @@ def test_library_versions_are_looked_up_once_per_process(monkeypatch):
     looked_up = []
     real = metadata.version
     monkeypatch.setattr(metadata, "version", lambda name: looked_up.append(name) or real(name))
-    _patching.distribution_version.cache_clear()
+    versions.distribution_version.cache_clear()
     try:
         names = ("pytest", "no-such-distribution-here")
-        first, second = _patching.library_versions(names), _patching.library_versions(names)
+        first, second = versions.library_versions(names), versions.library_versions(names)
     finally:
-        _patching.distribution_version.cache_clear()
+        versions.distribution_version.cache_clear()
     assert first == second == {"pytest": pytest.__version__}
     assert looked_up == list(names)
 

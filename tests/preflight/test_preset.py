@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
+from nemo_rl_attn_align.compare.fix import minimal
+from nemo_rl_attn_align.compare.preset import align, blocking_causes, set_key
+from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
-from nemo_rl_attn_align.contract.preview import preview_binding
-from nemo_rl_attn_align.preflight.fix import minimal
-from nemo_rl_attn_align.preflight.preset import align, blocking_causes, set_key
 from tests.conftest import EXAMPLES, REPO
 
 #: The stock recipe (no preset): the shipped mismatch example.

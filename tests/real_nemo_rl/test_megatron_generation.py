@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.preview import predict_rollout, preview_binding
+from nemo_rl_attn_align.contract.preview import predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
 
 from .conftest import snapshot

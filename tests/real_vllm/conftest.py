@@ -145,8 +145,8 @@ BASE_ARGS = {
     "seed": 0,
 }  # CPU_ATTN: block sizes are multiples of 32
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-#: vLLM 0.25.1's CPU_ATTN takes sliding-window models with 16-token blocks only (a check in its
-#: cpu_attn.cpp); 0.32.0 takes the 32 of BASE_ARGS.
+#: vLLM 0.25.1's CPU_ATTN takes sliding-window models with 16-token blocks only (32 fails its check
+#: ``block_size % amx_b_tile_k_size`` in cpu_attn_amx.hpp); 0.32.0 takes the 32 of BASE_ARGS.
 SLIDING = {"block_size": 16} if VLLM_0251 else {}
 
 #: name -> (architecture, engine args over BASE_ARGS, environment). "qwen3" runs vLLM's default

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.report.document import add_drift, collect, write_report
 from nemo_rl_attn_align.report.plot import (
     BAND_LABEL,

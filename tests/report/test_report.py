@@ -15,11 +15,11 @@ import pytest
 
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
-from nemo_rl_attn_align.compare.binding import Mandate
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,

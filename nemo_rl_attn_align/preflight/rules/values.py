@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.contract.semantics import CP_COMM_TYPES
 from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.limits import shown
-from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
 from nemo_rl_attn_align.preflight.facts import (
     PRECISIONS,
     SOFTMAX_TYPES,

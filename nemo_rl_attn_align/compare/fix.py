@@ -11,8 +11,8 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nemo_rl_attn_align.compare.preset import Alignment, Change, blocking_causes, set_key
 from nemo_rl_attn_align.preflight.plan import build_plan
-from nemo_rl_attn_align.preflight.preset import Alignment, Change, blocking_causes, set_key
 
 
 def minimal(

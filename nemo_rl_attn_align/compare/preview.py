@@ -1,0 +1,106 @@
+"""Bind the predicted contracts: what ``check`` shows before launch, and what the preset aligns.
+
+``preview_binding(cfg, settings)`` reads the recipe once (``RecipeFacts``), predicts both contracts
+(``contract.preview``) and the determinism diff the workers would report (``env_vars`` over the
+driver's environment, Megatron's deterministic mode and vLLM's batch-invariant mode applied), and
+binds them under the settings' mandate. ``report.render.render_preview`` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from nemo_rl_attn_align.compare.binding import BindingReport, bind
+from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
+from nemo_rl_attn_align.compare.profiles import PROFILES
+from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.hf_model import load_model_config
+from nemo_rl_attn_align.contract.mandate import Mandate
+from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
+from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
+
+#: The vLLM batch-invariant profile the preview assumes (vLLM's version is known only at start).
+_VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
+
+
+def predict_determinism(
+    cfg: Mapping[str, Any] | RecipeFacts,
+    environ: Mapping[str, str] | None = None,
+    training: AttentionContract | None = None,
+    rollout: AttentionContract | None = None,
+):
+    """The determinism diff the workers would report, from the config and ``environ``, with the
+    problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
+    environ = os.environ if environ is None else environ
+    facts = as_facts(cfg, environ)
+    t_env = worker_env(facts, "training", environ)
+    problems: list[str] = []
+    if facts.policy is not None and facts.policy.model_overrides.get("deterministic_mode"):
+        t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
+        problems.extend(found)
+    r_env = worker_env(facts, "rollout", environ)
+    if facts.megatron_generation is not None:  # the policy workers generate: their environment
+        r_env = t_env
+    elif vllm_batch_invariant(r_env):
+        r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
+        problems.extend(found)
+    collective = collective_for(*(c.known_value("tp_size") for c in (training, rollout) if c is not None))
+    return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), problems
+
+
+class BindingPreview(NamedTuple):
+    """What ``check`` shows: both predicted contracts (``None`` where the config has no such side),
+    the predicted binding (``None`` unless both exist) and notes on assumptions and problems."""
+
+    training: AttentionContract | None
+    rollout: AttentionContract | None
+    binding: BindingReport | None
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "training": self.training.to_dict() if self.training else None,
+            "rollout": self.rollout.to_dict() if self.rollout else None,
+            "binding": self.binding.to_dict() if self.binding else None,
+            "verdict": self.binding.verdict.value if self.binding else None,
+            "notes": list(self.notes),
+        }
+
+
+def preview_binding(
+    cfg: Mapping[str, Any], settings: Any = None, environ: Mapping[str, str] | None = None
+) -> BindingPreview:
+    """Predict both contracts and bind them under ``settings`` (``settings.AlignSettings``; ``None``
+    reads them from ``cfg``). ``environ`` is the driver environment the workers inherit
+    (default ``os.environ``, as ``plan.build_plan``)."""
+    if settings is None:
+        from nemo_rl_attn_align.config.settings import load_settings
+
+        settings = load_settings(cfg)
+    environ = os.environ if environ is None else environ
+    facts = as_facts(cfg, environ)
+    model = load_model_config(facts.model_name, environ)
+    training, rollout = predict_training(facts, environ, model), predict_rollout(facts, environ, model)
+    notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]
+    if model is not None:
+        notes.append(f"identity read from {model.path} (local; never fetched)")
+    elif training is not None and rollout is not None:
+        notes.append(
+            f"identity pending: policy.model_name={facts.model_name!r} has no config.json "
+            "on this machine (a local directory or the Hugging Face cache); nothing is downloaded"
+        )
+    if training is None or rollout is None:
+        return BindingPreview(training, rollout, None, tuple(notes))
+    diff, problems = predict_determinism(facts, environ, training, rollout)
+    notes.extend(f"determinism: {p}" for p in problems)
+    if facts.megatron_generation is None and vllm_batch_invariant(worker_env(facts, "rollout", environ)):
+        notes.append(
+            f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
+            f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"
+        )
+    mandate: Mandate = settings.to_mandate()
+    binding = bind(training, rollout, mandate, allow_dtype_difference=settings.allow_dtype_difference, determinism=diff)
+    return BindingPreview(training, rollout, binding, tuple(notes))

@@ -1,0 +1,112 @@
+"""The layers ARCHITECTURE.md documents hold: a module imports only its own layer and those below.
+
+Layers, bottom up: the shared leaves (stdlib-only vocabulary every layer uses), ``config``,
+``preflight``, ``contract``, ``compare``, ``report``, ``reference``, ``drift``, then ``hosts`` and
+``cli`` (which may import everything). Imports inside functions count as much as those at the top
+of a module; the only upward imports are listed in ``ALLOWED_UPWARD``, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align"
+#: Modules every layer may import: they import nothing of the package but each other.
+LEAVES = {
+    "codes",
+    "errors",
+    "limits",
+    "suggest",
+    "contract.kinds",
+    "contract.schema",
+    "contract.mandate",
+    "report.worker_ids",
+}
+LAYERS = ("config", "preflight", "contract", "compare", "report", "reference", "drift", "hosts", "cli")
+#: (importer, imported) -> why the import goes up.
+ALLOWED_UPWARD = {
+    (
+        "preflight.kernels",
+        "hosts.te_selector",
+    ): "check --gpu runs Transformer Engine's own selector where TE is installed",
+    ("preflight.kernels", "hosts.vllm_selector"): "check --gpu runs vLLM's own selector where vLLM is installed",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _rank(module: str) -> int:
+    """A module's layer: -1 for a leaf, else its package's place in ``LAYERS`` (top: the rest)."""
+    if module in LEAVES or module.split(".")[0] in {leaf for leaf in LEAVES if "." not in leaf}:
+        return -1
+    top = module.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else len(LAYERS)
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nemo_rl_attn_align."):
+            base = node.module.removeprefix("nemo_rl_attn_align.")
+            found.add(base)
+            found.update(
+                f"{base}.{alias.name}"
+                for alias in node.names
+                if (PACKAGE / base / alias.name).exists() or (PACKAGE / base / f"{alias.name}.py").exists()
+            )
+        elif isinstance(node, ast.Import):
+            found.update(
+                a.name.removeprefix("nemo_rl_attn_align.")
+                for a in node.names
+                if a.name.startswith("nemo_rl_attn_align.")
+            )
+    return found
+
+
+def _violations() -> list[str]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = _module_name(path)
+        for imported in sorted(_imports(path)):
+            if (importer, imported) in ALLOWED_UPWARD:
+                continue
+            if (PACKAGE / imported).is_dir() and (PACKAGE / imported / "__init__.py").exists() and imported in LAYERS:
+                continue  # ``from nemo_rl_attn_align.hosts import x``: judged by x
+            if _rank(imported) > _rank(importer):
+                out.append(f"{importer} imports {imported}")
+    return out
+
+
+def test_every_import_goes_down_or_sideways():
+    assert _violations() == []
+
+
+def test_the_leaves_import_only_leaves():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if _module_name(path) in LEAVES:
+            imported = {m for m in _imports(path) if not (PACKAGE / m).is_dir()}
+            assert imported <= LEAVES, path
+
+
+def test_an_upward_import_is_found(tmp_path):
+    """The check itself: a config module importing compare (as settings.py once did) is a violation."""
+    fake = tmp_path / "nemo_rl_attn_align"
+    (fake / "config").mkdir(parents=True)
+    (fake / "compare").mkdir()
+    (fake / "config" / "settings.py").write_text("from nemo_rl_attn_align.compare.binding import Mandate\n")
+    (fake / "compare" / "binding.py").write_text("from nemo_rl_attn_align.config.settings import x\n")
+    globals()["PACKAGE"] = fake
+    try:
+        assert _violations() == ["config.settings imports compare.binding"]
+    finally:
+        globals()["PACKAGE"] = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align"
+
+
+def test_every_allowed_upward_import_still_exists():
+    for importer, imported in ALLOWED_UPWARD:
+        path = PACKAGE / (importer.replace(".", "/") + ".py")
+        assert imported in _imports(path), f"{importer} no longer imports {imported}: remove it from ALLOWED_UPWARD"
