@@ -28,7 +28,7 @@ from typing import Any
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, put_field
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics
-from nemo_rl_attn_align.contract.training import model_config_facts, model_identity_fields
+from nemo_rl_attn_align.contract.training import model_config_facts, model_identity_fields, recorded_attributes
 
 #: The engine name both the record and the preview give Megatron generation.
 ENGINE = "megatron-inference"
@@ -46,12 +46,6 @@ CONTEXT_FIELDS = (
 )
 #: Distributions whose versions go into the record (flash-attn 2, 3 and 4 under their PyPI names).
 VERSIONED = ("torch", "megatron-core", "flash-attn", "flash-attn-3", "flash-attn-4", "flashinfer-python", "nemo-rl")
-
-
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return getattr(value, "name", None) or str(value)
 
 
 def resolve_flash_version(pinned: Any, available: Mapping[str, bool | None]) -> tuple[int | None, str]:
@@ -85,17 +79,9 @@ def inference_facts(
     """JSON-ready facts of one generation worker: the generation model's config (as the training
     side records it), the inference context's settings and which flash-attn generations megatron-core
     found (``{"fa3": bool, "fa4": bool}``; None: not read)."""
-    missing = object()
-    context_facts: dict[str, Any] = {"absent": []}
-    for name in CONTEXT_FIELDS:
-        value = getattr(context, name, missing)
-        if value is missing:
-            context_facts["absent"].append(name)
-        else:
-            context_facts[name] = _plain(value)
     return {
         "model": model_config_facts(model_cfg, policy_cfg),
-        "context": context_facts,
+        "context": recorded_attributes(context, CONTEXT_FIELDS),
         "flash_available": dict(flash_available),
         "colocated": colocated,
     }

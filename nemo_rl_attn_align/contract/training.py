@@ -86,16 +86,25 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def model_config_facts(model_cfg: Any, policy_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every attention-relevant field of the finished model config, plus the worker's batch sizes."""
+def recorded_attributes(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """``names`` of ``obj`` as JSON-ready values, and ``absent``: the names ``obj`` does not have."""
     missing = object()
-    facts: dict[str, Any] = {"model_config_class": type(model_cfg).__name__, "absent": []}
-    for name in MODEL_CONFIG_FIELDS:
-        value = getattr(model_cfg, name, missing)
+    facts: dict[str, Any] = {"absent": []}
+    for name in names:
+        value = getattr(obj, name, missing)
         if value is missing:
             facts["absent"].append(name)
         else:
             facts[name] = _plain(value)
+    return facts
+
+
+def model_config_facts(model_cfg: Any, policy_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every attention-relevant field of the finished model config, plus the worker's batch sizes."""
+    facts: dict[str, Any] = {
+        "model_config_class": type(model_cfg).__name__,
+        **recorded_attributes(model_cfg, MODEL_CONFIG_FIELDS),
+    }
     policy_cfg = policy_cfg or {}
     for key in ("train_micro_batch_size", "logprob_batch_size"):
         if isinstance(policy_cfg.get(key), int):
