@@ -55,6 +55,17 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
     """Write ``data`` as JSON to ``path`` atomically: a temp file in the same directory, fsync,
     ``os.replace``. Readers see the old file or the new one, never a part."""
     path = Path(path)
+    _, tmp = _synced_temp_copy(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _synced_temp_copy(path: Path, data: Any) -> tuple[str, str]:
+    """``data`` as JSON text, written and fsynced to a temp file beside ``path``: (text, temp path)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -63,11 +74,10 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return text, tmp
 
 
 #: Longest worker file name: the temp name adds ``.`` + ``.XXXXXXXX.tmp`` and must stay within
@@ -129,14 +139,8 @@ class Claim(NamedTuple):
 def _exclusive_write_json(path: Path, data: Any) -> bool:
     """Create ``path`` holding ``data`` unless it exists (False then): the whole file appears at
     once (a temp file hard-linked into place), so a reader never sees a part of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    text, tmp = _synced_temp_copy(path, data)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
