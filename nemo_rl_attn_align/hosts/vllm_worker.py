@@ -39,11 +39,14 @@ import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, log, world_size
 from nemo_rl_attn_align.report.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 TARGETS = (WORKER_MODULE,)
@@ -73,10 +76,10 @@ class RolloutRecord(HostRecord):
 
     host = "vllm_worker"
 
-    def __init__(self, worker_id: str, facts: dict, writer: str | None = None):
+    def __init__(self, worker_id: str, snapshot: VllmSnapshot, writer: str | None = None):
         super().__init__()
         self.base_id = self.worker_id = worker_id
-        self.facts = facts
+        self.snapshot = snapshot
         self.writer = writer or uuid.uuid4().hex
         self.engine: int | None = None  # the k of ``-engine<k>`` once the id is claimed
 
@@ -129,14 +132,13 @@ class RolloutRecord(HostRecord):
     def contract(self):
         from nemo_rl_attn_align.contract.rollout import rollout_contract
 
-        return rollout_contract(self.facts, self.worker_id, rollout_versions())
+        return rollout_contract(self.snapshot, self.worker_id, rollout_versions())
 
     def detail(self) -> dict[str, Any]:
-        return {"vllm_config": self.facts}
+        return {"vllm_config": self.snapshot.to_dict()}
 
     def peers(self) -> list[str]:
-        parallel = (self.facts.get("tensor_parallel_size") or 1) * (self.facts.get("pipeline_parallel_size") or 1)
-        return rollout_peers(world_size(), parallel, self.engine or 0)
+        return rollout_peers(world_size(), self.snapshot.model_parallel_size(), self.engine or 0)
 
 
 #: The record of the last engine that warmed up in this process (None until one has).
@@ -158,20 +160,19 @@ def record_engine(worker: Any) -> RolloutRecord:
     """Read one warmed-up vLLM worker and write its record."""
     global record
     from nemo_rl_attn_align.compare.determinism import probe
-    from nemo_rl_attn_align.contract.rollout import rollout_facts
+    from nemo_rl_attn_align.contract.vllm_snapshot import read_vllm_snapshot
 
     vllm_config = worker.vllm_config
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
-    facts = rollout_facts(vllm_config, context, os.environ)
+    snapshot = read_vllm_snapshot(vllm_config, context, os.environ)
     worker_id = rollout_worker_id(os.environ.get("RANK", "0"), getattr(worker, "rank", 0))
-    record = RolloutRecord(worker_id, facts, _writer_of(worker))
+    record = RolloutRecord(worker_id, snapshot, _writer_of(worker))
     records.append(record)
     record.probe = probe()
-    requested = facts["requested_backend"]
-    chosen = sorted(set(facts["layer_backends"].values()))
+    requested, chosen = snapshot.requested_backend, snapshot.chosen_backends()
     if requested and chosen and chosen != [requested]:
         record.note(
-            f"vLLM was asked for attention backend {requested} ({facts['requested_source']}) "
+            f"vLLM was asked for attention backend {requested} ({snapshot.requested_source}) "
             f"but chose {', '.join(chosen)}"
         )
     record.write("engine_ready")

@@ -35,7 +35,7 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     value_at,
 )
 
-# contract/preview.py and contract/rollout.py import it from here
+# contract/preview.py and compare/preview.py import it from here
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant as vllm_batch_invariant
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).

@@ -13,6 +13,7 @@ from nemo_rl_attn_align.contract.hf_model import load_model_config
 from nemo_rl_attn_align.contract.preview import predict_rollout, predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
+from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from tests.conftest import EXAMPLES
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
@@ -29,7 +30,7 @@ def test_a_local_tokenizer_is_previewed_by_its_content_as_both_records_name_it(t
     training = predict_training(load_config(GRPO, [f"policy.tokenizer.name={tmp_path}"]), {})
     expected, how = tokenizer_identity(str(tmp_path))
     assert expected.startswith("sha256:")
-    record = rollout_contract({"tokenizer": str(tmp_path)}, "vllm-rank0-worker0")
+    record = rollout_contract(VllmSnapshot(tokenizer=str(tmp_path)), "vllm-rank0-worker0")
     for contract in (rollout, training):
         assert contract.value("tokenizer") == expected == record.value("tokenizer")
         assert contract["tokenizer"].provenance.value == "configured" and how in contract["tokenizer"].source
@@ -56,7 +57,9 @@ def test_the_kv_cache_format_is_previewed_by_the_records_rule(overrides, expecte
     assert contract["kv_cache_dtype"].source.startswith("policy.generation.vllm_cfg.kv_cache_dtype")
     cache_dtype = load_config(GRPO, overrides)["policy"]["generation"]["vllm_cfg"]["kv_cache_dtype"]
     recorded = rollout_contract(
-        {"kv_cache_dtype": cache_dtype, "dtype": contract.value("dtype"), "layer_kv_cache_dtypes": {"l0": cache_dtype}},
+        VllmSnapshot(
+            kv_cache_dtype=cache_dtype, dtype=contract.value("dtype"), layer_kv_cache_dtypes={"l0": cache_dtype}
+        ),
         "w",
     )
     assert recorded.value("kv_cache_dtype") == expected

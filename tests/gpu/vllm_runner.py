@@ -72,7 +72,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "worker_id": record.worker_id if record else None,
         "stage": record.stage if record else None,
         "findings": list(record.findings) if record else None,
-        "layer_backends": record.facts["layer_backends"] if record else None,
+        "layer_backends": dict(record.snapshot.layer_backends) if record else None,
         "generated": list(outputs[0].outputs[0].token_ids),
     }
 

@@ -17,6 +17,7 @@ from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
 from nemo_rl_attn_align.contract.semantics import VLLM_ONLINE_SOFTMAX_BACKENDS
 from nemo_rl_attn_align.contract.training import training_contract
+from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.hosts import versions
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
 from tests.fake_nemo_rl.configs import policy_config
@@ -130,7 +131,7 @@ def _every_worker_contract():
         yield training_contract(facts, "policy-rank0")
     for backend, invariant in itertools.product((*VLLM_ONLINE_SOFTMAX_BACKENDS, "SOME_NEW_BACKEND"), (False, True)):
         yield rollout_contract(
-            {"layer_backends": {"layer.0": backend}, "batch_invariant": invariant}, "vllm-rank0-worker0"
+            VllmSnapshot(layer_backends={"layer.0": backend}, batch_invariant=invariant), "vllm-rank0-worker0"
         )
 
 

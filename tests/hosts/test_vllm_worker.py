@@ -8,11 +8,14 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from nemo_rl_attn_align.contract import rollout as vllm_record
+from nemo_rl_attn_align.contract import vllm_snapshot
+from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.hosts import _patching, vllm_worker
 from nemo_rl_attn_align.report.store import read_worker_records
 from tests.hosts.conftest import FAKE_VLLM, standin
@@ -159,7 +162,7 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     ],
 )
 def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
-    facts = vllm_record.hf_rope(hf)
+    facts = vllm_snapshot.hf_rope(hf)
     assert facts.pop("rope_source").startswith("hf_config.rope_parameters" if hasattr(hf, "rope_parameters") else "hf")
     assert facts == expected
 
@@ -193,16 +196,16 @@ def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_pa
 
 
 def test_sliding_window_falls_back_to_the_hf_config_without_an_impl_window():
-    hf = {"sliding_window": 4096, "layer_windows": {}, "num_layers": 2}
+    hf = VllmSnapshot(sliding_window=4096, layer_windows={}, num_layers=2)
     fallback = vllm_record.rollout_contract(hf, "vllm-rank0-worker0")
     assert fallback.value("sliding_window") == 4095 and fallback.value("layer_windows") == [4095, 4095]
     # read from the config, not from the engine: never claimed as observed
     assert {fallback[n].provenance.value for n in ("sliding_window", "layer_windows")} == {"configured"}
-    off = vllm_record.rollout_contract({**hf, "use_sliding_window": False}, "vllm-rank0-worker0")
+    off = vllm_record.rollout_contract(replace(hf, use_sliding_window=False), "vllm-rank0-worker0")
     assert off.value("sliding_window") is None
-    mixed = vllm_record.rollout_contract({**hf, "hf_layer_windows": [4095, None]}, "vllm-rank0-worker0")
+    mixed = vllm_record.rollout_contract(replace(hf, hf_layer_windows=[4095, None]), "vllm-rank0-worker0")
     assert mixed.value("layer_windows") == [4095, None] and "layer_types" in mixed["layer_windows"].source
-    differ = vllm_record.rollout_contract({"layer_windows": {"a": 4095, "b": 1023}}, "vllm-rank0-worker0")
+    differ = vllm_record.rollout_contract(VllmSnapshot(layer_windows={"a": 4095, "b": 1023}), "vllm-rank0-worker0")
     assert differ["sliding_window"].provenance.value == "unobservable" and "differ" in differ["sliding_window"].source
     assert differ.value("layer_windows") == [4095, 1023]
 
@@ -219,24 +222,24 @@ def test_sliding_window_falls_back_to_the_hf_config_without_an_impl_window():
     ],
 )
 def test_impl_windows_as_pairs_and_as_ints(window, expected):
-    assert vllm_record.impl_left_window(window) == expected
+    assert vllm_snapshot.impl_left_window(window) == expected
 
 
 def test_softcapping_kv_cache_dtype_and_context_parallel_sizes():
-    facts = {
-        "layer_soft_caps": [50.0, 50.0],
-        "kv_cache_dtype": "auto",
-        "dtype": "torch.bfloat16",
-        "prefill_context_parallel_size": 2,
-        "decode_context_parallel_size": 4,
-    }
-    contract = vllm_record.rollout_contract(facts, "vllm-rank0-worker0")
+    snapshot = VllmSnapshot(
+        layer_soft_caps=[50.0, 50.0],
+        kv_cache_dtype="auto",
+        dtype="torch.bfloat16",
+        prefill_context_parallel_size=2,
+        decode_context_parallel_size=4,
+    )
+    contract = vllm_record.rollout_contract(snapshot, "vllm-rank0-worker0")
     assert contract.value("logit_softcapping") == 50.0 and contract["logit_softcapping"].provenance.value == "observed"
     assert contract.value("kv_cache_dtype") == "bf16" and contract["kv_cache_dtype"].provenance.value == "configured"
     assert (contract.value("cp_size"), contract.value("decode_cp_size")) == (2, 4)
-    seen = vllm_record.rollout_contract({**facts, "kv_cache_tensor_dtype": "torch.bfloat16"}, "w")
+    seen = vllm_record.rollout_contract(replace(snapshot, kv_cache_tensor_dtype="torch.bfloat16"), "w")
     assert seen.value("kv_cache_dtype") == "bf16" and seen["kv_cache_dtype"].provenance.value == "observed"
-    old = vllm_record.rollout_contract({"attn_logit_softcapping": 30.0}, "w")  # no impl shows its cap
+    old = vllm_record.rollout_contract(VllmSnapshot(attn_logit_softcapping=30.0), "w")  # no impl shows its cap
     assert old.value("logit_softcapping") == 30.0 and old["logit_softcapping"].provenance.value == "configured"
     assert old.value("cp_size") == 1 and "no prefill_context_parallel_size" in old["cp_size"].source
 
@@ -251,7 +254,7 @@ def test_the_tokenizer_is_compared_by_content(tmp_path):
     assert tokenizer_identity(str(a))[0] == tokenizer_identity(str(b))[0] != tokenizer_identity(str(c))[0]
     assert tokenizer_identity(str(a))[0].startswith("sha256:")
     assert tokenizer_identity("Qwen/Qwen3-0.6B") == ("Qwen/Qwen3-0.6B", "compared by name (not a local directory)")
-    contract = vllm_record.rollout_contract({"tokenizer": str(b)}, "w")
+    contract = vllm_record.rollout_contract(VllmSnapshot(tokenizer=str(b)), "w")
     assert (
         contract.value("tokenizer") == tokenizer_identity(str(a))[0]
         and "sha256 of tokenizer.json" in contract["tokenizer"].source
@@ -268,7 +271,7 @@ def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_
         for r in caplog.records
     )
     config = fake_vllm.standin_vllm_config("TRITON_ATTN")
-    assert vllm_record.requested_backend(config, {"VLLM_ATTENTION_BACKEND": "FLASHINFER"})[0] == "TRITON_ATTN"
+    assert vllm_snapshot.requested_backend(config, {"VLLM_ATTENTION_BACKEND": "FLASHINFER"})[0] == "TRITON_ATTN"
 
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
@@ -337,13 +340,13 @@ def test_an_override_the_plugin_cannot_wrap_is_one_warning_naming_the_class(fake
 # --- the KV-cache format: vLLM's names, not the uint8 storage -------------------------------------
 
 
-def _kv_facts(cache_dtype, layer_names, tensor="torch.uint8"):
-    return {
-        "kv_cache_dtype": cache_dtype,
-        "dtype": "torch.bfloat16",
-        "layer_kv_cache_dtypes": {f"model.layers.{i}.self_attn.attn": n for i, n in enumerate(layer_names)},
-        "kv_cache_tensor_dtype": tensor,
-    }
+def _kv_snapshot(cache_dtype, layer_names, tensor="torch.uint8"):
+    return VllmSnapshot(
+        kv_cache_dtype=cache_dtype,
+        dtype="torch.bfloat16",
+        layer_kv_cache_dtypes={f"model.layers.{i}.self_attn.attn": n for i, n in enumerate(layer_names)},
+        kv_cache_tensor_dtype=tensor,
+    )
 
 
 @pytest.mark.parametrize(
@@ -360,7 +363,7 @@ def _kv_facts(cache_dtype, layer_names, tensor="torch.uint8"):
     ],
 )
 def test_kv_cache_format_is_named_from_the_layers_not_the_tensor(cache_dtype, layer_names, tensor, expected):
-    contract = vllm_record.rollout_contract(_kv_facts(cache_dtype, layer_names, tensor), "w")
+    contract = vllm_record.rollout_contract(_kv_snapshot(cache_dtype, layer_names, tensor), "w")
     assert contract.value("kv_cache_dtype") == expected
     assert contract["kv_cache_dtype"].provenance.value == "observed"
     assert "attention layers' kv_cache_dtype" in contract["kv_cache_dtype"].source
@@ -368,16 +371,18 @@ def test_kv_cache_format_is_named_from_the_layers_not_the_tensor(cache_dtype, la
 
 
 def test_kv_cache_formats_that_differ_per_layer_are_not_one_value():
-    contract = vllm_record.rollout_contract(_kv_facts("fp8", ["auto", "fp8"], "torch.bfloat16"), "w")
+    contract = vllm_record.rollout_contract(_kv_snapshot("fp8", ["auto", "fp8"], "torch.bfloat16"), "w")
     assert contract["kv_cache_dtype"].provenance.value == "unobservable"
     assert "layers differ" in contract["kv_cache_dtype"].source and "fp8_e4m3" in contract["kv_cache_dtype"].source
 
 
 def test_kv_cache_format_without_layer_names_is_the_configured_name():
     """No layer shows its kv_cache_dtype: ``cache_config.cache_dtype``, never the uint8 storage."""
-    old = vllm_record.rollout_contract({"kv_cache_dtype": "fp8_e5m2", "kv_cache_tensor_dtype": "torch.uint8"}, "w")
+    old = vllm_record.rollout_contract(
+        VllmSnapshot(kv_cache_dtype="fp8_e5m2", kv_cache_tensor_dtype="torch.uint8"), "w"
+    )
     assert old.value("kv_cache_dtype") == "fp8_e5m2" and old["kv_cache_dtype"].provenance.value == "configured"
-    fp8 = vllm_record.rollout_contract({"kv_cache_dtype": "fp8"}, "w")
+    fp8 = vllm_record.rollout_contract(VllmSnapshot(kv_cache_dtype="fp8"), "w")
     assert fp8.value("kv_cache_dtype") == "fp8_e4m3"
     assert vllm_record.kv_cache_format("auto", None) == (None, "auto: the model dtype, None, is not known")
     assert vllm_record.kv_cache_format("float16") == ("fp16", "an unquantized dtype")
@@ -393,14 +398,16 @@ def test_the_fake_engines_layers_name_their_kv_cache_format(fake_vllm, tmp_path)
 
 
 def test_rope_sources_name_the_attribute_read():
-    new = vllm_record.hf_rope(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    new = vllm_snapshot.hf_rope(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     assert new["rope_source"] == "hf_config.rope_parameters"
-    contract = vllm_record.rollout_contract(new, "w")
+    contract = vllm_record.rollout_contract(VllmSnapshot(**new), "w")
     assert contract["rope_type"].source == "hf_config.rope_parameters['rope_type'] (absent: default)"
     assert contract["rope_parameters"].source == "hf_config.rope_parameters"
-    old = vllm_record.rollout_contract(vllm_record.hf_rope(SimpleNamespace(rope_theta=1e4, rope_scaling=None)), "w")
+    old = vllm_record.rollout_contract(
+        VllmSnapshot(**vllm_snapshot.hf_rope(SimpleNamespace(rope_theta=1e4, rope_scaling=None))), "w"
+    )
     assert old["rope_type"].source.startswith("hf_config.rope_scaling")
-    partial = vllm_record.hf_rope(
+    partial = vllm_snapshot.hf_rope(
         SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, partial_rotary_factor=0.5)
     )
     assert partial["rope_source"] == "hf_config.rope_parameters + partial_rotary_factor"
