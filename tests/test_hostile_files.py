@@ -21,7 +21,7 @@ from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.store import (
-    read_worker_records,
+    read_worker_files,
     remove_stale_temp_files,
     worker_record_path,
     write_worker_record,
@@ -274,10 +274,10 @@ def test_bad_record_files_are_listed_as_unreadable_and_the_rest_goes_on(tmp_path
     (tmp_path / "workers" / "training--big.json").write_text(" " * (limits.MAX_RECORD_BYTES + 1))
     os.mkfifo(tmp_path / "workers" / "training--fifo.json")
     (tmp_path / "workers" / "training--zero.json").symlink_to("/dev/zero")
-    records = read_worker_records(tmp_path)
-    assert [c.worker_id for c, _ in records["records"]] == ["policy-rank0"] and good.exists()
-    assert len(records["unreadable"]) == 9
-    assert all("\n" not in item["error"] for item in records["unreadable"])
+    files = read_worker_files(tmp_path)
+    assert [r.worker_id for r in files.records] == ["policy-rank0"] and good.exists()
+    assert len(files.unreadable) == 9
+    assert all("\n" not in item.error for item in files.unreadable)
 
 
 @pytest.mark.parametrize(
@@ -313,7 +313,7 @@ def test_long_worker_ids_keep_their_record(tmp_path):
     worker_id = "policy-" + "r" * 400
     path = write_worker_record(tmp_path, full_contract("training", worker_id))
     assert len(path.name) <= 200 and path == worker_record_path(tmp_path, "training", worker_id)
-    assert [c.worker_id for c, _ in read_worker_records(tmp_path)["records"]] == [worker_id]
+    assert [r.worker_id for r in read_worker_files(tmp_path).records] == [worker_id]
 
 
 def test_stale_temp_files_are_ignored_and_removed_when_old(tmp_path):
@@ -322,8 +322,8 @@ def test_stale_temp_files_are_ignored_and_removed_when_old(tmp_path):
     old.write_text('{"half')
     fresh.write_text('{"half')
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    records = read_worker_records(tmp_path)
-    assert len(records["records"]) == 1 and records["unreadable"] == [] and len(records["incomplete_writes"]) == 2
+    files = read_worker_files(tmp_path)
+    assert len(files.records) == 1 and files.unreadable == () and len(files.incomplete_writes) == 2
     assert remove_stale_temp_files(tmp_path) == [str(old)]
     assert not old.exists() and fresh.exists()
 

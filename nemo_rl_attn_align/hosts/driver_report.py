@@ -37,9 +37,12 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -127,7 +130,7 @@ class RunReport:
         absent: Mapping[str, str],
         printer: Callable[[str], None] = _print,
         preset: Mapping[str, Any] | None = None,
-        expected: Mapping[str, Any] | None = None,
+        expected: Mapping[str, ExpectedSide] | None = None,
         estimate: Callable[[], Mapping[str, Any]] | None = None,
     ):
         self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
@@ -159,7 +162,7 @@ class RunReport:
             final=final,
             enforce=False,
             preset=self.preset,
-            expected_counts={side: e.to_dict() for side, e in self.expected.items()},
+            expected_counts=self.expected,
             attention_only=self.attention_only,
         )
         if enforce:

@@ -1,7 +1,7 @@
 """The report document: every worker's files collected into one JSON document that binds the
 training side's attention contract to the rollout side's.
 
-``collect`` reads the worker files (``store.read_worker_records``) and ``build_report`` binds them:
+``collect`` reads the worker files (``store.read_worker_files``) and ``build_report`` binds them:
 a worker that died leaves a gap (its expected id is listed as missing), unreadable, incomplete and
 stale files are listed; none of them stops the collection. ``write_report`` writes
 ``<report_dir>/attention_align_report.json`` atomically (``load.load_report`` reads and checks
@@ -25,6 +25,7 @@ from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import SIDES
 from nemo_rl_attn_align.errors import Finding
+from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report import workers
 from nemo_rl_attn_align.report.drift_log import drift_log_path, read_steps
 from nemo_rl_attn_align.report.store import (
@@ -32,8 +33,9 @@ from nemo_rl_attn_align.report.store import (
     PathLike,
     atomic_write_json,
     now_iso,
-    read_worker_records,
+    read_worker_files,
 )
+from nemo_rl_attn_align.report.worker_files import WorkerFiles
 
 REPORT_KIND = "nemo-rl-attn-align/report"
 REPORT_FILENAME = "attention_align_report.json"
@@ -100,7 +102,7 @@ def _probes_section(probes: Mapping[tuple[str, str], DeterminismProbe | None]) -
 
 
 def build_report(
-    records: Mapping[str, Any],
+    files: WorkerFiles,
     *,
     mandate: Mandate | None,
     allow_dtype_difference: bool = False,
@@ -108,36 +110,35 @@ def build_report(
     expected: Iterable[str] = (),
     collective: str | None = "auto",
     absent_sides: Mapping[str, str] | None = None,
-    expected_counts: Mapping[str, Mapping[str, Any]] | None = None,
+    expected_counts: Mapping[str, ExpectedSide] | None = None,
     strict: bool = False,
 ) -> dict[str, Any]:
-    """The report document for ``read_worker_records``' result (see docs/report-schema.md).
+    """The report document for the worker files of one run (see docs/report-schema.md).
 
     ``expected``: worker ids that should have written, besides the ``peers`` the host details
     name (missing ones are listed); ``collective``: the NCCL collective that reduces the compared
     tensor, ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1);
     ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
-    counted as a missing side; ``expected_counts``: side -> ``{"count", "ids", "how"}``
-    (``expected_workers.ExpectedSide.to_dict()``), the workers the config starts: the report says
+    counted as a missing side; ``expected_counts``: side -> ``expected_workers.ExpectedSide``,
+    the workers the config starts: the report says
     "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``; without
     N, no record on a side stays a warning)."""
     absent_sides = dict(absent_sides or {})
-    expected_counts = {side: dict(e) for side, e in (expected_counts or {}).items() if side not in absent_sides}
-    details = records.get("details", {})
-    contracts = [c for c, _ in records["records"]]
-    probes = {(c.side, c.worker_id): p for c, p in records["records"]}
-    by_side = {side: [c for c in contracts if c.side == side] for side in SIDES}
+    expected_counts = {side: e for side, e in (expected_counts or {}).items() if side not in absent_sides}
+    contracts = [record.contract for record in files.records]
+    probes = files.probes()
+    by_side = {side: files.contracts(side) for side in SIDES}
     found = [c.worker_id for c in contracts]
-    expected_ids = workers.expected_ids(expected, details, expected_counts)
+    expected_ids = workers.expected_ids(expected, files, expected_counts)
     missing = sorted(expected_ids - set(found))
     not_applicable = {side: why for side, why in absent_sides.items() if not by_side.get(side)}
     findings = (
-        workers.file_findings(missing, records["unreadable"])
+        workers.file_findings(missing, files.unreadable)
         + workers.side_findings(by_side, not_applicable, expected_counts, strict)
-        + workers.detail_findings(details)
+        + workers.detail_findings(files.details)
     )
     binding = _bind_sides(by_side, probes, mandate, allow_dtype_difference, collective)
-    verdict = _verdict(binding, findings, bool(missing or records["unreadable"]))
+    verdict = _verdict(binding, findings, bool(missing or files.unreadable))
     binding_dict = binding.to_dict() if binding is not None else None
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
@@ -148,7 +149,7 @@ def build_report(
         "verdict": verdict.value,
         "binding_applicable": not not_applicable,
         "settings": _settings_section(on_mismatch, allow_dtype_difference, mandate),
-        "workers": workers.section(records, expected_ids, found, missing, by_side, expected_counts),
+        "workers": workers.section(files, expected_ids, found, missing, by_side, expected_counts),
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": _probes_section(probes),
         "binding": binding_dict,
@@ -161,7 +162,7 @@ def build_report(
 def collect(report_dir: PathLike, *, run_id: str | None = None, **options: Any) -> dict[str, Any]:
     """Read every worker file under ``report_dir`` (of run ``run_id`` only, when given) and build
     the report document (writes nothing); ``options`` are ``build_report``'s."""
-    doc = build_report(read_worker_records(report_dir, run_id), **options)
+    doc = build_report(read_worker_files(report_dir, run_id), **options)
     doc["run_id"] = run_id
     return doc
 

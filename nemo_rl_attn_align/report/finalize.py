@@ -15,6 +15,7 @@ from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
+from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.document import collect, with_logged_drift, write_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
 from nemo_rl_attn_align.report.store import PathLike
@@ -70,7 +71,7 @@ def finalize(
     final: bool = False,
     enforce: bool = True,
     preset: Mapping[str, Any] | None = None,
-    expected_counts: Mapping[str, Mapping[str, Any]] | None = None,
+    expected_counts: Mapping[str, ExpectedSide] | None = None,
     attention_only: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.

@@ -11,9 +11,9 @@ Each worker writes its own files, atomically (a temp file in the same directory,
   holds that id, so that a second engine recording under the same id takes the next one instead of
   replacing the first's files (the readers never look here).
 
-``read_worker_records`` reads them all: a corrupt or foreign file is listed as unreadable, a temp
-file left behind as an incomplete write, a file another run wrote as stale; none of them stops the
-reading. Stdlib only (the worker path imports this module).
+``read_worker_files`` reads them all into a ``worker_files.WorkerFiles``: a corrupt or foreign
+file is listed as unreadable, a temp file left behind as an incomplete write, a file another run
+wrote as stale; none of them stops the reading. Stdlib only (the worker path imports this module).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, TypeVar, Union
 
 from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.schema import SIDES
 from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, InputRefused, nesting_depth, read_text, shown_path
+from nemo_rl_attn_align.report.worker_files import HostDetail, UnreadableFile, WorkerFiles, WorkerRecord
 
 REPORT_SCHEMA_VERSION = 1
 WORKER_KIND = "nemo-rl-attn-align/worker"
@@ -44,6 +44,7 @@ HOSTS_DIR = "hosts"
 CLAIMS_DIR = "claims"
 
 PathLike = Union[str, "os.PathLike[str]"]
+T = TypeVar("T")
 
 
 def now_iso() -> str:
@@ -262,35 +263,21 @@ def schema_version_ok(data: Mapping[str, Any]) -> bool:
     return type(version) is int and version == REPORT_SCHEMA_VERSION
 
 
-def _parse_worker_record(data: Any) -> tuple[AttentionContract, DeterminismProbe | None]:
+def _parse_worker_record(data: Any) -> WorkerRecord:
     if not isinstance(data, dict) or data.get("kind") != WORKER_KIND:
         raise ValueError(f"not a worker record (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     if not schema_version_ok(data):
         raise ValueError(f"schema_version {data.get('schema_version')!r}, this version reads {REPORT_SCHEMA_VERSION}")
     contract = AttentionContract.from_dict(data["contract"])
     probe = DeterminismProbe.from_dict(data["determinism"]) if data.get("determinism") is not None else None
-    return contract, probe
+    run_id = data.get("run_id")
+    return WorkerRecord(contract, probe, run_id if isinstance(run_id, str) else None)
 
 
-def _parse_detail(data: Any) -> dict[str, Any]:
+def _parse_detail(data: Any) -> HostDetail:
     if not isinstance(data, dict) or data.get("kind") != DETAIL_KIND:
         raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
-    if data.get("side") not in SIDES or not isinstance(data.get("worker_id"), str):
-        raise ValueError("a host detail needs side (training or rollout) and worker_id")
-    for key, kinds in (
-        ("stage", (str, type(None))),
-        ("host", (str, type(None))),
-        ("findings", (list, type(None))),
-        ("peers", (list, type(None))),
-    ):
-        if not isinstance(data.get(key), kinds):
-            raise ValueError(
-                f"host detail {key} is {type(data.get(key)).__name__}, not {' or '.join(k.__name__ for k in kinds)}"
-            )
-    for key in ("findings", "peers"):
-        if not all(isinstance(item, str) for item in data.get(key) or []):
-            raise ValueError(f"host detail {key} holds a value that is not a string")
-    return data
+    return HostDetail.from_dict(data)
 
 
 def read_json_file(path: PathLike, limit: int, what: str) -> Any:
@@ -306,30 +293,41 @@ def read_json_file(path: PathLike, limit: int, what: str) -> Any:
     return data
 
 
-def _read_folder(folder: Path, parse: Callable[[Any], Any], run_id: str | None, out: dict[str, list]) -> list:
+class _Leftovers(NamedTuple):
+    """What reading the folders could not use, gathered as it goes."""
+
+    unreadable: list[UnreadableFile]
+    incomplete_writes: list[str]
+    stale: list[str]
+
+
+def _read_folder(folder: Path, parse: Callable[[Any], T], run_id: str | None, left: _Leftovers) -> list[T]:
     parsed = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             data = read_json_file(path, MAX_RECORD_BYTES, "worker file")
             item = parse(data)
         except Exception as err:
-            out["unreadable"].append({"path": str(path), "error": f"{type(err).__name__}: {str(err)[:500]}"})
+            left.unreadable.append(UnreadableFile(str(path), f"{type(err).__name__}: {str(err)[:500]}"))
             continue
         if run_id is not None and data.get("run_id") != run_id:
-            out["stale"].append(str(path))
+            left.stale.append(str(path))
         else:
             parsed.append(item)
-    out["incomplete_writes"].extend(sorted(str(p) for p in folder.glob(".*.tmp")) if folder.is_dir() else [])
+    left.incomplete_writes.extend(sorted(str(p) for p in folder.glob(".*.tmp")) if folder.is_dir() else [])
     return parsed
 
 
-def read_worker_records(report_dir: PathLike, run_id: str | None = None) -> dict[str, Any]:
-    """Every worker file under ``report_dir``: ``records`` (contract, probe) sorted by side and
-    worker id, ``details`` (host details by ``(side, worker_id)``), ``unreadable`` (path and error),
-    ``incomplete_writes`` (temp files left over) and, when ``run_id`` is given, ``stale`` (files
-    another run wrote, left out)."""
-    out: dict[str, Any] = {"unreadable": [], "incomplete_writes": [], "stale": []}
-    records = _read_folder(Path(report_dir) / WORKERS_DIR, _parse_worker_record, run_id, out)
-    details = _read_folder(Path(report_dir) / HOSTS_DIR, _parse_detail, run_id, out)
-    records.sort(key=lambda rec: (rec[0].side, rec[0].worker_id))
-    return {"records": records, "details": {(d["side"], d["worker_id"]): d for d in details}, **out}
+def read_worker_files(report_dir: PathLike, run_id: str | None = None) -> WorkerFiles:
+    """Every worker file under ``report_dir``: the records, the host details, and the files that
+    could not be used (unreadable, incomplete writes and, when ``run_id`` is given, another run's)."""
+    left = _Leftovers([], [], [])
+    records = _read_folder(Path(report_dir) / WORKERS_DIR, _parse_worker_record, run_id, left)
+    details = _read_folder(Path(report_dir) / HOSTS_DIR, _parse_detail, run_id, left)
+    return WorkerFiles(
+        records=tuple(sorted(records, key=lambda record: record.key)),
+        details={detail.key: detail for detail in details},
+        unreadable=tuple(left.unreadable),
+        incomplete_writes=tuple(left.incomplete_writes),
+        stale=tuple(left.stale),
+    )

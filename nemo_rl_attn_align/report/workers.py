@@ -14,7 +14,9 @@ from nemo_rl_attn_align.compare.binding import same_value
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.schema import SIDES, NotBound, Tier, field_spec, fields_of
 from nemo_rl_attn_align.errors import Finding, Severity, finding
+from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.store import HOSTS_DIR, worker_detail_path
+from nemo_rl_attn_align.report.worker_files import HostDetail, UnreadableFile, WorkerFiles, WorkerKey
 
 
 def _divergences(representative: AttentionContract, other: AttentionContract) -> list[Finding]:
@@ -35,17 +37,17 @@ def _divergences(representative: AttentionContract, other: AttentionContract) ->
     return out
 
 
-def detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Finding]:
+def detail_findings(details: Mapping[WorkerKey, HostDetail]) -> list[Finding]:
     """What the host hooks noticed (e.g. Transformer Engine ran another backend than requested)."""
     out = []
     for (side, worker_id), detail in sorted(details.items()):
-        for problem in detail.get("findings") or []:
+        for problem in detail.findings:
             out.append(
                 finding(
                     Code.REPORT_WORKER_FINDING,
                     f"workers.{worker_id}",
-                    detail.get("stage"),
-                    f"{side} worker {worker_id} ({detail.get('host', 'hook')}): {problem}",
+                    detail.stage,
+                    f"{side} worker {worker_id} ({detail.host or 'hook'}): {problem}",
                     f"see {HOSTS_DIR}/{worker_detail_path('.', side, worker_id).name} for what the hook saw; "
                     "attention_align.strict: true stops the run on such a finding",
                 )
@@ -54,45 +56,38 @@ def detail_findings(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> lis
 
 
 def side_coverage(
-    by_side: Mapping[str, list], expected_counts: Mapping[str, Mapping[str, Any]], peers: Mapping[str, set] = {}
+    by_side: Mapping[str, list[AttentionContract]],
+    expected_counts: Mapping[str, ExpectedSide],
+    peers: Mapping[str, set[str]],
 ) -> dict[str, Any]:
     """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
     starts workers for (``expected_counts``) or that some worker recorded; without the config's
     count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
     coverage = {}
     for side in SIDES:
-        expected = dict(expected_counts.get(side) or {})
-        if not expected and not by_side.get(side):
+        expected = expected_counts.get(side)
+        if expected is None and not by_side.get(side):
             continue
-        if not expected and peers.get(side):
-            expected = {
-                "count": len(peers[side]),
-                "ids": sorted(peers[side]),
-                "how": "the peers the workers' host details name",
-            }
-        ids = set(expected.get("ids") or ())
+        if expected is None and peers.get(side):
+            expected = ExpectedSide(
+                len(peers[side]), tuple(sorted(peers[side])), "the peers the workers' host details name"
+            )
+        ids = set(expected.ids) if expected is not None else set()
         recorded = [c.worker_id for c in by_side.get(side, [])]
         coverage[side] = {
             "recorded": len([w for w in recorded if w in ids]) if ids else len(recorded),
-            "expected": expected.get("count"),
-            "how": expected.get("how") or "not derived from the config",
+            "expected": expected.count if expected is not None else None,
+            "how": expected.how if expected is not None else "not derived from the config",
         }
     return coverage
 
 
-def _peers_by_side(details: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, set]:
-    peers: dict[str, set] = {}
-    for (side, _), detail in details.items():
-        peers.setdefault(side, set()).update(p for p in detail.get("peers") or [] if isinstance(p, str))
-    return peers
-
-
-def _side_missing(side: str, expected: Mapping[str, Any] | None, strict: bool) -> Finding:
+def _side_missing(side: str, expected: ExpectedSide | None, strict: bool) -> Finding:
     """No worker of ``side`` wrote: a warning; an error in strict mode when the config says how many should have."""
-    count = (expected or {}).get("count")
+    count = expected.count if expected is not None else None
     what = (
-        f"{side}: 0 of {count} workers recorded ({expected['how']})"
-        if expected and count
+        f"{side}: 0 of {count} workers recorded ({expected.how})"
+        if expected is not None and count
         else f"no {side} worker wrote a record"
     )
     return finding(
@@ -105,17 +100,13 @@ def _side_missing(side: str, expected: Mapping[str, Any] | None, strict: bool) -
     )
 
 
-def expected_ids(
-    expected: Iterable[str],
-    details: Mapping[tuple[str, str], Mapping[str, Any]],
-    expected_counts: Mapping[str, Mapping[str, Any]],
-) -> set[str]:
+def expected_ids(expected: Iterable[str], files: WorkerFiles, expected_counts: Mapping[str, ExpectedSide]) -> set[str]:
     """The worker ids that should have written: ``expected``, the host details' ``peers`` and the config's ids."""
-    ids = set(expected) | {peer for d in details.values() for peer in d.get("peers") or [] if isinstance(peer, str)}
-    return ids | {worker for e in expected_counts.values() for worker in e.get("ids") or ()}
+    ids = set(expected).union(*files.peers().values())
+    return ids.union(*(e.ids for e in expected_counts.values()))
 
 
-def file_findings(missing: list[str], unreadable: list[Mapping[str, Any]]) -> list[Finding]:
+def file_findings(missing: list[str], unreadable: Iterable[UnreadableFile]) -> list[Finding]:
     """A worker that wrote no record, a worker file that could not be read."""
     findings = [
         finding(
@@ -131,8 +122,8 @@ def file_findings(missing: list[str], unreadable: list[Mapping[str, Any]]) -> li
         finding(
             Code.REPORT_RECORD_UNREADABLE,
             "workers.record",
-            bad["path"],
-            f"unreadable worker file: {bad['error']}",
+            bad.path,
+            f"unreadable worker file: {bad.error}",
             "remove the file or rerun that worker",
         )
         for bad in unreadable
@@ -155,7 +146,7 @@ def _not_bound(side: str, why: str, strict: bool) -> Finding:
 def side_findings(
     by_side: Mapping[str, list[AttentionContract]],
     not_applicable: Mapping[str, str],
-    expected_counts: Mapping[str, Mapping[str, Any]],
+    expected_counts: Mapping[str, ExpectedSide],
     strict: bool,
 ) -> list[Finding]:
     """Per side: workers that diverge from its first worker, then a side this run has none of
@@ -182,24 +173,23 @@ def side_findings(
 
 
 def section(
-    records: Mapping[str, Any],
+    files: WorkerFiles,
     expected: set[str],
     found: list[str],
     missing: list[str],
     by_side: Mapping[str, list[AttentionContract]],
-    expected_counts: Mapping[str, Mapping[str, Any]],
+    expected_counts: Mapping[str, ExpectedSide],
 ) -> dict[str, Any]:
     """The document's ``workers`` section: who was expected, found, missing; stages, bad files, coverage."""
-    details = records.get("details", {})
     return {
         "expected": sorted(expected),
         "found": found,
         "missing": missing,
         "stages": {
-            side: {wid: d.get("stage") for (s, wid), d in sorted(details.items()) if s == side} for side in SIDES
+            side: {wid: d.stage for (s, wid), d in sorted(files.details.items()) if s == side} for side in SIDES
         },
-        "unreadable": list(records["unreadable"]),
-        "incomplete_writes": list(records["incomplete_writes"]),
-        "stale": list(records.get("stale", [])),
-        "coverage": side_coverage(by_side, expected_counts, _peers_by_side(details)),
+        "unreadable": [bad.to_dict() for bad in files.unreadable],
+        "incomplete_writes": list(files.incomplete_writes),
+        "stale": list(files.stale),
+        "coverage": side_coverage(by_side, expected_counts, files.peers()),
     }

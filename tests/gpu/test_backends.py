@@ -15,7 +15,7 @@ import pytest
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND, NVTE_VARIABLES, TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.report.store import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_files
 from tests.gpu.cases import BACKEND_CASES, TINY_GPT, policy_config, run_case
 
 pytestmark = pytest.mark.mcore
@@ -27,10 +27,10 @@ BACKEND_BY_CLASS = {cls: name for name, cls in TE_CLASS_BY_BACKEND.items()}
 
 def training_record(report_dir):
     """The one training worker's contract, determinism probe and host detail, as the driver reads them."""
-    records = read_worker_records(report_dir)
-    assert records["unreadable"] == [] and records["incomplete_writes"] == []
-    [(contract, probe)] = records["records"]
-    return contract, probe, records["details"][("training", contract.worker_id)]
+    files = read_worker_files(report_dir)
+    assert files.unreadable == () and files.incomplete_writes == ()
+    [record] = files.records
+    return record.contract, record.probe, files.details[record.key].to_dict()
 
 
 @pytest.mark.parametrize("backend, impl", BACKEND_CASES)

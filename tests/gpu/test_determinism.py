@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.report.store import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_files
 from tests.gpu.cases import policy_config, run_case
 
 pytestmark = pytest.mark.mcore
@@ -49,7 +49,8 @@ def test_deterministic_mode_is_bitwise_repeatable(backend, tmp_path):
         assert result.get("error") is None, result["error"]
         assert result["observed"]["backend"] == TE_CLASS_BY_BACKEND[backend]
         assert result["model_config"]["deterministic_mode"] is True
-        [(contract, probe)] = read_worker_records(report)["records"]
+        [record] = read_worker_files(report).records
+        contract, probe = record.contract, record.probe
         assert contract.value("deterministic") is True
         assert (
             probe.env["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "0" and probe.env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -13,7 +13,7 @@ import types
 import pytest
 
 from nemo_rl_attn_align.hosts import _patching, megatron_generation, megatron_worker
-from nemo_rl_attn_align.report.store import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_files
 from tests.contract.test_megatron_inference import CONTEXT
 
 MODEL_CONFIG = types.SimpleNamespace(
@@ -68,7 +68,8 @@ def test_the_engine_records_once_per_worker(report_dir):
     worker = type("W", (module.MegatronGenerationMixin, Worker), {})()
     worker._initialize_inference_engine({})
     worker._initialize_inference_engine({})
-    [(contract, probe)] = read_worker_records(report_dir)["records"]
+    [record] = read_worker_files(report_dir).records
+    contract, probe = record.contract, record.probe
     assert (contract.side, contract.worker_id) == ("rollout", "megatron-gen-rank3")
     assert contract.value("kv_page_size") == 256 and contract.value("backend") == "flash_attn_2"
     assert probe is not None and module.MegatronGenerationMixin.calls == 2
@@ -103,4 +104,4 @@ def test_a_dedicated_inference_worker_writes_no_training_record(report_dir, monk
         "megatron_cfg": {"buffer_size_gb": 1, "block_size_tokens": 256, "kv_cache_management_mode": "persist"},
     }
     assert record.generation_only and record.write("model_config") is None
-    assert read_worker_records(report_dir)["records"] == []
+    assert read_worker_files(report_dir).records == ()

@@ -24,7 +24,7 @@ from nemo_rl_attn_align.errors import RuleViolation
 from nemo_rl_attn_align.hosts import _patching, megatron_worker
 from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
-from nemo_rl_attn_align.report.store import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_files
 from tests.fake_nemo_rl.configs import policy_config
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
@@ -59,10 +59,10 @@ def detail(tmp_path):
 
 
 def contract_of(tmp_path):
-    records = read_worker_records(tmp_path / "report")
-    assert records["unreadable"] == [] and records["incomplete_writes"] == []
-    [(contract, probe)] = records["records"]
-    return contract, probe
+    files = read_worker_files(tmp_path / "report")
+    assert files.unreadable == () and files.incomplete_writes == ()
+    [record] = files.records
+    return record.contract, record.probe
 
 
 def test_v06_records_the_finished_config_and_nvte_match_the_plan(hooked, tmp_path):

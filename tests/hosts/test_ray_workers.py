@@ -30,7 +30,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from nemo_rl_attn_align.hosts import bootstrap, nemo_rl_driver  # noqa: E402
-from nemo_rl_attn_align.report.store import read_worker_records  # noqa: E402
+from nemo_rl_attn_align.report.store import read_worker_files  # noqa: E402
 from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, standin, venv_without_plugin  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -124,11 +124,11 @@ def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path, 
     assert seen[1]["origin"] == "shim" and seen[1]["wrapped"]  # only the shim could have brought it
     assert seen[1]["prefix"] == str(tmp_path / "venv")
 
-    records = read_worker_records(report_dir)
-    assert records["unreadable"] == [] and records["incomplete_writes"] == []
-    ids = [contract.worker_id for contract, _ in records["records"]]
+    files = read_worker_files(report_dir)
+    assert files.unreadable == () and files.incomplete_writes == ()
+    ids = [record.worker_id for record in files.records]
     assert ids == ["vllm-rank0-worker0", "vllm-rank1-worker0"]  # rank 2 is a visible gap
-    for contract, probe in records["records"]:
+    for contract, probe in ((record.contract, record.probe) for record in files.records):
         assert contract.side == "rollout"
         assert contract.value("backend") == {
             "model.layers.0.self_attn.attn": "FLASH_ATTN",
@@ -136,9 +136,7 @@ def test_plugin_active_in_every_actor_and_records_arrive(ray_cluster, tmp_path, 
         }
         assert contract.value("kv_page_size") == 16 and contract.value("chunked_prefill_chunk") == 2048
         assert probe is not None
-    details = records["details"]
+    details = files.details
     assert sorted(details) == [("rollout", "vllm-rank0-worker0"), ("rollout", "vllm-rank1-worker0")]
-    assert {d["world_size"] for d in details.values()} == {3}
-    assert {tuple(d["peers"]) for d in details.values()} == {
-        ("vllm-rank0-worker0", "vllm-rank1-worker0", "vllm-rank2-worker0")
-    }
+    assert {d.rest["world_size"] for d in details.values()} == {3}
+    assert {d.peers for d in details.values()} == {("vllm-rank0-worker0", "vllm-rank1-worker0", "vllm-rank2-worker0")}

@@ -17,7 +17,7 @@ from nemo_rl_attn_align.contract import rollout as vllm_record
 from nemo_rl_attn_align.contract import vllm_snapshot
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.hosts import _patching, vllm_worker
-from nemo_rl_attn_align.report.store import read_worker_records
+from nemo_rl_attn_align.report.store import read_worker_files
 from tests.hosts.conftest import FAKE_VLLM, standin
 
 
@@ -40,7 +40,8 @@ def fake_vllm(bootstrap_state, monkeypatch, tmp_path):
 def test_engine_record_after_warm_up(fake_vllm, tmp_path):
     worker = fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN"), rank=1)
     assert worker.compile_or_warm_up_model() == 0.0 and worker.warmed_up
-    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    [record] = read_worker_files(tmp_path).records
+    contract = record.contract
     assert contract.worker_id == "vllm-rank3-worker1" and contract.side == "rollout"
     values = {
         name: contract.value(name)
@@ -81,7 +82,8 @@ def test_engine_record_after_warm_up(fake_vllm, tmp_path):
 def test_batch_invariant_mode_implies_one_split(fake_vllm, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     fake_vllm.Worker(fake_vllm.standin_vllm_config(None)).compile_or_warm_up_model()
-    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    [record] = read_worker_files(tmp_path).records
+    contract = record.contract
     assert contract.value("split_kv_policy") == "fixed_count:1" and contract.value("reduction_order") == "kv_index"
     assert contract.value("batch_invariant") is True
 
@@ -137,7 +139,8 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     vllm.LLM(
         model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.2, dtype="bfloat16"
     )
-    [(contract, _)] = read_worker_records(tmp_path / "report")["records"]
+    [record] = read_worker_files(tmp_path / "report").records
+    contract = record.contract
     assert contract["backend"].provenance.value == "observed" and contract.value("num_layers") == 2
     assert _patching.is_wrapped(sys.modules["vllm.v1.worker.gpu_worker"].Worker.compile_or_warm_up_model)
 
@@ -169,7 +172,8 @@ def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
 
 def _record(fake_vllm, tmp_path, config):
     fake_vllm.Worker(config).compile_or_warm_up_model()
-    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    [record] = read_worker_files(tmp_path).records
+    contract = record.contract
     return contract
 
 
@@ -304,7 +308,8 @@ def test_a_subclass_overriding_the_seam_without_super_is_recorded(fake_vllm, tmp
 
     worker = CPUWorker(fake_vllm.standin_vllm_config("CPU_ATTN", ("CPU_ATTN", "CPU_ATTN")), rank=0)
     assert worker.compile_or_warm_up_model() == 0.0 and worker.warmed_up == "cpu"
-    [(contract, _)] = read_worker_records(tmp_path)["records"]
+    [record] = read_worker_files(tmp_path).records
+    contract = record.contract
     assert contract.worker_id == "vllm-rank3-worker0" and contract.value("backend") == "CPU_ATTN"
     vllm_worker.detach()  # everything wrapped on the subclass is put back too
     assert not _patching.is_wrapped(vars(CPUWorker)["compile_or_warm_up_model"])
@@ -417,7 +422,7 @@ def test_rope_sources_name_the_attribute_read():
 
 
 def _ids(tmp_path):
-    return [c.worker_id for c, _ in read_worker_records(tmp_path)["records"]]
+    return [r.worker_id for r in read_worker_files(tmp_path).records]
 
 
 def test_a_second_engine_in_the_process_gets_its_own_record(fake_vllm, tmp_path):
@@ -428,7 +433,7 @@ def test_a_second_engine_in_the_process_gets_its_own_record(fake_vllm, tmp_path)
     second = fake_vllm.Worker(config, rank=0)
     second.compile_or_warm_up_model()
     assert _ids(tmp_path) == ["vllm-rank3-worker0", "vllm-rank3-worker0-engine1"]
-    records = {c.worker_id: c for c, _ in read_worker_records(tmp_path)["records"]}
+    records = {r.worker_id: r.contract for r in read_worker_files(tmp_path).records}
     assert records["vllm-rank3-worker0"].value("kv_page_size") == 16  # the first is kept as it was
     assert records["vllm-rank3-worker0-engine1"].value("kv_page_size") == 32
     detail = json.loads((tmp_path / "hosts" / "rollout--vllm-rank3-worker0-engine1.json").read_text())

@@ -103,16 +103,16 @@ def _spy_attention_backend() -> list[dict[str, str]]:
 
 
 def _records(report_dir: Path) -> dict[str, Any]:
-    from nemo_rl_attn_align.report.store import read_worker_records
+    from nemo_rl_attn_align.report.store import read_worker_files
 
     if not report_dir.exists():
         return {"written": False}
-    found = read_worker_records(report_dir)
+    found = read_worker_files(report_dir)
     return {
         "written": True,
-        "unreadable": [str(u) for u in found["unreadable"]],
-        "contracts": [contract.to_dict() for contract, _ in found["records"]],
-        "details": [detail for detail in found["details"].values()],
+        "unreadable": [str(u) for u in found.unreadable],
+        "contracts": [record.contract.to_dict() for record in found.records],
+        "details": [detail.to_dict() for detail in found.details.values()],
     }
 
 

@@ -20,6 +20,7 @@ from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.mandate import Mandate
+from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,
@@ -32,7 +33,7 @@ from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
 from nemo_rl_attn_align.report.store import (
     atomic_write_json,
-    read_worker_records,
+    read_worker_files,
     worker_detail_path,
     worker_record_path,
     write_worker_detail,
@@ -66,7 +67,7 @@ def test_records_collect_into_one_report(tmp_path):
 def test_worker_ids_become_safe_file_names(tmp_path):
     path = write_worker_record(tmp_path, full_contract("rollout", "vllm dp0/tp1"))
     assert path == worker_record_path(tmp_path, "rollout", "vllm dp0/tp1") and path.name == "rollout--vllm_dp0_tp1.json"
-    assert read_worker_records(tmp_path)["records"][0][0].worker_id == "vllm dp0/tp1"
+    assert read_worker_files(tmp_path).records[0].worker_id == "vllm dp0/tp1"
 
 
 def test_the_report_says_why_a_binding_fails(tmp_path):
@@ -104,8 +105,8 @@ def test_many_processes_write_at_once_and_every_read_is_whole(tmp_path):
         p.start()
     reads = 0
     while any(p.is_alive() for p in procs) or reads < 3:
-        records = read_worker_records(tmp_path)
-        assert records["unreadable"] == [], records["unreadable"]
+        files = read_worker_files(tmp_path)
+        assert files.unreadable == (), files.unreadable
         if (tmp_path / REPORT_FILENAME).exists():
             load_report(tmp_path)  # never a half-written report either
         reads += 1
@@ -381,7 +382,7 @@ def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
     write_worker_record(tmp_path / "alone", full_contract("training", "policy-0"))
     for strict, severity in ((False, "warning"), (True, "error")):
         doc = collect(
-            tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": {"count": 2, "how": "cfg"}}
+            tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": ExpectedSide(2, (), "cfg")}
         )
         (f,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_SIDE_MISSING.value]
         assert Code.REPORT_SIDE_MISSING.varies and f["severity"] == severity
