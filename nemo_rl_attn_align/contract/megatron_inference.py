@@ -16,8 +16,8 @@ attention runs, read at megatron-core 0.19.2 (``transformer/attention.py``,
 * no context parallelism (NeMo-RL pins the inference CP to 1); RoPE by flashinfer's fused kernel
   when the params dtype is half (``use_flashinfer_fused_rope``).
 
-``inference_facts`` reads those facts with ``getattr`` from the objects the hook hands over (no host
-import); ``megatron_inference_contract`` maps them onto the contract fields.
+``megatron_snapshot.read_inference`` reads them from the objects the hook hands over (no host
+import) into an ``InferenceSnapshot``; ``megatron_inference_contract`` maps it onto the contract fields.
 """
 
 from __future__ import annotations
@@ -27,23 +27,12 @@ from typing import Any
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, put_field
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
+from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics
-from nemo_rl_attn_align.contract.training import model_config_facts, model_identity_fields, recorded_attributes
+from nemo_rl_attn_align.contract.training import model_identity_fields
 
 #: The engine name both the record and the preview give Megatron generation.
 ENGINE = "megatron-inference"
-#: ``DynamicInferenceContext`` attributes recorded as they are (set from its ``InferenceConfig``).
-CONTEXT_FIELDS = (
-    "block_size_tokens",
-    "max_tokens",
-    "max_requests",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "use_flashinfer_fused_rope",
-    "params_dtype",
-    "kv_cache_management_mode",
-    "is_hybrid_model",
-)
 #: Distributions whose versions go into the record (flash-attn 2, 3 and 4 under their PyPI names).
 VERSIONED = ("torch", "megatron-core", "flash-attn", "flash-attn-3", "flash-attn-4", "flashinfer-python", "nemo-rl")
 
@@ -69,56 +58,38 @@ def resolve_flash_version(pinned: Any, available: Mapping[str, bool | None]) -> 
     )
 
 
-def inference_facts(
-    model_cfg: Any,
-    context: Any,
-    flash_available: Mapping[str, bool | None],
-    policy_cfg: Mapping[str, Any] | None = None,
-    colocated: bool | None = None,
-) -> dict[str, Any]:
-    """JSON-ready facts of one generation worker: the generation model's config (as the training
-    side records it), the inference context's settings and which flash-attn generations megatron-core
-    found (``{"fa3": bool, "fa4": bool}``; None: not read)."""
-    return {
-        "model": model_config_facts(model_cfg, policy_cfg),
-        "context": recorded_attributes(context, CONTEXT_FIELDS),
-        "flash_available": dict(flash_available),
-        "colocated": colocated,
-    }
-
-
-def _kv_fields(b: ContractBuilder, ctx: Mapping[str, Any]) -> None:
+def _kv_fields(b: ContractBuilder, ctx: ContextSnapshot) -> None:
     src = "DynamicInferenceContext."
-    put_field(b, "kv_page_size", ctx.get("block_size_tokens"), src + "block_size_tokens")
-    put_field(b, "kv_cache_dtype", dtype_or_none(ctx.get("params_dtype")), src + "params_dtype (the KV buffer's dtype)")
-    chunked = ctx.get("enable_chunked_prefill")
+    put_field(b, "kv_page_size", ctx.block_size_tokens, src + "block_size_tokens")
+    put_field(b, "kv_cache_dtype", dtype_or_none(ctx.params_dtype), src + "params_dtype (the KV buffer's dtype)")
+    chunked = ctx.enable_chunked_prefill
     if chunked is False:
         put_field(b, "chunked_prefill_chunk", None, src + "enable_chunked_prefill is false", "configured")
     else:
-        put_field(b, "chunked_prefill_chunk", ctx.get("max_tokens"), src + "max_tokens (the step's token budget)")
+        put_field(b, "chunked_prefill_chunk", ctx.max_tokens, src + "max_tokens (the step's token budget)")
     if isinstance(chunked, bool):
         mode = "chunked_prefill+decode" if chunked else "prefill+decode"
         put_field(b, "mode", mode, src + "enable_chunked_prefill")
     else:
         b.unobservable("mode", None, src + "enable_chunked_prefill not read")
-    put_field(b, "prefix_caching", ctx.get("enable_prefix_caching"), src + "enable_prefix_caching")
-    put_field(b, "rope_fusion", ctx.get("use_flashinfer_fused_rope"), src + "use_flashinfer_fused_rope")
-    put_field(b, "physical_batch", ctx.get("max_requests"), src + "max_requests")
+    put_field(b, "prefix_caching", ctx.enable_prefix_caching, src + "enable_prefix_caching")
+    put_field(b, "rope_fusion", ctx.use_flashinfer_fused_rope, src + "use_flashinfer_fused_rope")
+    put_field(b, "physical_batch", ctx.max_requests, src + "max_requests")
 
 
 def megatron_inference_contract(
-    facts: Mapping[str, Any], worker_id: str, versions: Mapping[str, str] | None = None
+    snapshot: InferenceSnapshot, worker_id: str, versions: Mapping[str, str] | None = None
 ) -> AttentionContract:
-    """The rollout contract of one Megatron generation worker from ``inference_facts``; any facts
-    (even ``{}``) give a whole contract, unread fields unobservable with the reason."""
+    """The rollout contract of one Megatron generation worker; any snapshot (even
+    ``InferenceSnapshot()``) gives a whole contract, unread fields unobservable with the reason."""
     b = ContractBuilder("rollout", worker_id)
-    model, ctx = facts.get("model") or {}, facts.get("context") or {}
-    src = f"{model.get('model_config_class', 'TransformerConfig')}."
+    model, ctx = snapshot.model, snapshot.context
+    src = f"{model.config_class}."
     model_identity_fields(b, model, src)
-    version, why = resolve_flash_version(model.get("flash_attention_version"), facts.get("flash_available") or {})
-    invariant = model.get("batch_invariant_mode")
+    version, why = resolve_flash_version(model.flash_attention_version, snapshot.flash_available)
+    invariant = model.batch_invariant_mode
     megatron_inference_semantics(b, version, invariant if isinstance(invariant, bool) else None, preview=False)
-    put_field(b, "dtype", dtype_or_none(model.get("params_dtype")), src + "params_dtype")
+    put_field(b, "dtype", dtype_or_none(model.params_dtype), src + "params_dtype")
     put_field(b, "engine", ENGINE, "megatron-core DynamicInferenceEngine (NeMo-RL's Megatron generation)", "configured")
     how = f"megatron-core Attention._resolve_flash_version: {why}"
     put_field(b, "flash_attention_version", version, how)
@@ -130,9 +101,9 @@ def megatron_inference_contract(
     put_field(b, "cp_layout", "none", "no context parallelism", "configured")
     put_field(b, "cp_comm_type", None, "no context parallelism", "configured")
     put_field(b, "decode_cp_size", None, "megatron-core's inference has no decode context parallelism", "configured")
-    put_field(b, "tp_size", model.get("tensor_model_parallel_size"), src + "tensor_model_parallel_size")
+    put_field(b, "tp_size", model.tensor_model_parallel_size, src + "tensor_model_parallel_size")
     put_field(b, "batch_invariant", invariant, src + "batch_invariant_mode")
-    put_field(b, "deterministic", model.get("deterministic_mode"), src + "deterministic_mode")
+    put_field(b, "deterministic", model.deterministic_mode, src + "deterministic_mode")
     if versions:
         put_field(b, "versions", dict(versions), "importlib.metadata", "observed")
     return b.build(unset_source="not known to the Megatron generation worker")

@@ -37,10 +37,15 @@ def canonical_rope(theta: Any, partial_rotary_factor: Any, scaling: Mapping[str,
     return rope_type, {k: v for k, v in params.items() if v is not None}
 
 
-def megatron_scaling(facts: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The HF-style scaling dict that Megatron's own RoPE settings amount to, or None for plain RoPE."""
-    if facts.get("rope_scaling") is True:
-        return {"rope_type": "llama3", "factor": facts.get("rope_scaling_factor", 8.0), **MEGATRON_LLAMA3_SCALING}
-    if facts.get("seq_len_interpolation_factor") is not None:
-        return {"rope_type": "linear", "factor": facts["seq_len_interpolation_factor"]}
+def megatron_scaling(
+    rope_scaling: Any, rope_scaling_factor: Any = None, seq_len_interpolation_factor: Any = None
+) -> dict[str, Any] | None:
+    """The HF-style scaling dict that Megatron's own RoPE settings (``rope_scaling``,
+    ``rope_scaling_factor``: 8.0 when unset, ``seq_len_interpolation_factor``) amount to, or None
+    for plain RoPE."""
+    if rope_scaling is True:
+        factor = 8.0 if rope_scaling_factor is None else rope_scaling_factor
+        return {"rope_type": "llama3", "factor": factor, **MEGATRON_LLAMA3_SCALING}
+    if seq_len_interpolation_factor is not None:
+        return {"rope_type": "linear", "factor": seq_len_interpolation_factor}
     return None

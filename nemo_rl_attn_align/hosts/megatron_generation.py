@@ -22,11 +22,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
 from nemo_rl_attn_align.report.worker_ids import megatron_generation_peers, megatron_generation_worker_id
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.contract.megatron_snapshot import InferenceSnapshot
 
 MODULE = "nemo_rl.models.generation.megatron.megatron_worker"
 TARGETS = (MODULE,)
@@ -56,9 +59,9 @@ class GenerationRecord(HostRecord):
 
     host = "megatron_generation"
 
-    def __init__(self, rank: int, facts: dict):
+    def __init__(self, rank: int, snapshot: InferenceSnapshot):
         super().__init__()
-        self.rank, self.facts = rank, facts
+        self.rank, self.snapshot = rank, snapshot
 
     @property
     def worker_id(self) -> str:
@@ -70,10 +73,10 @@ class GenerationRecord(HostRecord):
     def contract(self):
         from nemo_rl_attn_align.contract.megatron_inference import VERSIONED, megatron_inference_contract
 
-        return megatron_inference_contract(self.facts, self.worker_id, versions.library_versions(VERSIONED))
+        return megatron_inference_contract(self.snapshot, self.worker_id, versions.library_versions(VERSIONED))
 
     def detail(self) -> dict[str, Any]:
-        return {"nemo_rl": versions.host_version("nemo_rl", "nemo-rl"), "engine_facts": self.facts}
+        return {"nemo_rl": versions.host_version("nemo_rl", "nemo-rl"), "inference_engine": self.snapshot.to_dict()}
 
 
 #: The record of this worker's engine (None until the engine is initialized).
@@ -106,12 +109,12 @@ def record_engine(worker: Any) -> GenerationRecord:
     """Read the inference engine ``worker`` has just initialized and write its record."""
     global record
     from nemo_rl_attn_align.compare.determinism import probe
-    from nemo_rl_attn_align.contract.megatron_inference import inference_facts
+    from nemo_rl_attn_align.contract.megatron_snapshot import read_inference
 
     gen_model = getattr(worker, "_gen_model", None)  # a method: the model the engine wraps
     model = _unwrapped(gen_model() if callable(gen_model) else getattr(worker, "model", None))
     policy_cfg = getattr(worker, "cfg", None)
-    facts = inference_facts(
+    snapshot = read_inference(
         getattr(model, "config", None),
         getattr(worker, "inference_context", None),
         flash_available(),
@@ -119,7 +122,7 @@ def record_engine(worker: Any) -> GenerationRecord:
         getattr(worker, "is_generation_colocated", None),
     )
     rank = getattr(worker, "rank", None)
-    record = GenerationRecord(rank if isinstance(rank, int) else int(os.environ.get("RANK", "0") or 0), facts)
+    record = GenerationRecord(rank if isinstance(rank, int) else int(os.environ.get("RANK", "0") or 0), snapshot)
     record.probe = probe()
     record.write("engine_ready")
     record.stop_if_strict()

@@ -31,12 +31,15 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.hosts import _patching, handoff, versions
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
 from nemo_rl_attn_align.report.worker_ids import training_peers, training_worker_id
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
 
 SETUP_MODULE = "nemo_rl.models.megatron.setup"
 WORKER_MODULE = "nemo_rl.models.policy.workers.megatron_policy_worker"
@@ -90,7 +93,7 @@ def _layout() -> str | None:
 # --- what the hook does around each seam ---------------------------------------------------------
 
 
-class WorkerRecord(HostRecord):
+class TrainingRecord(HostRecord):
     """What this policy worker process learned so far."""
 
     host = "megatron_worker"
@@ -99,7 +102,7 @@ class WorkerRecord(HostRecord):
         super().__init__()
         self.plan: Any = None
         self.policy_cfg: dict = {}
-        self.facts: dict | None = None
+        self.snapshot: ModelConfigSnapshot | None = None
         self.observed: dict | None = None
         self.nvte: dict[str, str | None] = {}
         self.layout: str | None = None
@@ -127,7 +130,7 @@ class WorkerRecord(HostRecord):
     def contract(self):
         from nemo_rl_attn_align.contract.training import VERSIONED, training_contract
 
-        return training_contract(self.facts or {}, self.worker_id, self.observed, versions.library_versions(VERSIONED))
+        return training_contract(self.snapshot, self.worker_id, self.observed, versions.library_versions(VERSIONED))
 
     def detail(self) -> dict[str, Any]:
         return {
@@ -135,13 +138,13 @@ class WorkerRecord(HostRecord):
             "nemo_rl": versions.host_version("nemo_rl", "nemo-rl"),
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "backend_mapped_by": self.backend_mapped_by,
-            "model_config": self.facts,
+            "model_config": self.snapshot.to_dict() if self.snapshot is not None else None,
             "nvte_after_build": self.nvte,
             "te_readback": self.observed,
         }
 
 
-record = WorkerRecord()
+record = TrainingRecord()
 
 
 #: Codes the host itself raises for, as ``ValueError``, in the very function the ``setup-module``
@@ -227,9 +230,9 @@ def _watch_first_forward(model: Any) -> None:
 
 
 def _record_model_config(model_cfg: Any) -> None:
-    from nemo_rl_attn_align.contract.training import model_config_facts
+    from nemo_rl_attn_align.contract.megatron_snapshot import read_model_config
 
-    record.facts = model_config_facts(model_cfg, record.policy_cfg)
+    record.snapshot = read_model_config(model_cfg, record.policy_cfg)
     record.write("model_config")
 
 

@@ -1,4 +1,4 @@
-"""The Megatron generation rollout contract from engine facts, and its preview from a recipe."""
+"""The Megatron generation rollout contract from an inference snapshot, and its preview from a recipe."""
 
 from __future__ import annotations
 
@@ -6,32 +6,31 @@ import pytest
 
 from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.contract.megatron_inference import ENGINE, megatron_inference_contract, resolve_flash_version
+from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot, ModelConfigSnapshot
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
 
-MODEL = {
-    "model_config_class": "GPTModelProvider",
-    "absent": [],
-    "params_dtype": "torch.bfloat16",
-    "num_layers": 2,
-    "num_attention_heads": 4,
-    "num_query_groups": 2,
-    "kv_channels": 16,
-    "tensor_model_parallel_size": 2,
-    "batch_invariant_mode": False,
-    "deterministic_mode": False,
-    "flash_attention_version": None,
-}
-CONTEXT = {
-    "absent": [],
-    "block_size_tokens": 256,
-    "max_tokens": 16384,
-    "max_requests": 512,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": False,
-    "use_flashinfer_fused_rope": True,
-    "params_dtype": "torch.bfloat16",
-}
+MODEL = ModelConfigSnapshot(
+    config_class="GPTModelProvider",
+    params_dtype="torch.bfloat16",
+    num_layers=2,
+    num_attention_heads=4,
+    num_query_groups=2,
+    kv_channels=16,
+    tensor_model_parallel_size=2,
+    batch_invariant_mode=False,
+    deterministic_mode=False,
+    flash_attention_version=None,
+)
+CONTEXT = ContextSnapshot(
+    block_size_tokens=256,
+    max_tokens=16384,
+    max_requests=512,
+    enable_chunked_prefill=True,
+    enable_prefix_caching=False,
+    use_flashinfer_fused_rope=True,
+    params_dtype="torch.bfloat16",
+)
 
 
 def _values(contract):
@@ -53,9 +52,9 @@ def test_flash_version_follows_megatron_cores_resolution(pinned, available, expe
     assert resolve_flash_version(pinned, available)[0] == expected
 
 
-def test_a_worker_record_from_engine_facts():
-    facts = {"model": MODEL, "context": CONTEXT, "flash_available": {"fa4": False, "fa3": True, "fa2": True}}
-    values = _values(megatron_inference_contract(facts, "megatron-gen-rank0", {"megatron-core": "0.19.2"}))
+def test_a_worker_record_from_an_inference_snapshot():
+    snapshot = InferenceSnapshot(MODEL, CONTEXT, {"fa4": False, "fa3": True, "fa2": True})
+    values = _values(megatron_inference_contract(snapshot, "megatron-gen-rank0", {"megatron-core": "0.19.2"}))
     assert values["engine"] == ENGINE and values["backend"] == "flash_attn_3"
     assert (values["kv_page_size"], values["chunked_prefill_chunk"], values["physical_batch"]) == (256, 16384, 512)
     assert (values["dtype"], values["kv_cache_dtype"], values["tp_size"], values["cp_size"]) == ("bf16", "bf16", 2, 1)
@@ -63,8 +62,8 @@ def test_a_worker_record_from_engine_facts():
     assert values["mode"] == "chunked_prefill+decode" and values["rope_fusion"] is True
 
 
-def test_empty_facts_give_a_whole_contract_with_reasons():
-    contract = megatron_inference_contract({}, "megatron-gen-rank0")
+def test_an_unread_engine_gives_a_whole_contract_with_reasons():
+    contract = megatron_inference_contract(InferenceSnapshot(), "megatron-gen-rank0")
     assert set(contract.fields) == set(FIELD_NAMES)
     assert contract.fields["split_kv_policy"].provenance == Provenance.UNOBSERVABLE
     assert "batch_invariant_mode is not known" in contract.fields["split_kv_policy"].source

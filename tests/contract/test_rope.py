@@ -41,7 +41,10 @@ def _hf(hf):
 
 
 def _megatron(facts):
-    return canonical_rope(facts["rotary_base"], facts["rotary_percent"], megatron_scaling(facts))
+    scaling = megatron_scaling(
+        facts.get("rope_scaling"), facts.get("rope_scaling_factor"), facts.get("seq_len_interpolation_factor")
+    )
+    return canonical_rope(facts["rotary_base"], facts["rotary_percent"], scaling)
 
 
 @pytest.mark.parametrize("hf", [LLAMA31_HF, LLAMA31_HF_V5])

@@ -42,7 +42,7 @@ def _generation_module(**seam_kwargs):
             MegatronGenerationMixin.calls += 1
             if self._inference_engine_initialized:
                 return
-            self.inference_context = types.SimpleNamespace(**{k: v for k, v in CONTEXT.items() if k != "absent"})
+            self.inference_context = types.SimpleNamespace(**CONTEXT.attributes())
             self._inference_engine_initialized = True
 
     module = types.ModuleType(megatron_generation.MODULE)
@@ -98,7 +98,7 @@ def test_a_failure_while_recording_never_stops_generation(report_dir, caplog, mo
 
 
 def test_a_dedicated_inference_worker_writes_no_training_record(report_dir, monkeypatch):
-    record = megatron_worker.WorkerRecord()
+    record = megatron_worker.TrainingRecord()
     record.policy_cfg = {
         "generation": {"backend": "megatron"},
         "megatron_cfg": {"buffer_size_gb": 1, "block_size_tokens": 256, "kv_cache_management_mode": "persist"},

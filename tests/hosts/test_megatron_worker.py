@@ -38,7 +38,7 @@ def hooked(bootstrap_state, monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path / "report"))
     monkeypatch.delenv("NEMO_RL_ATTN_ALIGN_STRICT", raising=False)
-    monkeypatch.setattr(megatron_worker, "record", megatron_worker.WorkerRecord())
+    monkeypatch.setattr(megatron_worker, "record", megatron_worker.TrainingRecord())
 
     def load(version: str):
         stack.enter_context(standin(FAKE_NEMO_RL / version, "nemo_rl"))
@@ -111,12 +111,12 @@ def test_v06_records_the_finished_config_and_nvte_match_the_plan(hooked, tmp_pat
 
 def test_a_failed_model_config_record_still_reads_back_the_backend(hooked, tmp_path, monkeypatch, caplog):
     """One failed step (a warning) does not skip the later ones: the built model and TE's choice are recorded."""
-    from nemo_rl_attn_align.contract import training as megatron_record
+    from nemo_rl_attn_align.contract import megatron_snapshot
 
     def unreadable(model_cfg, policy_cfg=None):
         raise AttributeError("this Megatron-Bridge provider hides its fields")
 
-    monkeypatch.setattr(megatron_record, "model_config_facts", unreadable)
+    monkeypatch.setattr(megatron_snapshot, "read_model_config", unreadable)
     worker_module = hooked("v0_6")
     with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
         worker = worker_module.MegatronPolicyWorker(policy_config("local"))
@@ -160,7 +160,7 @@ def test_readback_differs_from_request_warns_or_stops_in_strict(hooked, tmp_path
     assert os.environ["NVTE_FLASH_ATTN"] == "1"  # Megatron set what was asked; the local spec ignores it
 
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
-    monkeypatch.setattr(megatron_worker, "record", megatron_worker.WorkerRecord())
+    monkeypatch.setattr(megatron_worker, "record", megatron_worker.TrainingRecord())
     for name in NVTE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     strict_worker = worker_module.MegatronPolicyWorker(policy_config("flash", impl="local"))

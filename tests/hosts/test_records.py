@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
@@ -35,9 +36,9 @@ DERIVED = (
 )
 
 
-def test_empty_facts_give_a_whole_contract():
-    """A failed model-config record leaves the worker with no facts: its contract says unobservable."""
-    contract = training_contract({}, "policy-rank0")
+def test_an_unread_model_config_gives_a_whole_contract():
+    """A failed model-config record leaves the worker with no snapshot: its contract says unobservable."""
+    contract = training_contract(None, "policy-rank0")
     assert list(contract.fields) == list(FIELD_NAMES)
     for name in ("num_layers", "sliding_window", "batch_invariant", "deterministic", "backend", "merge_rule"):
         assert contract[name].provenance.value == "unobservable", name
@@ -89,8 +90,10 @@ def test_empty_facts_give_a_whole_contract():
     ],
 )
 def test_flash_attention_version_is_what_te_reports(observed, value, provenance):
-    facts = {"attention_backend": "flash", "params_dtype": "bfloat16", "absent": ["flash_attention_version"]}
-    field = training_contract(facts, "policy-rank0", observed)["flash_attention_version"]
+    snapshot = ModelConfigSnapshot(
+        attention_backend="flash", params_dtype="bfloat16", absent=("flash_attention_version",)
+    )
+    field = training_contract(snapshot, "policy-rank0", observed)["flash_attention_version"]
     assert (field.value, field.provenance.value) == (value, provenance), field.source
 
 
@@ -112,8 +115,10 @@ def test_the_training_record_derives_what_check_previews(backend, precision, cp,
     policy = policy_config(backend, precision=precision, impl="transformer_engine")
     policy["megatron_cfg"].update(context_parallel_size=cp, model_overrides={"cp_comm_type": comm})
     predicted = predict_training({"policy": policy}, {})
-    facts = {"attention_backend": backend, "params_dtype": precision, "context_parallel_size": cp, "cp_comm_type": comm}
-    recorded = training_contract(facts, "policy-rank0")
+    snapshot = ModelConfigSnapshot(
+        attention_backend=backend, params_dtype=precision, context_parallel_size=cp, cp_comm_type=comm
+    )
+    recorded = training_contract(snapshot, "policy-rank0")
     assert {n: recorded.value(n) for n in DERIVED} == {n: predicted.value(n) for n in DERIVED}
     assert {n: predicted[n].provenance.value for n in DERIVED} == {n: "configured" for n in DERIVED}
     assert {n: recorded[n].provenance.value for n in DERIVED} == {
@@ -127,8 +132,10 @@ def _written(contracts, name):
 
 def _every_worker_contract():
     for backend, dtype, cp, comm in itertools.product(BACKEND_NAMES, ("bf16", "fp32"), (1, 2), CP_COMM_TYPES):
-        facts = {"attention_backend": backend, "params_dtype": dtype, "context_parallel_size": cp, "cp_comm_type": comm}
-        yield training_contract(facts, "policy-rank0")
+        snapshot = ModelConfigSnapshot(
+            attention_backend=backend, params_dtype=dtype, context_parallel_size=cp, cp_comm_type=comm
+        )
+        yield training_contract(snapshot, "policy-rank0")
     for backend, invariant in itertools.product((*VLLM_ONLINE_SOFTMAX_BACKENDS, "SOME_NEW_BACKEND"), (False, True)):
         yield rollout_contract(
             VllmSnapshot(layer_backends={"layer.0": backend}, batch_invariant=invariant), "vllm-rank0-worker0"
@@ -166,10 +173,11 @@ def test_the_record_modules_import_no_config_path_module():
     never the ``check`` path (preview, plan, rules, config, settings, binding, determinism)."""
     code = (
         "import sys\n"
-        "from nemo_rl_attn_align.contract import rollout, training\n"
+        "from nemo_rl_attn_align.contract import megatron_snapshot, rollout, training\n"
         "from nemo_rl_attn_align.hosts import te_readback\n"
         "te_readback.mismatch('flash', {'status': 'observed', 'backend': 'FusedAttention'})\n"
-        "training.training_contract({'attention_backend': 'flash', 'params_dtype': 'bf16'}, 'w')\n"
+        "snapshot = megatron_snapshot.ModelConfigSnapshot(attention_backend='flash', params_dtype='bf16')\n"
+        "training.training_contract(snapshot, 'w')\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('nemo_rl_attn_align'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -207,7 +207,7 @@ def test_the_flash_attn_version_te_ran_is_recorded(fake_te):
 
     layer = te_module(fake_te)
     layer.forward((True, False, True))
-    contract = training_contract({}, "policy-rank0", te_readback.observe([layer]))
+    contract = training_contract(None, "policy-rank0", te_readback.observe([layer]))
     assert (
         contract.value("flash_attention_version") == 2
         and contract["flash_attention_version"].provenance.value == "observed"

@@ -186,6 +186,7 @@ def _record(fake_vllm, tmp_path, config):
     ],
 )
 def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_path, layer_windows, expected):
+    from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
     from nemo_rl_attn_align.contract.training import training_contract
 
     contract = _record(
@@ -195,7 +196,8 @@ def test_sliding_window_is_the_left_window_the_kernel_receives(fake_vllm, tmp_pa
     assert "impl.sliding_window" in contract["sliding_window"].source
     assert contract.value("layer_windows") == [None if w is None else w - 1 for w in layer_windows]
     # Megatron's window_size is the same (left, right) pair TE receives: the two sides record one value
-    training = training_contract({"window_size": [expected, 0] if expected is not None else None}, "policy-rank0")
+    snapshot = ModelConfigSnapshot(window_size=[expected, 0] if expected is not None else None)
+    training = training_contract(snapshot, "policy-rank0")
     assert training.value("sliding_window") == expected
 
 
