@@ -25,11 +25,12 @@ def classify(path: Path) -> tuple[str, str]:
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     try:
         cfg = load_config(path, ["++attention_align.preset=aligned"])
         settings = load_settings(cfg)
-        alignment = align(cfg, lambda c: preview_binding(c, settings, {}))
+        alignment = align(cfg, lambda c: preview_binding(read_recipe_facts(c, {}), settings, {}))
     except UsageError as err:
         return "unloadable", str(err)[:120]
     if alignment.preview.binding is None:

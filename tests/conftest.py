@@ -12,6 +12,17 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "configs"
 
 
+def preview_of(cfg, environ=None, settings=None):
+    """``compare.preview.preview_binding`` as ``check`` calls it: the recipe read once with ``environ``
+    (default: empty) and its ``attention_align`` settings (unless ``settings`` are given)."""
+    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+
+    environ = {} if environ is None else environ
+    return preview_binding(read_recipe_facts(cfg, environ), settings or load_settings(cfg), environ)
+
+
 @pytest.fixture
 def write_yaml(tmp_path):
     """Write ``text`` (dedented) to ``tmp_path / name`` and return the path."""

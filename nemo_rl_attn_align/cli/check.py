@@ -90,14 +90,16 @@ def evaluate(
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.plan import build_plan
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
     from nemo_rl_attn_align.report.render import render_preview
 
+    environ = os.environ if environ is None else environ
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
     settings = load_settings(cfg)
 
     def preview_of(config):
-        return preview_binding(config, settings, environ)
+        return preview_binding(read_recipe_facts(config, environ), settings, environ)
 
     alignment = align(cfg, preview_of) if settings.preset == "aligned" else None
     preview = alignment.preview if alignment is not None else preview_of(cfg)
@@ -123,14 +125,15 @@ def evaluate(
     }
 
 
-def _kernels(cfg: Mapping[str, Any], environ, gpu: str | None, fa3: bool, te: str | None) -> dict[str, Any]:
+def _kernels(
+    cfg: Mapping[str, Any], environ: Mapping[str, str], gpu: str | None, fa3: bool, te: str | None
+) -> dict[str, Any]:
     """The kernel each side runs on ``gpu`` (this machine's when None) and the errors of a side with none."""
     from nemo_rl_attn_align.drift.shape import attention_shape
     from nemo_rl_attn_align.preflight import gpu as gpus
     from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
-    environ = os.environ if environ is None else environ
     local, local_source = gpus.local_gpu()
     chosen, source = (gpus.parse_gpu(gpu), "--gpu") if gpu is not None else (local, local_source)
     facts = read_recipe_facts(cfg, environ)

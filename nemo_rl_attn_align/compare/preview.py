@@ -1,6 +1,7 @@
 """Bind the predicted contracts: what ``check`` shows before launch, and what the preset aligns.
 
-``preview_binding(cfg, settings)`` reads the recipe once (``RecipeFacts``), predicts both contracts
+``preview_binding(facts, settings, environ)`` takes the recipe read once (``RecipeFacts``, read where
+the run starts: ``check``, the driver hook) and the ``attention_align`` settings, predicts both contracts
 (``contract.preview``) and the determinism diff the workers would report (``env_vars`` over the
 driver's environment, Megatron's deterministic mode and vLLM's batch-invariant mode applied), and
 binds them under the settings' mandate. ``report.render.render_preview`` prints it.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nemo_rl_attn_align.compare.binding import BindingReport, bind
 from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
@@ -21,6 +22,9 @@ from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
 from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.config.settings import AlignSettings
 
 #: The vLLM batch-invariant profile the preview assumes (vLLM's version is known only at start).
 _VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
@@ -70,18 +74,9 @@ class BindingPreview(NamedTuple):
         }
 
 
-def preview_binding(
-    cfg: Mapping[str, Any], settings: Any = None, environ: Mapping[str, str] | None = None
-) -> BindingPreview:
-    """Predict both contracts and bind them under ``settings`` (``settings.AlignSettings``; ``None``
-    reads them from ``cfg``). ``environ`` is the driver environment the workers inherit
-    (default ``os.environ``, as ``plan.build_plan``)."""
-    if settings is None:
-        from nemo_rl_attn_align.config.settings import load_settings
-
-        settings = load_settings(cfg)
-    environ = os.environ if environ is None else environ
-    facts = as_facts(cfg, environ)
+def preview_binding(facts: RecipeFacts, settings: AlignSettings, environ: Mapping[str, str]) -> BindingPreview:
+    """Predict both contracts and bind them under ``settings``' mandate. ``facts`` is the recipe read
+    with ``environ``, the driver environment the workers inherit (as ``plan.build_plan`` reads it)."""
     model = load_model_config(facts.model_name, environ)
     training, rollout = predict_training(facts, environ, model), predict_rollout(facts, environ, model)
     notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]

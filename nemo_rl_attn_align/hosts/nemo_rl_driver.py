@@ -111,8 +111,9 @@ def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
     alignment (``preset.Alignment.to_dict()``) for the report."""
     from nemo_rl_attn_align.compare.preset import align, apply_changes
     from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
-    alignment = align(cfg, lambda config: preview_binding(config, settings, os.environ))
+    alignment = align(cfg, lambda config: preview_binding(read_recipe_facts(config, os.environ), settings, os.environ))
     apply_changes(master_config, alignment.changes)
     for change in alignment.changes:
         log.warning("nemo-rl-attn-align: preset aligned sets %s=%r (%s)", change.key, change.value, change.reason)

@@ -7,10 +7,9 @@ import math
 
 import pytest
 
-from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.hf_model import find_config, identity_fields, load_model_config
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, preview_of
 
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -123,7 +122,7 @@ def test_preview_compares_identity_before_launch(tmp_path):
         EXAMPLES / "grpo_math_1B_megatron_flash.yaml",
         [f"policy.model_name={model}", "++policy.tokenizer.name=" + str(model), "++attention_align.preset=aligned"],
     )
-    preview = preview_binding(cfg, None, {})
+    preview = preview_of(cfg)
     identity = [r for r in preview.binding.results if r.tier.value == "identity"]
     assert all(r.status.value == "match" for r in identity), [(r.name, r.status) for r in identity]
     assert any(str(model) in note for note in preview.notes)
@@ -135,7 +134,7 @@ def test_training_overrides_break_identity_before_launch(tmp_path):
         EXAMPLES / "grpo_math_1B_megatron_flash.yaml",
         [f"policy.model_name={model}", "++policy.megatron_cfg.model_overrides.num_layers=27"],
     )
-    result = preview_binding(cfg, None, {}).binding.result("num_layers")
+    result = preview_of(cfg).binding.result("num_layers")
     assert result.status.value == "mismatch" and (result.training.value, result.rollout.value) == (27, 28)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.contract.megatron_inference import ENGINE, megatron_inference_contract, resolve_flash_version
 from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot, ModelConfigSnapshot
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
+from tests.conftest import preview_of
 
 MODEL = ModelConfigSnapshot(
     config_class="GPTModelProvider",
@@ -90,7 +90,7 @@ def test_the_preview_binds_megatron_generation():
     assert values["engine"] == ENGINE
     assert (values["kv_page_size"], values["chunked_prefill_chunk"], values["mode"]) == (128, None, "prefill+decode")
     assert values["tp_size"] == 2 and values["kv_cache_dtype"] == "bf16"
-    assert preview_binding(recipe, environ={}).binding is not None
+    assert preview_of(recipe).binding is not None
 
 
 def test_the_generation_model_of_a_non_colocated_recipe_is_the_merge():

@@ -12,15 +12,13 @@ from hypothesis import strategies as st
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status, Verdict
 from nemo_rl_attn_align.compare.determinism import DetStatus
-from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.report.render import render_preview
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, preview_of
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
 VLLM_ENV = "++policy.generation.vllm_cfg.env_vars"
@@ -30,7 +28,7 @@ OVERRIDES = "++policy.megatron_cfg.model_overrides"
 
 def _preview(*overrides, environ=None, path=GRPO):
     cfg = load_config(path, list(overrides))
-    return preview_binding(cfg, load_settings(cfg), environ={} if environ is None else environ)
+    return preview_of(cfg, environ)
 
 
 def _errors(binding):
@@ -177,7 +175,7 @@ def test_an_invalid_backend_leaves_the_semantic_tier_pending():
 
 def test_settings_default_to_the_config_own_block():
     cfg = load_config(GRPO, ["++attention_align.mandate.reduction_order=split_kv"])
-    result = preview_binding(cfg, None, environ={}).binding.result("reduction_order")
+    result = preview_of(cfg).binding.result("reduction_order")
     assert result.demand == "split_kv" and result.code is Code.ATTN_SEMANTIC_MANDATE
     assert "training 'kv_index'" in result.message and "rollout" not in result.message.split(",")[0]
 
@@ -245,7 +243,7 @@ def test_arbitrary_values_never_crash_the_preview(edits):
             node = node.setdefault(part, {})
         node[path[-1]] = value
     try:
-        preview = preview_binding(cfg, load_settings(cfg), environ={})
+        preview = preview_of(cfg)
     except UsageError as err:
         assert "\n" not in str(err)
         return
@@ -257,7 +255,7 @@ def test_arbitrary_values_never_crash_the_preview(edits):
 def test_unusable_batch_counts_leave_batch_size_pending(prompts):
     cfg = copy.deepcopy(_BASE)
     cfg["grpo"]["num_prompts_per_step"] = prompts
-    training = preview_binding(cfg, load_settings(cfg), environ={}).training
+    training = preview_of(cfg).training
     assert training["batch_size"].provenance is Provenance.PENDING
 
 

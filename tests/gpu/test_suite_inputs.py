@@ -14,6 +14,7 @@ import pytest
 
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
+from tests.conftest import preview_of
 from tests.gpu.cases import (
     BACKEND_CASES,
     TINY_LLAMA,
@@ -40,13 +41,11 @@ def test_the_fp32_case_is_one_the_plugin_stops():
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_the_vllm_case_config_previews_the_semantic_verdict_the_test_expects(batch_invariant):
-    from nemo_rl_attn_align.compare.preview import preview_binding
-    from nemo_rl_attn_align.config.settings import load_settings
 
     cfg = master_config(
         policy_config("flash", model=megatron_model_from_hf(HF_V4), tokenizer="/models/tiny"), batch_invariant
     )
-    preview = preview_binding(cfg, load_settings(cfg), environ={})
+    preview = preview_of(cfg)
     mismatched = [r.name for r in preview.binding.results if r.status.value == "mismatch"]
     assert mismatched == ([] if batch_invariant else ["reduction_order"])
 

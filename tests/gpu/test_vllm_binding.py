@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.schema import Tier
 from nemo_rl_attn_align.report.document import collect
+from tests.conftest import preview_of
 from tests.gpu.cases import CUBLAS, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config, run_case
 
 #: Identity fields one side legitimately cannot observe (the binding then says not comparable).
@@ -68,7 +68,7 @@ def test_vllm_rollout_binds_to_the_training_contract(batch_invariant, tmp_path, 
 
     cfg = master_config(policy, batch_invariant)
     settings = load_settings(cfg)
-    preview = preview_binding(cfg, settings, environ={})
+    preview = preview_of(cfg, settings=settings)
     doc = collect(report, mandate=settings.to_mandate(), expected=["policy-rank0", rollout["worker_id"]])
     assert doc["workers"]["missing"] == [] and doc["binding"] is not None, doc["workers"]
     fields = {f["field"]: f for f in doc["binding"]["fields"]}

@@ -12,10 +12,9 @@ import pytest
 
 from nemo_rl_attn_align.compare.fix import minimal
 from nemo_rl_attn_align.compare.preset import align, blocking_causes, set_key
-from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
-from tests.conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO, preview_of
 
 #: The stock recipe (no preset): the shipped mismatch example.
 GRPO = str(EXAMPLES / "grpo_math_1B_megatron_flash_mismatch.yaml")
@@ -39,10 +38,10 @@ def aligned(*overrides, alter_ok=False, environ=None):
     cfg = load_config(GRPO, list(overrides))
     settings = load_settings(cfg)
 
-    def preview_of(c):
-        return preview_binding(c, settings, environ or {})
+    def preview(c):
+        return preview_of(c, environ, settings)
 
-    return cfg, align(cfg, preview_of, alter_ok=alter_ok), preview_of
+    return cfg, align(cfg, preview, alter_ok=alter_ok), preview
 
 
 def test_stock_grpo_is_aligned_by_two_environment_variables():

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.compare.preview import preview_binding
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.preview import predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
+from tests.conftest import preview_of
 
 from .conftest import snapshot
 from .megatron_generation_probe import CASES, ENGINE_CFG
@@ -143,12 +143,12 @@ def test_the_plugin_reads_every_megatron_generation_recipe_as_nemo_rl_does(tmp_p
 
 def test_check_binds_a_shipped_megatron_generation_recipe():
     tree = snapshot("7ea279a")
-    preview = preview_binding(load_config(tree / RECIPE), environ={})
+    preview = preview_of(load_config(tree / RECIPE))
     assert preview.rollout is not None and preview.binding is not None
     assert preview.rollout.fields["engine"].value == "megatron-inference"
     assert preview.rollout.fields["kv_page_size"].value == 256  # grpo_math_1B.yaml's block_size_tokens
     assert not any("no rollout contract" in note for note in preview.notes)
-    aligned = preview_binding(
+    aligned = preview_of(
         load_config(
             tree / RECIPE,
             [
