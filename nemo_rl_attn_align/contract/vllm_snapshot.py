@@ -32,7 +32,7 @@ from typing import Any
 from nemo_rl_attn_align.contract.semantics import hf_left_window, left_window
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 
-_RESOLVED_NOT_REQUESTED = "not requested (vLLM selects by platform)"
+_NOT_REQUESTED = "not requested (vLLM selects by platform)"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class VllmSnapshot:
     Per-layer values are keyed by the attention layer's name in ``static_forward_context``."""
 
     requested_backend: str | None = None
-    requested_source: str = _RESOLVED_NOT_REQUESTED
+    requested_source: str = _NOT_REQUESTED
     layer_backends: Mapping[str, str] = field(default_factory=dict)  # layer -> attn_backend.get_name()
     architecture: str | None = None
     num_layers: int | None = None
@@ -187,7 +187,7 @@ def requested_backend(vllm_config: Any, environ: Mapping[str, str]) -> tuple[str
         return _name(backend), "vllm_config.attention_config.backend (attention_backend engine arg)"
     if environ.get("VLLM_ATTENTION_BACKEND"):
         return environ["VLLM_ATTENTION_BACKEND"], "VLLM_ATTENTION_BACKEND"
-    return None, _RESOLVED_NOT_REQUESTED
+    return None, _NOT_REQUESTED
 
 
 def hf_rope(hf: Any) -> dict[str, Any]:
