@@ -1,1 +1,1 @@
-"""The attention contract: its schema, the semantics rules, and the mappers from each engine's facts to a contract."""
+"""The attention contract: its schema, the semantics rules, each engine's snapshot and its mapping."""

@@ -1,6 +1,6 @@
 """The rollout contract ``check`` predicts where NeMo-RL generates with Megatron (core, stdlib only).
 
-The same facts ``contract.megatron_inference`` records from the running engine, read from the
+The same fields ``contract.megatron_inference`` records from the running engine, read from the
 recipe (``preflight.megatron_generation``: the generation model's ``megatron_cfg`` as NeMo-RL
 merges it, and ``mcore_generation_config``); what only the worker knows (the installed flash-attn
 when no version is pinned, ``max_requests``, the versions) is pending.
