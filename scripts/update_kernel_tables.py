@@ -102,7 +102,19 @@ def _kernels(example: str, overrides: list[str], gpu: str, te: str | None) -> di
 
 def kernel_rows() -> str:
     """The README table: each shipped example (and variant) x GPU -> training and rollout kernels,
-    as ``check --gpu`` prints them."""
+    as ``check --gpu`` prints them (the examples' models from ``tests/example_models.py``)."""
+    from unittest import mock
+
+    from tests.example_models import write_example_model_cache
+
+    with tempfile.TemporaryDirectory(prefix="attn-align-hub-") as cache:
+        if write_example_model_cache(Path(cache)) is None:
+            raise SystemExit("the README table needs transformers (the examples' models are made with it)")
+        with mock.patch.dict(os.environ, {"HF_HUB_CACHE": cache}):
+            return _kernel_rows()
+
+
+def _kernel_rows() -> str:
     from nemo_rl_attn_align.preflight.kernel_query import GPUS
     from nemo_rl_attn_align.preflight.kernels import NEMO_RL_TE
 
@@ -132,10 +144,10 @@ def kernel_rows() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _label(kernel: dict | None) -> str:
-    if kernel is None:
-        return "—"
-    return kernel["label"] + ("*" if kernel["belief"] else "")
+def _label(kinds: list[dict]) -> str:
+    """One cell: the kernel of each layer kind (one label where the kinds agree); ``—`` for no side."""
+    labels = list(dict.fromkeys(kind["label"] + ("*" if kind["belief"] else "") for kind in kinds))
+    return " + ".join(labels) if labels else "—"
 
 
 def updated_readme(text: str) -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.example_models import write_example_model_cache, write_transformers_config  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "configs"
 
@@ -34,6 +36,23 @@ def write_yaml(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def example_model_cache(tmp_path_factory) -> Path | None:
+    """A Hugging Face cache holding ``example_models.EXAMPLE_MODELS`` (None without transformers)."""
+    return write_example_model_cache(tmp_path_factory.mktemp("hf-hub"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _example_models(example_model_cache):
+    """Every test (and the subprocesses it starts) finds ``EXAMPLE_MODELS`` in the Hugging Face cache."""
+    if example_model_cache is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_CACHE", str(example_model_cache))
+        yield
 
 
 REQUIRE_REAL = os.environ.get("ATTN_ALIGN_TEST_REQUIRE_REAL") == "1"

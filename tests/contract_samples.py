@@ -25,6 +25,13 @@ SAMPLES = {
     "num_attention_heads": (12, 16),
     "num_query_groups": (2, 4),
     "head_dim": (128, 64),
+    "head_dim_v": (128, 64),
+    "attention_layers": ([0, 1], [1]),
+    "softmax_type": ("vanilla", "learnable"),
+    "mla": (
+        None,
+        {"q_lora_rank": None, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128},
+    ),
     "softmax_scale": (0.0883883461356163, 0.125),  # fp32 values: the field holds what a kernel receives
     "causal": (True, False),
     "sliding_window": (None, 4096),
@@ -97,6 +104,9 @@ _BY_NAME = {
     "causal": st.booleans(),
     "sliding_window": st.one_of(st.none(), st.integers(0, 2**31)),
     "layer_windows": st.lists(st.one_of(st.none(), st.integers(0, 2**31)), min_size=1, max_size=4),
+    "attention_layers": st.lists(st.integers(0, 2**20), max_size=6, unique=True).map(sorted),
+    "softmax_type": st.sampled_from(("vanilla", "off-by-one", "learnable")),
+    "mla": st.one_of(st.none(), st.dictionaries(_text, _json, max_size=4)),
     "logit_softcapping": st.one_of(st.none(), st.floats(min_value=0.125, max_value=1024.0, width=32)),
     "rope_parameters": st.dictionaries(_text, _json, max_size=4),
     "versions": st.dictionaries(_text, _json, max_size=4),

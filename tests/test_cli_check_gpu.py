@@ -38,7 +38,7 @@ def test_tables_cover_their_grids_at_the_versions_they_name():
     training, rollout = kernel_table.load("training"), kernel_table.load("rollout")
     assert {NEMO_RL_TE, "2.20.2"} <= set(training) and "0.32.0" in rollout
     n_training = len(list(kernel_table.training_queries()))
-    assert all(len(t.cells) == n_training for t in training.values()) and n_training == 24192
+    assert all(len(t.cells) == n_training for t in training.values()) and n_training == 38016
     assert all(len(t.cells) == len(list(kernel_table.rollout_queries())) for t in rollout.values())
     kernels = {t.results[c][0] for t in training.values() for c in t.cells}
     assert kernels == {"FlashAttention", "FusedAttention", "UnfusedDotProductAttention", None}
@@ -54,13 +54,14 @@ def test_gpu_sm90_prints_both_kernels_of_the_grpo_examples(example):
         timeout=60,
     )
     assert "kernels on sm90 (--gpu):" in proc.stdout
-    assert "  training: FlashAttention 2.8.3 (Transformer Engine 2.14.1's own selector" in proc.stdout
-    assert "  rollout: FLASH_ATTN FA3 (vLLM 0.32.0's own selector" in proc.stdout
+    assert "  training, all layers (28 of 28): 12 heads / 2 KV, head dim 128, no window:\n" in proc.stdout
+    assert "    FlashAttention 2.8.3 (Transformer Engine 2.14.1's own selector" in proc.stdout
+    assert "    FLASH_ATTN FA3 (vLLM 0.32.0's own selector" in proc.stdout
 
 
 def test_sft_example_has_a_training_kernel_and_says_there_is_no_rollout():
     kernels = check_json(SFT, "--gpu", "sm90")["kernels"]
-    assert kernels["training"]["label"] == "FlashAttention 2.8.3" and kernels["rollout"] is None
+    assert [k["label"] for k in kernels["training"]] == ["FlashAttention 2.8.3"] and kernels["rollout"] == []
     assert kernels["notes"] == ["no rollout kernel: policy.generation.backend is not vllm"]
 
 
@@ -92,14 +93,15 @@ def test_recipe_without_a_te_backend_stops_with_te_reason_and_a_fix(overrides, g
     result = check_json(GRPO, *overrides, "--gpu", gpu)
     assert result["exit_code"] == 1
     kernels = result["kernels"]
-    assert kernels["training"]["kernel"] is None and kernels["training"]["pending"] is None
+    (training,) = kernels["training"]
+    assert training["kernel"] is None and training["pending"] is None
     (finding,) = [f for f in kernels["findings"] if f["code"] == "TE_NO_BACKEND"]
     assert finding["severity"] == "error" and finding["key"] == "policy.megatron_cfg.attention_backend"
     assert (
         reason in finding["message"] and f"on {gpu} Transformer Engine finds no attention backend" in finding["message"]
     )
-    assert finding["fix"]
-    if kernels["training"]["belief"]:
+    assert finding["fix"] and f"for {training['layers']}" in finding["message"]
+    if training["belief"]:
         assert "our stand-in for TE's C++ check, not TE" in finding["message"]
 
 
@@ -111,9 +113,9 @@ def test_fix_names_the_backends_that_run_there():
 
 def test_another_te_version_and_an_unknown_one():
     kernels = check_json(GRPO, "--gpu", "sm90", "--te", "2.20.2")["kernels"]
-    assert kernels["training"]["source"].startswith("Transformer Engine 2.20.2's own selector")
+    assert kernels["training"][0]["source"].startswith("Transformer Engine 2.20.2's own selector")
     kernels = check_json(GRPO, "--gpu", "sm90", "--te", "9.9")["kernels"]
-    assert kernels["training"]["pending"] == "no Transformer Engine table (--te 9.9 has no table)"
+    assert kernels["training"][0]["pending"] == "no Transformer Engine table (--te 9.9 has no table)"
     assert check_json(GRPO, "--gpu", "sm90", "--te", "9.9")["exit_code"] == 0
 
 
@@ -161,17 +163,32 @@ def test_local_gpu_reads_one_generation(monkeypatch):
     assert gpus.local_gpu(smi("", 9))[0] is None
 
 
-def test_queries_outside_the_grid_are_pending_never_a_neighbour():
-    odd = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 72))
-    assert odd.pending and "head_dim=72 is not in the generated table" in odd.pending
+def test_head_dims_are_answered_by_their_class_and_a_pair_without_one_is_pending():
+    odd = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 72, 72))
+    assert odd.known and "head dims 72/72 as 96/96 (TE's rules do not tell them apart)" in odd.assumptions
+    big = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 512, 512))
+    assert big.known and big.kernel is None  # TE's rules: no flash-attn beyond 256
+    unpaired = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 192, 64))
+    assert unpaired.pending and "no class of the generated table holds this pair" in unpaired.pending
     switched = predict_training(
-        TrainingQuery("sm90", "flash", "bf16", 16, 8, 128, flash_switches=(("NVTE_FLASH_ATTN_V3", "0"),))
+        TrainingQuery("sm90", "flash", "bf16", 16, 8, 128, 128, flash_switches=(("NVTE_FLASH_ATTN_V3", "0"),))
     )
     assert switched.pending and "NVTE_FLASH_ATTN_V2/_V3/_V4" in switched.pending
     forced = predict_rollout(RolloutQuery("sm90", "bf16", 128, forced_backend="FLASHINFER"))
     assert forced.pending and "forces the backend" in forced.pending
-    window = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 128, window=4096))
+    window = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 128, 128, window=4096))
     assert window.known and "any sliding window as a left window of 1023" in window.assumptions
+
+
+@pytest.mark.parametrize(
+    ("qk", "v", "cell"),
+    [(8, 8, "64/64"), (64, 64, "64/64"), (72, 72, "96/96"), (120, 120, "128/128"), (160, 160, "192/192"),
+     (248, 248, "224/224"), (256, 256, "256/256"), (264, 264, "384/384"), (512, 512, "512/512"),
+     (576, 576, "384/384"), (100, 100, "100/100"), (260, 260, "300/300"), (192, 128, "192/128"),
+     (136, 104, "192/128"), (192, 64, None), (128, 192, None)],
+)  # fmt: skip
+def test_head_dim_classes(qk, v, cell):
+    assert kernel_table.training_head_dims(qk, v) == cell
 
 
 def test_readme_kernel_table_is_what_the_script_generates():

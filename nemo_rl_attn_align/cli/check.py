@@ -129,7 +129,6 @@ def _kernels(
     cfg: Mapping[str, Any], environ: Mapping[str, str], gpu: str | None, fa3: bool, te: str | None
 ) -> dict[str, Any]:
     """The kernel each side runs on ``gpu`` (this machine's when None) and the errors of a side with none."""
-    from nemo_rl_attn_align.drift.shape import attention_shape
     from nemo_rl_attn_align.preflight import gpu as gpus
     from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
@@ -138,11 +137,9 @@ def _kernels(
     chosen, source = (gpus.parse_gpu(gpu), "--gpu") if gpu is not None else (local, local_source)
     facts = read_recipe_facts(cfg, environ)
     live = chosen is not None and chosen == local
-    plan = plan_kernels(
-        facts, attention_shape(facts), chosen, source, environ, flash_attn_3=fa3, te_version=te, live=live
-    )
+    plan = plan_kernels(facts, chosen, source, environ, flash_attn_3=fa3, te_version=te, live=live)
     findings = kernel_findings(plan, facts, te, live)
-    return {**plan.to_dict(), "findings": [f.to_dict() for f in findings]}
+    return {**plan.to_dict(), "model": facts.model.to_dict(), "findings": [f.to_dict() for f in findings]}
 
 
 def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
@@ -217,13 +214,12 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _kernel_line(name: str, kernel: dict[str, Any] | None) -> list[str]:
-    if kernel is None:
-        return []
+def _kernel_line(name: str, kernel: dict[str, Any]) -> list[str]:
+    head = f"  {name}, {kernel['layers']}:"
     if kernel["pending"]:
-        return [f"  {name}: pending ({kernel['pending']})"]
+        return [f"{head} pending ({kernel['pending']})"]
     belief = "; FusedAttention's cuDNN check is our stand-in, not TE" if kernel["belief"] else ""
-    lines = [f"  {name}: {kernel['label']} ({kernel['source']}{belief})"]
+    lines = [head, f"    {kernel['label']} ({kernel['source']}{belief})"]
     why = [r for r in kernel["reasons"] if " due to NVTE_" not in r][:3]  # the switches' lines restate the backend
     lines += [f"    why: {reason.strip()}" for reason in why]
     if kernel["assumptions"]:
@@ -231,14 +227,27 @@ def _kernel_line(name: str, kernel: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _model_lines(model: dict[str, Any]) -> list[str]:
+    """Where the model's attention was read, per side."""
+    if model["config"] is None:
+        return [f"  model: {model['not_found']}"]
+    lines = [f"  model: {model['config']} ({model['architecture'] or 'no architectures[0]'})"]
+    for side in ("training", "rollout"):
+        read = model[side]
+        lines.append(f"    {side}: {read['source'] if 'source' in read else 'not read: ' + read['not_read']}")
+    return lines
+
+
 def _kernel_lines(kernels: dict[str, Any]) -> list[str]:
-    """The kernels each side runs on the GPU, with the selectors' reasons, then their errors."""
+    """The model, then the kernel each layer kind runs on each side, with the selectors' reasons, then errors."""
     from nemo_rl_attn_align.errors import format_finding
 
     if kernels["gpu"] is None:
-        return [f"kernels: pending ({kernels['gpu_source']})"]
-    lines = [f"kernels on {kernels['gpu']} ({kernels['gpu_source']}):"]
-    lines += _kernel_line("training", kernels["training"]) + _kernel_line("rollout", kernels["rollout"])
+        return [f"kernels: pending ({kernels['gpu_source']})", *_model_lines(kernels["model"])]
+    lines = [f"kernels on {kernels['gpu']} ({kernels['gpu_source']}):", *_model_lines(kernels["model"])]
+    for side in ("training", "rollout"):
+        for kernel in kernels[side]:
+            lines += _kernel_line(side, kernel)
     lines += [f"  note: {note}" for note in kernels["notes"]]
     lines += [format_finding(f) for f in kernels["findings"]]
     return lines

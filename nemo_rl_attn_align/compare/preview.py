@@ -17,7 +17,6 @@ from nemo_rl_attn_align.compare.binding import BindingReport, bind
 from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.hf_model import load_model_config
 from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
 from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
@@ -77,16 +76,13 @@ class BindingPreview(NamedTuple):
 def preview_binding(facts: RecipeFacts, settings: AlignSettings, environ: Mapping[str, str]) -> BindingPreview:
     """Predict both contracts and bind them under ``settings``' mandate. ``facts`` is the recipe read
     with ``environ``, the driver environment the workers inherit (as ``plan.build_plan`` reads it)."""
-    model = load_model_config(facts.model_name, environ)
-    training, rollout = predict_training(facts, environ, model), predict_rollout(facts, environ, model)
+    model = facts.model
+    training, rollout = predict_training(facts, environ), predict_rollout(facts, environ)
     notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]
-    if model is not None:
-        notes.append(f"identity read from {model.path} (local; never fetched)")
+    if model.config is not None:
+        notes.append(f"identity read from {model.config.path} (local; never fetched)")
     elif training is not None and rollout is not None:
-        notes.append(
-            f"identity pending: policy.model_name={facts.model_name!r} has no config.json "
-            "on this machine (a local directory or the Hugging Face cache); nothing is downloaded"
-        )
+        notes.append(f"identity pending: {model.not_found}")
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
     diff, problems = predict_determinism(facts, environ, training, rollout)

@@ -14,6 +14,7 @@ from typing import Any
 from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
+    FIELDS_SINCE_2,
     SIDES,
     ContractError,
     Provenance,
@@ -165,7 +166,12 @@ class AttentionContract:
         if not isinstance(data["fields"], Mapping):
             raise ContractError("contract fields must be a JSON object")
         fields = {name: FieldValue.from_dict(raw, f"field {name}") for name, raw in data["fields"].items()}
-        return cls(data["side"], data["worker_id"], fields, data["schema_version"])
+        version = data["schema_version"]
+        if version == CONTRACT_SCHEMA_VERSION - 1:  # the schema before: its records lack the newer fields
+            unread = FieldValue(None, Provenance.UNOBSERVABLE, f"not recorded (contract schema {version})")
+            fields = {**{name: unread for name in FIELDS_SINCE_2}, **fields}
+            version = CONTRACT_SCHEMA_VERSION
+        return cls(data["side"], data["worker_id"], fields, version)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)

@@ -144,6 +144,16 @@ def layer_windows(value: Any, where: str) -> list:
     return [None if item is None else non_negative_int(item, f"{where}[{i}]") for i, item in enumerate(value)]
 
 
+def layer_indices(value: Any, where: str) -> list:
+    """Layer indices (int >= 0), ascending; an empty list is a model without such layers."""
+    if not isinstance(value, (list, tuple)):
+        raise ContractError(f"{where}: expected a list of layer indices, got {value!r}")
+    indices = [non_negative_int(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if indices != sorted(set(indices)):
+        raise ContractError(f"{where}: layer indices must ascend without repeats, got {indices!r}")
+    return indices
+
+
 def boolean(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ContractError(f"{where}: expected true or false, got {value!r}")

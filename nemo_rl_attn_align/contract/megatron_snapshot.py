@@ -90,6 +90,17 @@ class ModelConfigSnapshot(_Attributes):
     attention_softmax_in_fp32: bool | None = None
     window_size: list[int] | None = None  # (left, right)
     window_attn_skip_freq: Any = None  # an int N or a per-layer list
+    softmax_type: str | None = None
+    multi_latent_attention: bool | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    experimental_attention_variant: str | None = None
+    linear_attention_freq: Any = None  # an int N or a per-layer list (1: gated delta-net)
+    hybrid_layer_pattern: str | None = None
+    attention_output_gate: bool | None = None
     position_embedding_type: str | None = None
     rotary_base: float | None = None
     rotary_percent: float | None = None

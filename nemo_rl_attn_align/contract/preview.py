@@ -20,11 +20,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
-from nemo_rl_attn_align.contract.hf_model import (
-    HFModelConfig,
-    identity_fields,
-)
+from nemo_rl_attn_align.contract.hf_model import identity_fields
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
 from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
@@ -37,6 +35,7 @@ from nemo_rl_attn_align.contract.schema import (
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.model_config import HFModelConfig
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
@@ -52,18 +51,21 @@ _MODEL_OVERRIDE_FIELDS = {
 BOUND_GENERATION_BACKENDS = ("vllm", "megatron")
 
 
-def _identity(b: ContractBuilder, facts: RecipeFacts, model: HFModelConfig | None) -> None:
-    """Fields both sides share: causal LM, the tokenizer, the logical batch, and what the model's
-    local ``config.json`` fixes (both sides build the model from it); the rest pending."""
+def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
+    """Fields both sides share: causal LM, the tokenizer, the logical batch, what the model's local
+    ``config.json`` fixes (both sides build the model from it) and the attention layers as this
+    side's host builds them from it (``RecipeFacts.model``); the rest pending."""
     for name in fields_of(Tier.IDENTITY):
         b.pending(name, _AT_START)
-    if model is not None:
-        source = f"{model.path} (the config.json both sides load)"
-        for name, value in identity_fields(model.config).items():
-            if value is None:  # sliding_window: null is full attention, a value like any other
+    model = facts.model
+    if model.config is not None:
+        source = f"{model.config.path} (the config.json both sides load)"
+        for name, value in identity_fields(model.config.config).items():
+            if value is None:  # logit_softcapping: null is none, a value like any other
                 b.configured(name, None, source)
             else:
                 configured_from(b, name, value, source)
+    model_identity(b, model.side(side), "configured")
     b.configured("causal", True, "decoder-only LM: causal mask")
     tokenizer = facts.tokenizer
     if isinstance(tokenizer, str) and tokenizer:
@@ -103,7 +105,7 @@ def absent_sides(cfg: Mapping[str, Any] | RecipeFacts) -> dict[str, str]:
 
 
 def predict_training(
-    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None, model: HFModelConfig | None = None
+    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None
 ) -> AttentionContract | None:
     """The training contract a Megatron policy worker would record, or ``None`` when
     ``policy.megatron_cfg.enabled`` is not truthy."""
@@ -113,7 +115,7 @@ def predict_training(
         return None
     overrides = facts.model_overrides
     b = ContractBuilder("training", "preview-training")
-    _identity(b, recipe, model)
+    _identity(b, recipe, "training")
     for key, name in _MODEL_OVERRIDE_FIELDS.items():
         if key in overrides:
             configured_from(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
@@ -187,7 +189,7 @@ def _vllm_kv_cache_dtype(b: ContractBuilder, gen: Any, model: HFModelConfig | No
 
 
 def predict_rollout(
-    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None, model: HFModelConfig | None = None
+    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None
 ) -> AttentionContract | None:
     """The rollout contract a vLLM generation worker would record, or ``None`` when
     ``policy.generation.backend`` is not vllm."""
@@ -196,13 +198,14 @@ def predict_rollout(
         return None
     if recipe.megatron_generation is not None:
         b = ContractBuilder("rollout", "preview-rollout")
-        _identity(b, recipe, model)
+        _identity(b, recipe, "training")  # the policy's own Megatron model generates
         return predict_megatron_rollout(b, recipe.megatron_generation)
     gen = recipe.generation
     env = worker_env(recipe, "rollout", os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
     b = ContractBuilder("rollout", "preview-rollout")
-    _identity(b, recipe, model)
+    _identity(b, recipe, "rollout")
+    model = recipe.model.config
     dtype = dtype_or_none(gen.precision.value)
     if dtype is not None:
         b.configured("dtype", dtype, gen.precision.key)

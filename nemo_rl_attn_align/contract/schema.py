@@ -27,8 +27,10 @@ from nemo_rl_attn_align.contract.kinds import ContractError
 from nemo_rl_attn_align.contract.kinds import normalize_dtype as normalize_dtype
 from nemo_rl_attn_align.suggest import did_you_mean
 
-#: Version of the contract schema; ``from_dict`` rejects any other.
-CONTRACT_SCHEMA_VERSION = 1
+#: Version of the contract schema; ``from_dict`` rejects any other but the one before it, whose
+#: records lack ``FIELDS_SINCE_2`` (read as unobservable: not recorded then).
+CONTRACT_SCHEMA_VERSION = 2
+FIELDS_SINCE_2 = ("attention_layers", "head_dim_v", "softmax_type", "mla")
 
 #: The two sides a contract can describe.
 SIDES = ("training", "rollout")
@@ -75,6 +77,8 @@ MERGE_RULES = ("online_softmax_lse", "full_softmax")
 REDUCTION_ORDERS = ("kv_index", "ring_step", "split_kv", "unspecified")
 DOWNCASTS = ("final_write", "per_partial")
 MODES = ("prefill", "prefill+decode", "chunked_prefill+decode")
+#: ``TransformerConfig.softmax_type`` values (a vLLM layer with sinks runs ``learnable``).
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,45 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("num_layers", _ID, kinds.positive_int, "number of transformer layers", fix=_MODEL_FIX),
     _spec("num_attention_heads", _ID, kinds.positive_int, "query heads (whole model, before TP split)", fix=_MODEL_FIX),
     _spec("num_query_groups", _ID, kinds.positive_int, "key/value heads (GQA groups)", fix=_MODEL_FIX),
-    _spec("head_dim", _ID, kinds.positive_int, "per-head channels (Megatron kv_channels)", fix=_MODEL_FIX),
+    _spec(
+        "head_dim",
+        _ID,
+        kinds.positive_int,
+        "per-head query/key channels (Megatron kv_channels; under MLA qk_head_dim + qk_pos_emb_head_dim)",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "head_dim_v",
+        _ID,
+        kinds.positive_int,
+        "per-head value channels (head_dim, or MLA's v_head_dim)",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "attention_layers",
+        _ID,
+        kinds.layer_indices,
+        "indices of the layers with softmax attention, in order (a hybrid's attention layers only; the Mamba, "
+        "gated delta-net and MLP layers between them run no softmax attention)",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "softmax_type",
+        _ID,
+        kinds.choice(*SOFTMAX_TYPES),
+        "the attention softmax: vanilla, or with a sink logit per head (learnable: gpt-oss's sinks; off-by-one: "
+        "a fixed zero logit)",
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "mla",
+        _ID,
+        kinds.mapping,
+        "multi-latent attention: q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim "
+        "(Megatron's names); null = none",
+        nullable=True,
+        fix=_MODEL_FIX,
+    ),
     _spec(
         "softmax_scale",
         _ID,
@@ -133,8 +175,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         "layer_windows",
         _ID,
         kinds.layer_windows,
-        "per layer, in order: the left window the kernel receives (null = full attention); tells interleaved "
-        "sliding/full layers apart",
+        "per attention layer (attention_layers), in order: the left window the kernel receives (null = full "
+        "attention); tells interleaved sliding/full layers apart",
         fix=_MODEL_FIX,
     ),
     _spec(

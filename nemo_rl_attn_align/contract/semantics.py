@@ -5,8 +5,7 @@ for the workers' recorded contracts (core, stdlib only).
 sets, on a ``ContractBuilder``, the semantic tier and the recorded fields that follow from the same
 facts (``reduction_engine``, ``split_kv_policy``; for training also the KV-cache fields). A field a
 rule cannot know is ``pending`` in a preview (``preview=True``) and ``unobservable`` in a worker's
-record, with the reason. ``left_window`` and ``hf_left_window`` give the left sliding window as
-the kernel receives it.
+record, with the reason.
 
 Facts behind the rules (what the kernels do) are written in the ``source`` of each field.
 """
@@ -46,25 +45,6 @@ def _unknown(b: ContractBuilder, preview: bool) -> Callable[[str, str], Any]:
     if preview:
         return lambda name, why: b.pending(name, why)
     return lambda name, why: b.unobservable(name, None, why)
-
-
-def left_window(window: Any) -> int | None:
-    """The left window of a ``(left, right)`` pair as flash-attn and TE take it (Megatron's
-    ``window_size``, vLLM's ``impl.sliding_window``); None for no pair or a negative left (-1: no window)."""
-    if not isinstance(window, (list, tuple)) or len(window) != 2:
-        return None
-    left = window[0]
-    if isinstance(left, bool) or not isinstance(left, int) or left < 0:
-        return None
-    return left
-
-
-def hf_left_window(sliding_window: Any, use_sliding_window: Any = None) -> int | None:
-    """The kernel's left window for an HF config's ``sliding_window`` (which counts the query itself:
-    vLLM passes ``(sliding_window - 1, 0)`` to FlashAttention); None when there is no window."""
-    if use_sliding_window is False or isinstance(sliding_window, bool) or not isinstance(sliding_window, int):
-        return None
-    return sliding_window - 1 if sliding_window > 0 else None
 
 
 def te_semantics(

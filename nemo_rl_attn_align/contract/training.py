@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
     ContractBuilder,
@@ -17,12 +18,11 @@ from nemo_rl_attn_align.contract.contract import (
 from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
 from nemo_rl_attn_align.contract.rope import canonical_rope, megatron_scaling
 from nemo_rl_attn_align.contract.schema import ContractError, normalize_dtype
-from nemo_rl_attn_align.contract.semantics import (  # te_semantics: the rule `check` previews with
-    left_window,
-    te_semantics,
-)
+from nemo_rl_attn_align.contract.semantics import te_semantics  # the rule `check` previews with
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
+from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
+from nemo_rl_attn_align.preflight.model_attention import HostModel, left_window, megatron_model
 
 #: Distributions whose versions go into every record (flash-attn 2, 3 and 4 under TE's names for them).
 VERSIONED = (
@@ -52,26 +52,6 @@ def _rope(snap: ModelConfigSnapshot) -> tuple[str | None, dict | None]:
     )
 
 
-def megatron_layer_windows(snap: ModelConfigSnapshot) -> list[int | None] | None:
-    """Per-layer left windows as megatron-core's ``is_layer_window_attention`` decides them from
-    ``window_size`` and ``window_attn_skip_freq`` (an int N: every N-th layer, 1-based, is full; a
-    list: 1 = windowed); None when the snapshot does not tell."""
-    layers, window, skip = (
-        snap.num_layers,
-        left_window(snap.window_size),
-        snap.window_attn_skip_freq,
-    )
-    if not isinstance(layers, int) or layers < 1 or not snap.has("window_size"):
-        return None
-    if window is None or skip is None:
-        return [window] * layers
-    if isinstance(skip, int) and not isinstance(skip, bool) and skip > 0:
-        return [None if number % skip == 0 else window for number in range(1, layers + 1)]
-    if isinstance(skip, list) and len(skip) == layers:
-        return [window if flag else None for flag in skip]
-    return None
-
-
 def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None, requested: Any, not_read: str) -> None:
     """The flash-attn major TE ran, as its read-back ``seen`` reports it; none when TE ran another backend."""
     if seen is None:
@@ -91,24 +71,35 @@ def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None,
         )
 
 
-def model_identity_fields(b: ContractBuilder, snap: ModelConfigSnapshot, src: str) -> None:
-    """The identity fields the TransformerConfig (and the tokenizer) fix."""
-    put_field(b, "num_layers", snap.num_layers, src + "num_layers")
-    put_field(b, "num_attention_heads", snap.num_attention_heads, src + "num_attention_heads")
-    put_field(b, "num_query_groups", snap.num_query_groups, src + "num_query_groups")
-    put_field(b, "head_dim", snap.kv_channels, src + "kv_channels")
+def _attention_layers(b: ContractBuilder, snap: ModelConfigSnapshot, src: str) -> None:
+    """The attention layers' identity, laid out by megatron-core's rules from the config's attributes
+    (``model_attention.megatron_model``: the preview's mapping, through ``attention_identity``)."""
+    built = megatron_model(snap.attributes(), "Megatron", f"{src[:-1]} attributes, laid out per layer")
+    if isinstance(built, HostModel):
+        model_identity(b, built, "observed")
+    else:  # a config that does not lay out its layers: what it does show, field by field
+        why = f"{src[:-1]}: {built}" if snap.was_read() else f"{src[:-1]} was not read"
+        model_identity(b, NotRead(why), "observed")
+        put_field(b, "num_layers", snap.num_layers, src + "num_layers")
+        put_field(b, "num_attention_heads", snap.num_attention_heads, src + "num_attention_heads")
+        put_field(b, "num_query_groups", snap.num_query_groups, src + "num_query_groups")
+        put_field(b, "head_dim", snap.kv_channels, src + "kv_channels")
+        if snap.has("window_size"):
+            b.observed("sliding_window", left_window(snap.window_size), f"{src}window_size[0] (-1 or None: no window)")
     if snap.softmax_scale is not None:
         put_field(b, "softmax_scale", snap.softmax_scale, src + "softmax_scale")
+    elif snap.multi_latent_attention:
+        b.unobservable("softmax_scale", None, f"{src}softmax_scale unset: MLA's scale (YaRN mscale) is its own")
     elif snap.kv_channels:
         put_field(
             b, "softmax_scale", 1.0 / math.sqrt(snap.kv_channels), f"1/sqrt({src}kv_channels) (softmax_scale unset)"
         )
+
+
+def model_identity_fields(b: ContractBuilder, snap: ModelConfigSnapshot, src: str) -> None:
+    """The identity fields the TransformerConfig (and the tokenizer) fix."""
+    _attention_layers(b, snap, src)
     put_field(b, "causal", True, "GPTModel causal self-attention mask", "configured")
-    if snap.has("window_size"):
-        b.observed("sliding_window", left_window(snap.window_size), f"{src}window_size[0] (-1 or None: no window)")
-    else:
-        b.unobservable("sliding_window", None, f"{src}window_size not recorded")
-    put_field(b, "layer_windows", megatron_layer_windows(snap), f"{src}window_size and window_attn_skip_freq per layer")
     put_field(
         b,
         "logit_softcapping",

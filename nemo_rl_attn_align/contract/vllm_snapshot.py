@@ -11,7 +11,10 @@ the ``(left, right)`` pair vLLM's FlashAttention/FlashInfer/Triton impls pass to
 (``(sliding_window - 1, 0)``, ``(-1, -1)`` for none), or the int CPU_ATTN and FLEX_ATTENTION keep
 (HF's ``sliding_window``, which counts the query itself: their masks keep keys with
 ``q - k < sliding_window``, a left window of ``sliding_window - 1``; ``-1`` or None for none).
-Soft capping is ``impl.logits_soft_cap`` (0 or None: none). The KV cache is each attention layer's
+Soft capping is ``impl.logits_soft_cap`` (0 or None: none). Each layer's attention module (its
+heads, head sizes, window, sinks, MLA ranks) is read as ``hosts.model_readers`` reads vLLM's model
+before the run (``model_attention.vllm_layer_facts``), so the record and the preview share one
+mapping. The KV cache is each attention layer's
 ``kv_cache_dtype`` name (vLLM resolves it from ``cache_config.cache_dtype``, a checkpoint's KV-cache
 scheme and ``kv_cache_dtype_skip_layers``) and the dtype of the cache tensor the first layer holds.
 The context-parallel sizes are ``parallel_config.prefill_context_parallel_size`` and
@@ -29,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.contract.semantics import hf_left_window, left_window
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.model_attention import hf_left_window, left_window, vllm_layer_facts
 
 _NOT_REQUESTED = "not requested (vLLM selects by platform)"
 
@@ -53,6 +56,8 @@ class VllmSnapshot:
     sliding_window: int | None = None  # HF's, counting the query itself
     use_sliding_window: bool | None = None
     layer_windows: Mapping[str, int | None] = field(default_factory=dict)  # layer -> left window its impl passes
+    #: layer index -> its attention module's facts (``model_attention.vllm_layer_facts``); JSON keys are text.
+    layer_attention: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     hf_layer_windows: list[int | None] | None = None  # from hf_config.layer_types
     layer_soft_caps: list[float | None] = field(default_factory=list)
     attn_logit_softcapping: float | None = None
@@ -232,6 +237,9 @@ def _model_values(model: Any, static_forward_context: Mapping[str, Any]) -> dict
         "sliding_window": getattr(hf, "sliding_window", None),
         "use_sliding_window": getattr(hf, "use_sliding_window", None),
         "layer_windows": layer_windows(static_forward_context),
+        "layer_attention": {
+            str(index): facts for index, facts in vllm_layer_facts(list((static_forward_context or {}).items())).items()
+        },
         "hf_layer_windows": hf_layer_windows(hf),
         "layer_soft_caps": layer_soft_caps(static_forward_context),
         "attn_logit_softcapping": getattr(hf, "attn_logit_softcapping", None),

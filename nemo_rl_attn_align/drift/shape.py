@@ -1,14 +1,13 @@
 """The drift sweep's attention shape and defaults, read from a NeMo-RL config (torch-free).
 
 Attention shapes come, field by field, from the first of: explicit flags, the config's
-``attention_align.drift`` block, ``policy.megatron_cfg.model_overrides`` (``num_attention_heads``,
-``num_query_groups``, ``kv_channels``, ``window_size``), ``policy.hf_config_overrides``
-(``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``), the model's
-``config.json`` on local disk (``hf_model``: a local path or the Hugging Face cache, never the
-network), and only then the built-in table of well-known ``policy.model_name`` values. ``kv_heads``
-defaults to ``heads`` (MHA) and ``window`` to none (full causal), as in Megatron and Hugging Face.
-The config's part is read once into ``preflight.facts.RecipeFacts`` (its ``shape`` layers); the
-public functions take the config or those facts.
+``attention_align.drift`` block, and the model's main kind of attention layer as Megatron builds
+it (``RecipeFacts.model``: the hosts' own reading of its local ``config.json``, with
+``hf_config_overrides`` and ``model_overrides`` applied; the kind covering the most layers).
+``kv_heads`` defaults to ``heads`` (MHA) and ``window`` to none (full causal), as in Megatron and
+Hugging Face. A kind the replays do not model (softmax sinks, multi-latent attention's separate v
+head dim) is said so, never swept as plain attention. The public functions take the config or
+``RecipeFacts``.
 """
 
 from __future__ import annotations
@@ -18,25 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.contract.hf_model import identity_fields, load_model_config
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.facts import UNSET
-from nemo_rl_attn_align.preflight.kernel_query import AttentionShape, Kernel, KernelPlan
+from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan
+from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
-
-#: Attention shapes of well-known models, from each model's ``config.json`` on the Hugging Face Hub
-#: (num_attention_heads, num_key_value_heads, head_dim; none of them enables a sliding window).
-BUILTIN_MODELS: dict[str, dict[str, int]] = {
-    "Qwen/Qwen3-0.6B": {"heads": 16, "kv_heads": 8, "head_dim": 128},
-    "Qwen/Qwen3-1.7B": {"heads": 16, "kv_heads": 8, "head_dim": 128},
-    "Qwen/Qwen3-4B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
-    "Qwen/Qwen3-8B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
-    "Qwen/Qwen2.5-1.5B": {"heads": 12, "kv_heads": 2, "head_dim": 128},
-    "Qwen/Qwen2.5-7B": {"heads": 28, "kv_heads": 4, "head_dim": 128},
-    "meta-llama/Llama-3.1-8B": {"heads": 32, "kv_heads": 8, "head_dim": 128},
-    "meta-llama/Llama-3.2-1B": {"heads": 32, "kv_heads": 8, "head_dim": 64},
-}
-_MODEL_SUFFIXES = ("-Instruct", "-Base")
 
 #: dtypes the sweep runs (``drift.DTYPES`` maps them to torch).
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
@@ -74,42 +60,46 @@ class Shape:
         }
 
 
-def builtin_shape(model_name: str | None) -> dict[str, int] | None:
-    """The built-in table's entry for ``model_name`` (``-Instruct``/``-Base`` variants included)."""
-    if not model_name:
-        return None
-    name = str(model_name)
-    for suffix in _MODEL_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return BUILTIN_MODELS.get(name)
+def main_kind(facts: RecipeFacts) -> tuple[LayerKind | None, str]:
+    """The model's kind of attention layer covering the most layers (Megatron's build where Megatron
+    trains, else vLLM's), and where it was read; or None and why no kind is known."""
+    why = []
+    for side in ("training",) if facts.megatron_enabled else ("rollout", "training"):
+        model = facts.model.side(side)
+        if isinstance(model, NotRead):
+            why.append(f"{side}: {model.why}")
+            continue
+        if model.kinds:
+            kind = max(model.kinds, key=lambda k: len(k.layers))
+            return kind, f"{model.source}, {kind.describe(model.num_layers)}"
+        why.append(f"{side}: {model.source} has no softmax attention layer")
+    return None, facts.model.not_found or "; ".join(why)
 
 
 def _sources(facts: RecipeFacts) -> list[tuple[str, dict]]:
     """Candidate ``(name, {field: value})`` layers, highest priority first (flags excluded)."""
     layers = [(layer.key, dict(layer.value)) for layer in facts.shape.layers]
-    model = facts.model_name
-    local = load_model_config(model)
-    if local is not None:
-        ident = identity_fields(local.config)
+    kind, where = main_kind(facts)
+    if kind is not None:
         layers.append(
             (
-                str(local.path),
-                {
-                    "heads": ident.get("num_attention_heads"),
-                    "kv_heads": ident.get("num_query_groups"),
-                    "head_dim": ident.get("head_dim"),
-                    "window": ident.get("sliding_window"),
-                },
+                where,
+                {"heads": kind.heads, "kv_heads": kind.kv_heads, "head_dim": kind.head_dim_qk, "window": kind.window},
             )
         )
-    table = builtin_shape(model)
-    if table:
-        layers.append((f"built-in table ({model})", dict(table)))
     seq = facts.shape.seq_len
     if seq is not None:
         layers.append((seq.key, {"seq_len": seq.value}))
     return layers
+
+
+def unreplayed(kind: LayerKind) -> str | None:
+    """What of ``kind``'s attention the replays do not model (None: a plain softmax they replay)."""
+    if kind.mla is not None or kind.head_dim_qk != kind.head_dim_v:
+        return f"multi-latent attention (q/k head dim {kind.head_dim_qk}, v head dim {kind.head_dim_v})"
+    if kind.sinks:
+        return f"{kind.softmax} softmax sinks"
+    return None
 
 
 def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -> int:
@@ -120,7 +110,7 @@ def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -
 
 
 def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shape:
-    """Attention shape for the sweep: flags > drift block > model_overrides > hf overrides > built-in."""
+    """Attention shape for the sweep: flags > the ``attention_align.drift`` block > the model's main kind."""
     facts = as_facts(cfg)
     layers = [("flags", {k: v for k, v in flags.items() if v is not None}), *_sources(facts)]
     picked: dict[str, Any] = {}
@@ -130,11 +120,16 @@ def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shap
             if values.get(name) is not None:
                 picked[name], sources[name] = values[name], where
                 break
+    kind, where = main_kind(facts)
     if "heads" not in picked:
-        known = ", ".join(BUILTIN_MODELS)
         raise UsageError(
-            f"policy.model_name={facts.model_name!r}: attention shape unknown (not in the built-in table: {known}). "
+            f"attention shape unknown: {where}. "
             "Fix: pass --heads N --kv-heads N --head-dim N (and --window N for sliding-window models)."
+        )
+    if kind is not None and sources["heads"] == where and (missing := unreplayed(kind)) is not None:
+        raise UsageError(
+            f"the model's attention has {missing}, which the replays do not model. "
+            "Fix: pass --heads N --kv-heads N --head-dim N to sweep plain attention of a size you choose."
         )
     heads = _positive_int("heads", picked["heads"], sources["heads"])
     if "kv_heads" not in picked:
@@ -165,16 +160,6 @@ def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shap
         _positive_int("seq_len", seq_len, sources["seq_len"]),
         sources,
     )
-
-
-def attention_shape(cfg: dict | RecipeFacts | None) -> AttentionShape | str:
-    """The model's attention shape for the kernel predictions, or why it is unknown (no flags)."""
-    try:
-        shape = resolve_shape(cfg, {})
-    except UsageError as err:
-        return str(err).split(". Fix:")[0]
-    where = shape.sources.get("head_dim", "")
-    return AttentionShape(shape.heads, shape.kv_heads, shape.head_dim, shape.window, where)
 
 
 def default_rollout(engine: str | None, seq_len: int, window: int | None) -> list[str]:
@@ -215,8 +200,10 @@ ASSUMED_ROLLOUT = {"sm80": Kernel("rollout", "FLASH_ATTN", "FA2"), "sm90": Kerne
 
 
 def _predicted(plan: KernelPlan, side: str, assumed: Kernel, notes: list[str]) -> Kernel:
-    """``plan``'s kernel for ``side`` when a selector answered; else ``assumed``, with a note saying why."""
-    kernel = getattr(plan, side)
+    """``plan``'s kernel for ``side``'s main layer kind when a selector answered; else ``assumed``,
+    with a note saying why."""
+    main = plan.main(side)
+    kernel = main.kernel if main is not None else None
     if kernel is not None and kernel.known:
         notes.append(f"{side} kernel: {kernel.label} ({kernel.source})")
         return kernel
@@ -242,13 +229,7 @@ def default_engines(
 
     facts = as_facts(cfg)
     policy = facts.policy
-    plan = plan_kernels(
-        facts,
-        AttentionShape(shape.heads, shape.kv_heads, shape.head_dim, shape.window),
-        gpu,
-        "--gpu",
-        os.environ if environ is None else environ,
-    )
+    plan = plan_kernels(facts, gpu, "--gpu", os.environ if environ is None else environ)
     notes: list[str] = []
     rollout_kernel = _predicted(plan, "rollout", ASSUMED_ROLLOUT[gpu], notes)
     engine = _rollout_engine(rollout_kernel, gpu)

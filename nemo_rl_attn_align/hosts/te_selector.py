@@ -75,8 +75,8 @@ def attention_params(query: TrainingQuery):
         "max_seqlen_kv": query.seq_len,
         "num_tokens_q": tokens,
         "num_tokens_kv": tokens,
-        "head_dim_qk": query.head_dim,
-        "head_dim_v": query.head_dim,
+        "head_dim_qk": query.head_dim_qk,
+        "head_dim_v": query.head_dim_v,
         "attn_mask_type": "padding_causal" if thd else "causal",
         "window_size": window,
         "bottom_right_diagonal": False,
@@ -99,7 +99,7 @@ def attention_params(query: TrainingQuery):
         "return_max_logit": False,
         "cuda_graph": False,
         "num_splits": 1,
-        "softmax_scale": 1.0 / math.sqrt(query.head_dim),
+        "softmax_scale": 1.0 / math.sqrt(query.head_dim_qk),
     }
     known = {f.name for f in fields(utils.AttentionParams)}
     return utils.AttentionParams(**{k: v for k, v in values.items() if k in known})

@@ -61,6 +61,8 @@ def _selector_config(query: RolloutQuery):
         dtype=getattr(torch, _DTYPES[query.dtype]),
         kv_cache_dtype=query.kv_cache_dtype,
         block_size=None,
+        use_mla=query.use_mla,
+        use_sparse=query.use_sparse,
         has_sink=query.has_sink,
         has_sliding_window=query.sliding_window,
         use_batch_invariant=query.batch_invariant,

@@ -18,12 +18,12 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.config_lookup import (
     UNSET,
@@ -37,6 +37,7 @@ from nemo_rl_attn_align.preflight.config_lookup import (
 
 # contract/preview.py and compare/preview.py import it from here
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant as vllm_batch_invariant
+from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -57,8 +58,6 @@ MEGATRON_INDEXED_KEYS: tuple[tuple[str, int], ...] = (
 TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
 #: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
-#: Models whose Megatron provider uses learnable softmax sinks (NeMo-RL issue #1685).
-LEARNABLE_SOFTMAX_MODELS = re.compile(r"gpt-oss", re.IGNORECASE)
 
 
 def _first_positive(section: Mapping[str, Any], prefix: str, *names: str) -> Fact:
@@ -107,6 +106,8 @@ class PolicyFacts:
     #: The ``MEGATRON_INDEXED_KEYS`` entries (key, value to add) absent from ``policy.megatron_cfg``
     #: (a mapping), in table order; NeMo-RL's ``Policy`` raises KeyError on the first when Megatron is on.
     missing_indexed: tuple[tuple[str, int], ...] = ()
+    #: The model's attention as both hosts build it (``model_facts``), read once from its config.json.
+    model: ModelFacts = field(default_factory=ModelFacts)
 
     @property
     def has_megatron_cfg(self) -> bool:
@@ -120,15 +121,18 @@ class PolicyFacts:
 
     @property
     def softmax_type(self) -> Fact:
-        """The softmax Megatron's attention uses: ``model_overrides.softmax_type`` when valid, learnable
-        for gpt-oss (its provider's sinks), else vanilla."""
+        """The softmax Megatron's attention uses: ``model_overrides.softmax_type`` when valid, else what
+        Megatron-Bridge's provider gives the model (``model``: gpt-oss's learnable sinks), else vanilla
+        (a model whose config.json is not read here: the key says so)."""
         key = "policy.megatron_cfg.model_overrides.softmax_type"
         written = self.model_overrides.get("softmax_type")
         if isinstance(written, str) and written in SOFTMAX_TYPES:
             return Fact(written, key)
-        if self.model_name and LEARNABLE_SOFTMAX_MODELS.search(self.model_name):
-            return Fact("learnable", "policy.model_name (gpt-oss: learnable softmax sinks)")
-        return Fact("vanilla", f"{key} not set: vanilla")
+        training = self.model.training
+        if isinstance(training, NotRead) or not training.kinds:
+            return Fact("vanilla", f"{key} not set; the model's own is not known here: vanilla assumed")
+        softmax = next((k.softmax for k in training.kinds if k.softmax != "vanilla"), "vanilla")
+        return Fact(softmax, f"policy.model_name's config.json ({training.source})")
 
     @property
     def te_deterministic(self) -> bool:
@@ -223,5 +227,11 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         te_env=_nvte_env(megatron_cfg, environ, TE_SWITCHES),
         missing_indexed=tuple(
             entry for entry in MEGATRON_INDEXED_KEYS if isinstance(megatron_cfg, dict) and entry[0] not in mcfg
+        ),
+        model=read_model_facts(
+            model_name,
+            training_overrides=policy_cfg.get("hf_config_overrides"),
+            rollout_overrides=value_at(policy_cfg, "generation.vllm_kwargs.hf_overrides"),
+            model_overrides=overrides if isinstance(overrides, dict) else None,
         ),
     )

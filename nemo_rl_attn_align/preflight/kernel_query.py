@@ -3,8 +3,9 @@
 Transformer Engine's ``get_attention_backend`` picks the training kernel and vLLM's CUDA platform
 (``get_valid_backends``, then ``fa_utils.get_flash_attn_version``) the rollout kernel. Both decide
 on a handful of facts; ``TrainingQuery`` and ``RolloutQuery`` are those facts as a recipe fixes
-them, and ``Kernel`` is a selector's answer: the kernel, the selector's own reasons, where the
-answer came from and what it assumed.
+them for one kind of attention layer, ``Kernel`` is a selector's answer (the kernel, the
+selector's own reasons, where the answer came from and what it assumed), ``KindKernel`` one layer
+kind's answer and ``KernelPlan`` every kind's on both sides.
 """
 
 from __future__ import annotations
@@ -31,17 +32,6 @@ def capability(gpu: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class AttentionShape:
-    """The model's attention shape, as drift and the kernel predictions read it (whole model, all TP ranks)."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    window: int | None = None
-    source: str = ""
-
-
-@dataclass(frozen=True)
 class TrainingQuery:
     """The inputs of TE's ``get_attention_backend`` that a NeMo-RL recipe fixes, per TP rank."""
 
@@ -50,7 +40,8 @@ class TrainingQuery:
     dtype: str  # bf16, fp16, fp32
     heads: int  # query heads on one tensor-parallel rank
     kv_heads: int
-    head_dim: int
+    head_dim_qk: int
+    head_dim_v: int
     window: int | None = None  # left sliding window; None: full causal
     softmax: str = "vanilla"  # TransformerConfig.softmax_type
     cp_size: int = 1
@@ -61,6 +52,11 @@ class TrainingQuery:
     batch_size: int = 1
     #: NVTE_FLASH_ATTN_V2 / _V3 / _V4 in the worker environment (TE's finer switches), as (name, value).
     flash_switches: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def head_dims(self) -> str:
+        """``"192/128"``: the q/k and the v head dims."""
+        return f"{self.head_dim_qk}/{self.head_dim_v}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +73,13 @@ class RolloutQuery:
     heads: int = 16
     #: vllm_kwargs.attention_backend when the recipe forces one (vLLM then validates only it).
     forced_backend: str | None = None
+    use_mla: bool = False  # multi-latent attention (head_size is then the latent plus its rotary part)
+    use_sparse: bool = False  # sparse MLA (an indexer picks the keys: DeepSeek-V3.2, GLM-5)
+
+    @property
+    def mla(self) -> str:
+        """``none``, ``mla`` or ``sparse``."""
+        return "sparse" if self.use_sparse else "mla" if self.use_mla else "none"
 
 
 @dataclass(frozen=True)
@@ -130,25 +133,44 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class KindKernel:
+    """One kind of attention layer's kernel on one side: which layers, the selector's answer, its query."""
+
+    layers: str
+    kernel: Kernel
+    query: TrainingQuery | RolloutQuery | None = None
+    #: How many of the model's layers are of this kind (the kind covering the most is the side's main one).
+    count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: the kernel's fields, the layers and the query."""
+        return {"layers": self.layers, **self.kernel.to_dict(), "query": asdict(self.query) if self.query else None}
+
+
+@dataclass(frozen=True)
 class KernelPlan:
-    """Both sides' kernels on one GPU generation."""
+    """Both sides' kernels on one GPU generation, one per kind of attention layer (empty: no such side)."""
 
     gpu: str | None
     gpu_source: str
-    training: Kernel | None = None
-    rollout: Kernel | None = None
+    training: tuple[KindKernel, ...] = ()
+    rollout: tuple[KindKernel, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
-    training_query: TrainingQuery | None = None
-    rollout_query: RolloutQuery | None = None
+
+    def kinds(self, side: str) -> tuple[KindKernel, ...]:
+        return self.training if side == "training" else self.rollout
+
+    def main(self, side: str) -> KindKernel | None:
+        """The kind that covers the most layers on ``side`` (None: the side has no kernel to predict)."""
+        kinds = self.kinds(side)
+        return max(kinds, key=lambda kind: kind.count) if kinds else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
             "gpu": self.gpu,
             "gpu_source": self.gpu_source,
-            "training": self.training.to_dict() if self.training else None,
-            "rollout": self.rollout.to_dict() if self.rollout else None,
-            "training_query": asdict(self.training_query) if self.training_query else None,
-            "rollout_query": asdict(self.rollout_query) if self.rollout_query else None,
+            "training": [kind.to_dict() for kind in self.training],
+            "rollout": [kind.to_dict() for kind in self.rollout],
             "notes": list(self.notes),
         }

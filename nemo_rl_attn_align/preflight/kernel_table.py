@@ -24,15 +24,55 @@ from typing import Any
 from nemo_rl_attn_align.preflight.kernel_query import GPUS, Kernel, RolloutQuery, TrainingQuery
 
 TABLE_DIR = Path(__file__).with_name("tables")
-SCHEMA = 1
-HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)
+SCHEMA = 2
+
+#: Transformer Engine's rules tell head dims apart only by these bounds (flash-attn 2: a padded dim
+#: <= 192 on some GPUs, <= 256, a multiple of 8; flash-attn 3: <= 256, the MLA pairs (128, 192] /
+#: (96, 128]; cuDNN: <= 128, exactly 256 on Blackwell; flash-attn 4: exactly 512): one
+#: representative of each class stands in the table, and the te lane checks that every dim of a
+#: class gets its representative's answer. A pair of unequal dims other than MLA's has no class.
+TRAINING_DIM_CLASSES = ((64, 64), (96, 96), (128, 128), (192, 192), (255, 224), (256, 256))
+TRAINING_HEAD_DIMS = ("64/64", "96/96", "128/128", "192/192", "224/224", "256/256", "384/384", "512/512",
+                      "100/100", "300/300", "192/128")  # fmt: skip
+#: vLLM's backends name exact head sizes (FlashInfer 64/128/256/512, MLA 576, b12x 192) and bounds
+#: (flash-attn: a multiple of 8, <= 256; Triton: >= 32); the vllm lane checks the classes likewise.
+ROLLOUT_HEAD_SIZES = (16, 64, 80, 100, 128, 192, 256, 384, 512, 576, 640)
+ROLLOUT_EXACT = (64, 128, 192, 256, 512, 576)
+
+
+def training_head_dims(qk: int, v: int) -> str | None:
+    """The table's class of a q/k and v head dim pair (None: a pair no class holds)."""
+    if qk == v and qk % 8:
+        return "100/100" if qk <= 256 else "300/300"
+    if qk == v:
+        if qk in (256, 512):
+            return f"{qk}/{qk}"
+        if qk > 256:
+            return "384/384"
+        rep = next(r for bound, r in TRAINING_DIM_CLASSES if qk <= bound)
+        return f"{rep}/{rep}"
+    if 128 < qk <= 192 and 96 < v <= 128 and not (qk % 8 or v % 8):
+        return "192/128"
+    return None
+
+
+def rollout_head_size(size: int) -> int:
+    """The table's class of a vLLM head size."""
+    if size in ROLLOUT_EXACT:
+        return size
+    if size % 8:
+        return 100 if size >= 32 else 16
+    if size < 32:
+        return 16
+    return 80 if size <= 256 else 384 if size < 512 else 640
+
 
 #: The training grid: one axis per TrainingQuery field the recipe fixes, in cell order.
 TRAINING_AXES: tuple[tuple[str, tuple], ...] = (
     ("gpu", GPUS),
     ("backend", ("flash", "fused", "unfused", "auto")),
     ("dtype", ("bf16", "fp16", "fp32")),
-    ("head_dim", HEAD_DIMS),
+    ("head_dims", TRAINING_HEAD_DIMS),
     ("window", (None, 1023)),
     ("softmax", ("vanilla", "off-by-one", "learnable")),
     ("cp_size", (1, 2)),
@@ -47,7 +87,8 @@ TRAINING_FIXED: dict[str, Any] = {"heads": 16, "kv_heads": 8, "seq_len": 4096, "
 ROLLOUT_AXES: tuple[tuple[str, tuple], ...] = (
     ("gpu", GPUS),
     ("dtype", ("bf16", "fp16", "fp32")),
-    ("head_size", HEAD_DIMS),
+    ("head_size", ROLLOUT_HEAD_SIZES),
+    ("mla", ("none", "mla", "sparse")),
     ("kv_cache_dtype", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
     ("sliding_window", (False, True)),
     ("has_sink", (False, True)),
@@ -62,14 +103,18 @@ def training_queries() -> Iterator[TrainingQuery]:
     """Every training cell, in table order."""
     names = [name for name, _ in TRAINING_AXES]
     for values in itertools.product(*(axis for _, axis in TRAINING_AXES)):
-        yield TrainingQuery(**dict(zip(names, values, strict=True)), **TRAINING_FIXED)
+        cell = dict(zip(names, values, strict=True))
+        qk, v = (int(d) for d in cell.pop("head_dims").split("/"))
+        yield TrainingQuery(**cell, head_dim_qk=qk, head_dim_v=v, **TRAINING_FIXED)
 
 
 def rollout_queries() -> Iterator[RolloutQuery]:
     """Every rollout cell, in table order."""
     names = [name for name, _ in ROLLOUT_AXES]
     for values in itertools.product(*(axis for _, axis in ROLLOUT_AXES)):
-        yield RolloutQuery(**dict(zip(names, values, strict=True)), **ROLLOUT_FIXED)
+        cell = dict(zip(names, values, strict=True))
+        mla = cell.pop("mla")
+        yield RolloutQuery(**cell, use_mla=mla != "none", use_sparse=mla == "sparse", **ROLLOUT_FIXED)
 
 
 def _cell(axes: tuple[tuple[str, tuple], ...], values: Mapping[str, Any]) -> int | str:
@@ -93,6 +138,12 @@ def training_cell(query: TrainingQuery) -> tuple[int | str, tuple[str, ...]]:
     if query.flash_switches:
         return "NVTE_FLASH_ATTN_V2/_V3/_V4 are set in the worker environment; the table assumes them unset", ()
     values = {name: getattr(query, name) for name, _ in TRAINING_AXES}
+    dims = training_head_dims(query.head_dim_qk, query.head_dim_v)
+    if dims is None:
+        return f"head dims {query.head_dims}: no class of the generated table holds this pair", ()
+    if dims != query.head_dims:
+        values["head_dims"] = dims
+        assumptions.append(f"head dims {query.head_dims} as {dims} (TE's rules do not tell them apart)")
     if query.window is not None:
         values["window"] = 1023
         assumptions.append("any sliding window as a left window of 1023")
@@ -107,7 +158,12 @@ def rollout_cell(query: RolloutQuery) -> tuple[int | str, tuple[str, ...]]:
     if query.forced_backend:
         return f"vllm_kwargs.attention_backend={query.forced_backend!r} forces the backend", ()
     values = {name: getattr(query, name) for name, _ in ROLLOUT_AXES}
-    return _cell(ROLLOUT_AXES, values), (f"{ROLLOUT_FIXED['heads']} query heads",)
+    assumptions = [f"{ROLLOUT_FIXED['heads']} query heads"]
+    size = rollout_head_size(query.head_size)
+    if size != query.head_size:
+        values["head_size"] = size
+        assumptions.append(f"head size {query.head_size} as {size} (vLLM's backends do not tell them apart)")
+    return _cell(ROLLOUT_AXES, values), tuple(assumptions)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from nemo_rl_attn_align.preflight.config_lookup import positive_int, value_at
 from nemo_rl_attn_align.preflight.facts import PolicyFacts, policy_not_a_mapping, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts, read_generation_facts
 from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts, read_megatron_generation_facts
+from nemo_rl_attn_align.preflight.model_facts import ModelFacts
 from nemo_rl_attn_align.preflight.shape_facts import ShapeFacts, read_shape_facts
 
 
@@ -39,6 +40,11 @@ class RecipeFacts:
     policy_raw: Any = None
     #: ``policy.generation.backend: megatron``: the generation model and engine (else None).
     megatron_generation: MegatronGenerationFacts | None = None
+
+    @property
+    def model(self) -> ModelFacts:
+        """The model's attention as both hosts build it (``PolicyFacts.model``; unread without a policy)."""
+        return self.policy.model if self.policy is not None else ModelFacts()
 
     @property
     def megatron_enabled(self) -> bool:

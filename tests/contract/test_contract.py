@@ -16,6 +16,7 @@ from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
     FIELDS,
+    FIELDS_SINCE_2,
     ContractError,
     Provenance,
     Tier,
@@ -39,6 +40,10 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
         "num_attention_heads",
         "num_query_groups",
         "head_dim",
+        "head_dim_v",
+        "attention_layers",
+        "softmax_type",
+        "mla",
         "softmax_scale",
         "causal",
         "sliding_window",
@@ -50,6 +55,18 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
         "tokenizer",
         "batch_size",
     } == set(fields_of(Tier.IDENTITY))
+
+
+def test_a_record_of_the_schema_before_loads_with_the_newer_fields_unobservable():
+    data = full_contract().to_dict()
+    data["schema_version"] = CONTRACT_SCHEMA_VERSION - 1
+    for name in FIELDS_SINCE_2:
+        del data["fields"][name]
+    loaded = AttentionContract.from_dict(data)
+    assert loaded.schema_version == CONTRACT_SCHEMA_VERSION
+    for name in FIELDS_SINCE_2:
+        assert loaded[name].provenance is Provenance.UNOBSERVABLE
+        assert loaded[name].source == f"not recorded (contract schema {CONTRACT_SCHEMA_VERSION - 1})"
 
 
 def test_identity_and_semantic_fields_name_a_fix():
@@ -99,6 +116,10 @@ BAD_VALUES = {
     "deterministic": ["no"],
     "flash_attention_version": [0],
     "versions": ["2.13", {"torch": object()}],
+    "head_dim_v": [0],
+    "attention_layers": [[1, 0], [-1], "0,1"],
+    "softmax_type": ["sinks"],
+    "mla": ["512"],
 }
 
 

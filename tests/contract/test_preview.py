@@ -38,22 +38,29 @@ def _errors(binding):
 def test_stock_example_fails_on_the_rollout_reduction_order_and_says_why():
     preview = _preview()
     binding = preview.binding
-    assert binding.verdict is Verdict.FAIL and not binding.comparable
+    assert binding.verdict is Verdict.FAIL
     assert _errors(binding) == {("contract.semantic.reduction_order", Code.ATTN_SEMANTIC_MANDATE.value)}
     result = binding.result("reduction_order")
     assert (result.training.value, result.rollout.value, result.demand) == ("kv_index", "split_kv", "kv_index")
     assert "rollout 'split_kv'" in result.message and "split-KV" in result.rollout.source
     (finding,) = [f for f in binding.findings() if f.code == Code.ATTN_SEMANTIC_MANDATE.value]
     assert "VLLM_BATCH_INVARIANT=1" in finding.fix
-    # the model's shape is read from its HF config at start: pending, never a match
-    for name in ("architecture", "num_layers", "head_dim", "softmax_scale", "vocab_size"):
-        assert binding.result(name).code is Code.ATTN_PENDING
+    # the model's attention as each host reads its config.json (in the test's Hugging Face cache) agrees
+    for name in ("architecture", "num_layers", "attention_layers", "head_dim", "softmax_type", "mla", "vocab_size"):
+        assert binding.result(name).status is Status.MATCH, name
     for name in ("causal", "tokenizer", "batch_size", "merge_rule", "acc_dtype", "downcast", "dtype"):
         assert binding.result(name).status is Status.MATCH, name
     assert binding.result("batch_size").training.value == 32 * 16
     text = render_preview(preview)
     assert "reduction_order" in text and "MISMATCH" in text and "[pending]" in text
     json.dumps(preview.to_dict(), allow_nan=False)
+
+
+def test_a_model_not_on_this_machine_leaves_its_identity_pending_and_says_how_to_fetch_it():
+    preview = _preview("policy.model_name=acme/not-here")
+    for name in ("architecture", "num_layers", "attention_layers", "head_dim", "softmax_type", "vocab_size"):
+        assert preview.binding.result(name).code is Code.ATTN_PENDING, name
+    assert any(note.endswith("hf download acme/not-here config.json") for note in preview.notes)
 
 
 def test_predicted_contracts_are_whole_and_valid():
@@ -75,7 +82,7 @@ def test_batch_invariant_rollout_meets_the_mandate_but_cublas_differs():
     assert any("vLLM 0.33" in note for note in preview.notes)
     # a deterministic cuBLAS workspace on the training side too: nothing disagrees any more
     aligned = _preview(f"{VLLM_ENV}.VLLM_BATCH_INVARIANT=1", f"{MEGATRON_ENV}.CUBLAS_WORKSPACE_CONFIG=:4096:8")
-    assert aligned.binding.verdict is Verdict.INCOMPARABLE and aligned.binding.passed
+    assert aligned.binding.verdict is Verdict.PASS and aligned.binding.passed
     assert aligned.binding.determinism.entry("CUBLAS_WORKSPACE_CONFIG").status is DetStatus.EQUIVALENT
 
 
@@ -134,10 +141,10 @@ def test_fp32_reference_against_bf16_rollout_needs_allow_dtype_difference():
     }
 
 
-def test_model_overrides_on_the_training_side_only_are_not_matched():
+def test_model_overrides_on_the_training_side_only_break_the_identity():
     binding = _preview(f"{OVERRIDES}.num_layers=20").binding
     result = binding.result("num_layers")
-    assert result.training.value == 20 and result.status is Status.NOT_COMPARABLE
+    assert (result.training.value, result.rollout.value, result.status) == (20, 28, Status.MISMATCH)
 
 
 def test_megatron_deterministic_mode_predicts_its_environment_and_problems():

@@ -9,7 +9,6 @@ import json
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.hf_model import load_model_config
 from nemo_rl_attn_align.contract.preview import predict_rollout, predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
@@ -20,8 +19,8 @@ GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
 KV = "++policy.generation.vllm_cfg.kv_cache_dtype"
 
 
-def _rollout(*overrides, model=None):
-    return predict_rollout(load_config(GRPO, list(overrides)), {}, model)
+def _rollout(*overrides):
+    return predict_rollout(load_config(GRPO, list(overrides)), {})
 
 
 def test_a_local_tokenizer_is_previewed_by_its_content_as_both_records_name_it(tmp_path):
@@ -68,7 +67,7 @@ def test_the_kv_cache_format_is_previewed_by_the_records_rule(overrides, expecte
 def test_a_quantized_checkpoint_leaves_auto_to_the_engine(tmp_path):
     config = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 4, "quantization_config": {"x": 1}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    contract = _rollout(f"policy.model_name={tmp_path}", model=load_model_config(str(tmp_path), {}))
+    contract = _rollout(f"policy.model_name={tmp_path}")
     assert contract["kv_cache_dtype"].provenance.value == "pending"
     assert "quantization_config" in contract["kv_cache_dtype"].source
     unknown = _rollout("policy.generation.vllm_cfg.precision=null")

@@ -23,35 +23,38 @@ def shape_of(cfg, **flags):
     return drift_shape.resolve_shape(cfg, {**NO_FLAGS, **flags})
 
 
-def test_builtin_table_by_model_name():
-    s = shape_of({"policy": {"model_name": "Qwen/Qwen3-8B", "max_total_sequence_length": 512}})
+def test_the_shape_is_the_models_as_megatron_builds_it_from_its_config_json():
+    megatron = {"megatron_cfg": {"enabled": True}}
+    s = shape_of({"policy": {"model_name": "Qwen/Qwen3-8B", "max_total_sequence_length": 512, **megatron}})
     assert (s.heads, s.kv_heads, s.head_dim, s.window, s.seq_len) == (32, 8, 128, None, 512)
-    assert s.sources["heads"] == "built-in table (Qwen/Qwen3-8B)"
-    assert shape_of({"policy": {"model_name": "Qwen/Qwen2.5-1.5B-Instruct"}}).kv_heads == 2
+    assert s.sources["heads"].startswith("Megatron-Bridge's reading of Qwen3ForCausalLM, from the architecture table")
+    vllm = shape_of({"policy": {"model_name": "Qwen/Qwen2.5-1.5B"}})  # no Megatron: vLLM's reading
+    assert vllm.kv_heads == 2 and vllm.sources["heads"].startswith("vLLM's reading of Qwen2ForCausalLM")
 
 
-def test_priority_flags_then_drift_block_then_overrides_then_table():
+def test_priority_flags_then_drift_block_then_the_model_with_its_overrides():
     cfg = {
         "policy": {
             "model_name": "Qwen/Qwen3-8B",
-            "megatron_cfg": {"model_overrides": {"num_attention_heads": 16, "window_size": [255, 0]}},
-            "hf_config_overrides": {"num_key_value_heads": 4, "sliding_window": 4096},
+            "megatron_cfg": {"enabled": True, "model_overrides": {"num_attention_heads": 16, "window_size": [255, 0]}},
+            "hf_config_overrides": {"num_key_value_heads": 4},
         },
         "attention_align": {"drift": {"head_dim": 64}},
     }
     s = shape_of(cfg, heads=8)
     assert (s.heads, s.kv_heads, s.head_dim, s.window) == (8, 4, 64, 255)
-    assert s.sources == {
-        "heads": "flags",
-        "kv_heads": "policy.hf_config_overrides",
-        "head_dim": "attention_align.drift",
-        "window": "policy.megatron_cfg.model_overrides",
-        "seq_len": "default",
-    }
-    hf_only = shape_of(
-        {"policy": {"hf_config_overrides": {"num_attention_heads": 8, "hidden_size": 512, "sliding_window": 128}}}
-    )
-    assert (hf_only.kv_heads, hf_only.head_dim, hf_only.window) == (8, 64, 127)  # HF window counts the query itself
+    assert (s.sources["heads"], s.sources["head_dim"]) == ("flags", "attention_align.drift")
+    assert s.sources["kv_heads"] == s.sources["window"] and "Megatron-Bridge" in s.sources["window"]
+    assert shape_of(cfg).heads == 16  # model_overrides on the provider, as NeMo-RL merges them
+
+
+def test_a_model_the_replays_do_not_model_is_said_so_not_swept_as_plain_attention(tmp_path):
+    from tests.conftest import write_transformers_config
+
+    model = write_transformers_config(tmp_path / "gpt-oss-like", "gpt_oss", num_hidden_layers=2)
+    with pytest.raises(UsageError, match="learnable softmax sinks, which the replays do not model"):
+        shape_of({"policy": {"model_name": str(model)}})
+    assert shape_of({"policy": {"model_name": str(model)}}, heads=8, head_dim=64).heads == 8
 
 
 @pytest.mark.parametrize(
@@ -262,13 +265,10 @@ def test_without_torch_drift_is_one_line_exit_2(write_yaml, tmp_path, capsys, mo
     assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize(
-    "hf", [{"num_attention_heads": 8, "sliding_window": "4096"}, {"num_attention_heads": 8, "hidden_size": "big"}]
-)
-def test_non_integer_config_values_are_usage_errors(hf):
-    with pytest.raises(UsageError) as info:
-        shape_of({"policy": {"model_name": "x", "hf_config_overrides": hf}})
-    assert "policy.hf_config_overrides" in str(info.value)
+def test_an_override_the_host_cannot_build_leaves_the_model_unread_with_the_reason():
+    policy = {"model_name": "Qwen/Qwen3-8B", "megatron_cfg": {"enabled": True}}
+    with pytest.raises(UsageError, match="num_attention_heads is not an integer"):
+        shape_of({"policy": {**policy, "hf_config_overrides": {"num_attention_heads": "eight"}}})
 
 
 def test_grpo_example_with_cp2_reports_thd_training_fa3_rollout_and_more_drift_than_bshd(capsys, tmp_path):
@@ -304,9 +304,10 @@ def test_grpo_example_with_cp2_reports_thd_training_fa3_rollout_and_more_drift_t
     assert vs_ref["te-p2p:cp=2"]["out_beyond_1ulp"] > vs_ref["te-p2p-bshd:cp=2"]["out_beyond_1ulp"]
 
 
-def _default_engines(mc, gpu="sm90", head_dim=128, generation=None):
+def _default_engines(mc, gpu="sm90", head_dim=128, generation=None, model="Qwen/Qwen3-8B"):
     cfg = {
         "policy": {
+            "model_name": model,
             "precision": "bfloat16",
             "megatron_cfg": {"enabled": True, **mc},
             "generation": {"backend": "vllm", "vllm_cfg": {"precision": "bfloat16"}, **(generation or {})},
@@ -341,8 +342,8 @@ def test_default_engines_say_when_a_side_is_not_replayed_or_assumed():
     training, _, notes = _default_engines({"attention_backend": "unfused"})
     assert training == ["reference"]
     assert "no materializer replays UnfusedDotProductAttention: the training side is the reference only" in notes
-    # a head dim outside the generated tables: the selector cannot answer, TE's preference is assumed
-    training, rollout, notes = _default_engines({"attention_backend": "auto"}, "sm80", head_dim=32)
+    # a model whose config.json is not here: the selector cannot answer, TE's preference is assumed
+    training, rollout, notes = _default_engines({"attention_backend": "auto"}, "sm80", model="acme/absent")
     assert training == ["reference", "flash"] and rollout[1] == "vllm:chunk=256"
     assert any(n.startswith("training kernel assumed FlashAttention: the selector's answer is pending") for n in notes)
 

@@ -146,38 +146,22 @@ def test_generation_values_as_written_or_the_engine_default():
     assert gen.precision == Fact(None, "policy.precision") and gen.env_vars == {}
 
 
-def test_shape_layers_in_priority_order_with_their_sections():
+def test_the_shape_layer_is_the_drift_block_and_the_model_carries_the_overrides():
     cfg = {
         "attention_align": {"drift": {"heads": 4}},
         "policy": {
+            "model_name": "Qwen/Qwen3-8B",
             "megatron_cfg": {"model_overrides": {"num_query_groups": 2, "window_size": [127, 0]}},
-            "hf_config_overrides": {"head_dim": 64, "sliding_window": 128, "hidden_size": 256},
+            "hf_config_overrides": {"head_dim": 64},
         },
     }
-    layers = read_recipe_facts(cfg, {}).shape.layers
-    assert [layer.key for layer in layers] == [
-        "attention_align.drift",
-        "policy.megatron_cfg.model_overrides",
-        "policy.hf_config_overrides",
-    ]
-    assert layers[0].value == {"heads": 4}
-    assert layers[1].value["kv_heads"] == 2 and layers[1].value["window"] == 127
-    assert layers[2].value == {"heads": None, "kv_heads": None, "head_dim": 64, "window": 127, "hidden": 256}
-
-
-@pytest.mark.parametrize(
-    "window_size,sliding,expected",
-    [(-1, 0, (None, None)), ([], None, (None, None)), ((-1, 0), 1, (None, 0)), (None, True, (None, True))],
-)
-def test_shape_windows_are_left_windows(window_size, sliding, expected):
-    cfg = {
-        "policy": {
-            "megatron_cfg": {"model_overrides": {"window_size": window_size}},
-            "hf_config_overrides": {"sliding_window": sliding},
-        }
-    }
-    layers = read_recipe_facts(cfg, {}).shape.layers
-    assert (layers[0].value["window"], layers[1].value["window"]) == expected
+    facts = read_recipe_facts(cfg, {})
+    assert [(layer.key, layer.value) for layer in facts.shape.layers] == [("attention_align.drift", {"heads": 4})]
+    (kind,) = facts.model.training.kinds
+    assert (kind.kv_heads, kind.window, kind.head_dim_qk) == (2, 127, 64)
+    assert facts.model.applied == {"num_query_groups": 2, "window_size": [127, 0]}
+    (rollout,) = facts.model.rollout.kinds  # vLLM reads the config without Megatron's overrides
+    assert (rollout.kv_heads, rollout.window, rollout.head_dim_qk) == (8, None, 128)
 
 
 def test_shape_sections_that_are_not_dicts_are_no_layers():
@@ -186,6 +170,15 @@ def test_shape_sections_that_are_not_dicts_are_no_layers():
         "policy": {"megatron_cfg": {"model_overrides": [1]}, "hf_config_overrides": None},
     }
     assert read_recipe_facts(cfg, {}).shape.layers == ()
+
+
+def test_the_softmax_comes_from_the_model_never_from_its_name(tmp_path):
+    from tests.conftest import write_transformers_config
+
+    sinks = write_transformers_config(tmp_path / "results" / "step_100" / "hf", "gpt_oss", num_hidden_layers=2)
+    assert read_recipe_facts({"policy": {"model_name": str(sinks)}}, {}).policy.softmax_type.value == "learnable"
+    named = read_recipe_facts({"policy": {"model_name": "acme/gpt-oss-120b-look-alike"}}, {}).policy.softmax_type
+    assert named.value == "vanilla" and "not known here" in named.key
 
 
 def test_tokenizer_and_batch_size_fall_back_or_stay_unset():

@@ -15,6 +15,9 @@ flashinfer's Python (``flashinfer-python``, installed in the lane) are real. Sta
    ``VLLM_HAS_FLASHINFER_CUBIN=1`` declares them, so vLLM never probes NVIDIA's artifactory over the
    network for them.
 
+5. The GPU memory a backend module takes at import (CUTLASS_MLA's 128 MB workspace): on the meta
+   device (``torch.empty`` asked for ``cuda`` while that module imports; nothing is computed).
+
 vLLM caches a few device answers per process (``functools.cache``); ``declare_gpu`` clears them, as
 a new process would start without them. Import this module before anything imports vLLM's CUDA platform.
 """
@@ -60,8 +63,37 @@ class DeclaredCudaPlatform(CudaPlatformBase):
     def is_fully_connected(cls, device_ids: list[int]) -> bool:
         return True
 
+    @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        return 132  # an H100's SMs: CUTLASS_MLA sizes its workspace by them at import
+
 
 vllm.platforms.current_platform = DeclaredCudaPlatform()
+
+#: Backend modules that allocate CUDA memory when imported.
+ALLOCATING_AT_IMPORT = ("vllm.v1.attention.backends.mla.cutlass_mla",)
+
+
+def _import_with_cuda_tensors_on_meta(module: str) -> None:
+    import importlib
+
+    import torch
+
+    real = torch.empty
+
+    def empty(*args, device=None, **kwargs):
+        on_cuda = device is not None and str(device).startswith("cuda")
+        return real(*args, device="meta" if on_cuda else device, **kwargs)
+
+    torch.empty = empty
+    try:
+        importlib.import_module(module)
+    finally:
+        torch.empty = real
+
+
+for _module in ALLOCATING_AT_IMPORT:
+    _import_with_cuda_tensors_on_meta(_module)
 
 
 @contextmanager

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.hf_model import load_model_config
 from nemo_rl_attn_align.contract.preview import predict_rollout
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.report.document import collect
@@ -184,7 +183,7 @@ def test_the_preview_reports_the_tokenizer_and_kv_cache_format_as_the_record_doe
             f"++policy.generation.vllm_cfg.kv_cache_dtype={args.get('kv_cache_dtype', 'auto')}",
         ]
         cfg = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml", overrides)
-        predicted = predict_rollout(cfg, {}, load_model_config(str(model), {}))
+        predicted = predict_rollout(cfg, {})
         fields = records(report_dir)[worker_id]["contract"]["fields"]
         for field in ("tokenizer", "kv_cache_dtype", "dtype"):
             assert predicted[field].provenance.value == "configured", (name, field)

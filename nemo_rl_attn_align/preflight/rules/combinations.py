@@ -10,7 +10,7 @@ from __future__ import annotations
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.preflight.backend import HALF_PRECISION_ONLY, NVTE_BY_BACKEND
-from nemo_rl_attn_align.preflight.facts import LEARNABLE_SOFTMAX_MODELS, SOFTMAX_TYPES, UNSET, PolicyFacts
+from nemo_rl_attn_align.preflight.facts import SOFTMAX_TYPES, UNSET, PolicyFacts
 from nemo_rl_attn_align.preflight.rules.registry import BACKEND_KEY, MEGATRON_KEY, rule, truthy
 
 
@@ -148,14 +148,16 @@ def _softmax_type(facts: PolicyFacts) -> list[Finding]:
                 "use attention_backend=fused or auto, or softmax_type=vanilla.",
             )
         ]
-    if softmax is None and facts.model_name and LEARNABLE_SOFTMAX_MODELS.search(facts.model_name):
+    model = facts.softmax_type
+    if softmax is None and model.value != "vanilla":
         return [
             finding(
                 Code.FLASH_UNSUPPORTED_SOFTMAX,
                 "policy.model_name",
                 facts.model_name,
-                "gpt-oss uses learnable softmax sinks, for which Transformer Engine disables FlashAttention.",
-                "use attention_backend=fused or auto for gpt-oss.",
+                f"the model's attention has {model.value} softmax sinks ({model.key}), for which Transformer "
+                "Engine disables FlashAttention.",
+                "use attention_backend=fused or auto for this model.",
             )
         ]
     return []

@@ -1,0 +1,97 @@
+"""The identity fields one host's build of the model fixes: the one mapping for previews and records.
+
+``model_identity(b, model, how)`` sets ``num_layers``, ``attention_layers``, ``num_attention_heads``,
+``num_query_groups``, ``head_dim``, ``head_dim_v``, ``sliding_window``, ``layer_windows``,
+``softmax_type`` and ``mla`` from a ``preflight.model_attention.HostModel``: the preview's (the hosts'
+readings of the config.json) and each worker's (its running model) go through the same code, so a
+field means the same on both sides. Under multi-latent attention the fields are the model's own
+(heads, q/k and v head dims), not what a kernel sees (TE: q/k with their rotary part; vLLM's decode:
+one latent KV head), so Megatron's and vLLM's builds of one checkpoint compare equal. A field whose
+value differs between layer kinds is left to the per-layer fields. No host library is imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_rl_attn_align.contract.contract import ContractBuilder, put_field
+from nemo_rl_attn_align.preflight.architectures import NotRead
+from nemo_rl_attn_align.preflight.model_attention import HostModel, LayerKind
+
+FIELDS = (
+    "num_layers",
+    "attention_layers",
+    "num_attention_heads",
+    "num_query_groups",
+    "head_dim",
+    "head_dim_v",
+    "sliding_window",
+    "layer_windows",
+    "softmax_type",
+    "mla",
+)
+
+
+def kind_identity(kind: LayerKind) -> dict[str, Any]:
+    """One layer kind in the model's own terms (under MLA: every head has its own K and V)."""
+    if kind.mla is not None:
+        mla = kind.mla
+        return {
+            "num_attention_heads": kind.heads,
+            "num_query_groups": kind.heads,
+            "head_dim": mla.qk_head_dim + mla.qk_pos_emb_head_dim,
+            "head_dim_v": mla.v_head_dim,
+            "softmax_type": kind.softmax,
+            "mla": mla.to_dict(),
+        }
+    return {
+        "num_attention_heads": kind.heads,
+        "num_query_groups": kind.kv_heads,
+        "head_dim": kind.head_dim_qk,
+        "head_dim_v": kind.head_dim_v,
+        "softmax_type": kind.softmax,
+        "mla": None,
+    }
+
+
+def _put(b: ContractBuilder, name: str, value: Any, source: str, how: str) -> None:
+    """``put_field``, with None a value (full attention, no MLA) rather than a missing one."""
+    if value is None:
+        getattr(b, how)(name, None, source)
+    else:
+        put_field(b, name, value, source, how)
+
+
+def _unknown(b: ContractBuilder, how: str, name: str, why: str) -> None:
+    if how == "configured":
+        b.pending(name, why)
+    else:
+        b.unobservable(name, None, why)
+
+
+def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> None:
+    """Set ``FIELDS`` from ``model`` (``how``: ``configured`` in a preview, ``observed`` in a record)."""
+    if isinstance(model, NotRead):
+        for name in FIELDS:
+            _unknown(b, how, name, model.why)
+        return
+    src = model.source
+    put_field(b, "num_layers", model.num_layers, src, how)
+    put_field(b, "attention_layers", model.attention_layers(), src, how)
+    layers = model.per_layer()
+    if not layers:
+        for name in FIELDS[2:]:
+            _unknown(b, how, name, f"{src}: the model has no softmax attention layer")
+        return
+    identities = [kind_identity(kind) for kind in layers]
+    for name in identities[0]:
+        if len({repr(identity[name]) for identity in identities}) == 1:
+            _put(b, name, identities[0][name], src, how)
+        else:
+            _unknown(b, how, name, f"{src}: differs between layer kinds")
+    windows = [kind.window for kind in layers]
+    put_field(b, "layer_windows", windows, f"{src}: the left window of each attention layer", how)
+    if len(set(windows)) == 1:
+        _put(b, "sliding_window", windows[0], src, how)
+    else:
+        _unknown(b, how, "sliding_window", f"{src}: windows differ between layers (layer_windows)")

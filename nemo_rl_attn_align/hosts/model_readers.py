@@ -1,0 +1,220 @@
+"""The model's attention as each host builds it from a ``config.json`` directory, read by the host's own code.
+
+* ``read_megatron(path, overrides)``: Megatron-Bridge's conversion, as NeMo-RL runs it
+  (``AutoConfig.from_pretrained(path, **policy.hf_config_overrides)`` -> ``AutoBridge.from_hf_config``
+  -> ``to_megatron_provider(load_weights=False)`` -> ``finalize()``), and the provider's attention
+  attributes (``MEGATRON_ATTRIBUTES``: the ``TransformerConfig`` Megatron builds the model from).
+* ``read_vllm(path, hf_overrides)``: the configs vLLM's ``EngineArgs`` make for the directory (as
+  ``LLM(...)`` does, with dummy weights) and its model class built on the meta device (no weights,
+  no memory), then every attention layer the model code made:
+  its module, heads, head sizes, window, sinks, MLA ranks, and the ``AttentionSelectorConfig`` the
+  layer handed vLLM's backend selector (``selector.*``). Where this platform has no backend for a
+  layer (sparse MLA on CPU), the layer is built with the dense one: its facts are read, not run.
+
+No weights are read and nothing is downloaded. ``python -m nemo_rl_attn_align.hosts.model_readers
+megatron|vllm OUT.json DIR [DIR ...]`` reads several directories in one process (the generator of
+``preflight/tables/architectures.json.gz`` and ``check`` where a host is installed run it as a
+subprocess: vLLM's reader initialises torch.distributed). Each result is JSON-ready; a directory the
+host cannot read gives ``{"error": "..."}`` with the host's own message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, vllm_layer_facts
+
+#: Names of provider fields that may change attention (``_own_attention_fields``).
+OWN_FIELD_PATTERN = re.compile(r"attn|attention|window|sink|softmax|head_dim")
+#: The ``AttentionSelectorConfig`` fields a layer decides (the rest come from the engine's settings).
+SELECTOR_FIELDS = ("head_size", "use_mla", "has_sink", "use_sparse", "has_sliding_window", "attn_type")
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready form of a host value: enums by value, tuples as lists, other objects by name."""
+    if isinstance(value, enum.Enum):
+        return plain(value.value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    return str(value)
+
+
+def read_megatron(path: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Megatron-Bridge's provider for the ``config.json`` in ``path``: its class and attention attributes."""
+    from megatron.bridge import AutoBridge
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(path, **dict(overrides or {}))
+    provider = AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False)
+    provider.finalize()
+    missing = object()
+    values = {name: getattr(provider, name, missing) for name in MEGATRON_ATTRIBUTES}
+    return {
+        "provider": type(provider).__name__,
+        "attributes": {name: plain(v) for name, v in values.items() if v is not missing},
+        "own_fields": _own_attention_fields(provider),
+    }
+
+
+def _own_attention_fields(provider: Any) -> dict[str, Any]:
+    """The provider's own attention-looking fields (not megatron-core's): the plugin does not read them,
+    so a reading that depends on them says so."""
+    import dataclasses
+
+    from megatron.core.transformer import MLATransformerConfig
+
+    core = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    return {
+        f.name: plain(getattr(provider, f.name))
+        for f in dataclasses.fields(provider)
+        if f.name not in core and OWN_FIELD_PATTERN.search(f.name) and getattr(provider, f.name)
+    }
+
+
+class _SelectorRecorder:
+    """Records the ``AttentionSelectorConfig`` each attention layer hands vLLM's selector, by layer name."""
+
+    def __init__(self) -> None:
+        self.building: list[str] = []
+        self.configs: dict[str, dict[str, Any]] = {}
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        from vllm.model_executor.layers.attention import attention, mla_attention
+        from vllm.v1.attention import selector
+
+        inits = {cls: cls.__init__ for cls in (attention.Attention, mla_attention.MLAAttention)}
+        cached = selector._cached_get_attn_backend
+
+        def select(*args, **kwargs):
+            config = kwargs.get("attn_selector_config")
+            if self.building and config is not None:
+                self.configs[self.building[-1]] = {f: plain(getattr(config, f, None)) for f in SELECTOR_FIELDS}
+            try:
+                return cached(*args, **kwargs)
+            except NotImplementedError:  # this platform has no such backend (sparse MLA on CPU): the layer's
+                if config is None or not getattr(config, "use_sparse", False):  # facts are read, not run
+                    raise
+                return cached(*args, **{**kwargs, "attn_selector_config": config._replace(use_sparse=False)})
+
+        def recording(init):
+            def __init__(layer, *args, **kwargs):
+                self.building.append(str(kwargs.get("prefix", "")))
+                try:
+                    init(layer, *args, **kwargs)
+                finally:
+                    self.building.pop()
+
+            return __init__
+
+        selector._cached_get_attn_backend = select
+        for cls, init in inits.items():
+            cls.__init__ = recording(init)
+        try:
+            yield
+        finally:
+            selector._cached_get_attn_backend = cached
+            for cls, init in inits.items():
+                cls.__init__ = init
+
+
+_distributed_ready = False
+
+
+def _init_distributed(vllm_config: Any) -> None:
+    """One process group of one rank (gloo, a file rendezvous: no port), as vLLM's layers need."""
+    global _distributed_ready
+    if _distributed_ready:
+        return
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    rendezvous = os.path.join(tempfile.mkdtemp(prefix="attn-align-vllm-"), "rendezvous")
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=f"file://{rendezvous}", local_rank=0, backend="gloo"
+        )
+    with set_current_vllm_config(VllmConfig()):  # no model config: every group, the expert one included
+        initialize_model_parallel(1, 1)
+    _distributed_ready = True
+
+
+def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's model for the ``config.json`` in ``path``, built on the meta device: its attention layers."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    engine_args = EngineArgs(
+        model=path,
+        tokenizer=path,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        load_format="dummy",
+        enforce_eager=True,
+        hf_overrides=dict(hf_overrides or {}),
+    )
+    vllm_config = engine_args.create_engine_config()  # the engine's own configs (its cache config's window)
+    model_config = vllm_config.model_config
+    _init_distributed(vllm_config)
+    recorder = _SelectorRecorder()
+    with set_current_vllm_config(vllm_config), recorder.installed(), torch.device("meta"):
+        model_class, _ = get_model_architecture(model_config)
+        model = model_class(vllm_config=vllm_config, prefix="")
+    named = [
+        (str(getattr(module, "layer_name", None) or name), module)
+        for name, module in model.named_modules()
+        if isinstance(module, AttentionLayerBase)
+    ]
+    layers = vllm_layer_facts(named, recorder.configs)
+    total = model_config.get_total_num_hidden_layers()
+    return {
+        "architecture": model_class.__name__,
+        "num_layers": total,
+        "use_mla": bool(model_config.use_mla),
+        "layers": [layers.get(index) for index in range(total)],
+    }
+
+
+READERS = {"megatron": read_megatron, "vllm": read_vllm}
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}"[:600]
+
+
+def read_each(host: str, paths: list[str]) -> list[dict[str, Any]]:
+    """``READERS[host]`` on each directory; a directory the host cannot read gives ``{"error": ...}``."""
+    out = []
+    for path in paths:
+        try:
+            out.append(READERS[host](path))
+        except Exception as err:  # the host's own refusal is the answer for this config
+            out.append({"error": _one_line(err)})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """``megatron|vllm OUT.json DIR [DIR ...]``: read each DIR, write the results as one JSON list."""
+    host, out, *paths = argv
+    results = read_each(host, paths)
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump(results, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""The model of a recipe, read once: ``ModelFacts``, its attention as each host will build it.
+
+``read_model_facts`` finds ``policy.model_name``'s ``config.json`` on this machine
+(``model_config``), applies what each side overrides in it (training:
+``policy.hf_config_overrides``, which NeMo-RL passes to ``AutoConfig.from_pretrained``; rollout:
+``vllm_kwargs.hf_overrides``), and reads each side's attention by the architecture table, the
+hosts' own readings generated over every architecture NeMo-RL's recipes train (``architectures``).
+Megatron's ``model_overrides`` then replace provider attributes, as NeMo-RL merges them before it
+builds the model. An architecture the table lacks is read by the host itself where it is installed
+here (``hosts.model_readers`` in a subprocess; the source says so); else the side is ``NotRead``
+with the reason, never a guess. The rules, ``check --gpu``, the binding preview, ``drift`` and the
+in-run estimate read only this. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_rl_attn_align.preflight import architectures
+from nemo_rl_attn_align.preflight.architectures import NotRead
+from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, HostModel, megatron_model, vllm_model
+from nemo_rl_attn_align.preflight.model_config import HFModelConfig, load_model_config, not_found_line
+
+#: Host fields of a provider the plugin does not read whose names say they change attention per layer.
+PER_LAYER_OWN_FIELDS = ("window", "attn_pattern", "sink", "softmax")
+#: How long a host reading run here may take (vLLM imports for tens of seconds on 2 cores).
+LIVE_TIMEOUT_S = 300
+_HOSTS = {"training": ("megatron", "megatron.bridge", "Megatron-Bridge"), "rollout": ("vllm", "vllm", "vLLM")}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model's attention on both sides (a side that is not known says why), and its config."""
+
+    config: HFModelConfig | None = None
+    #: Without a config: where it was looked for and the command that fetches it.
+    not_found: str | None = None
+    training: HostModel | NotRead = NotRead("no config.json was read")
+    rollout: HostModel | NotRead = NotRead("no config.json was read")
+    #: Model overrides applied to the training side, by key.
+    applied: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str | None:
+        architectures_ = self.config.config.get("architectures") if self.config else None
+        return architectures_[0] if isinstance(architectures_, list) and architectures_ else None
+
+    def side(self, name: str) -> HostModel | NotRead:
+        return self.training if name == "training" else self.rollout
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(value: HostModel | NotRead) -> dict[str, Any]:
+            return value.to_dict() if isinstance(value, HostModel) else {"not_read": value.why}
+
+        return {
+            "config": str(self.config.path) if self.config else None,
+            "architecture": self.architecture,
+            "not_found": self.not_found,
+            "training": side(self.training),
+            "rollout": side(self.rollout),
+        }
+
+
+def _overridden(config: Mapping[str, Any], overrides: Any) -> dict[str, Any]:
+    """``config`` with ``overrides`` (a mapping) set on its top level, as ``from_pretrained(**kwargs)``
+    and vLLM's ``hf_overrides`` set them."""
+    return {**config, **overrides} if isinstance(overrides, Mapping) else dict(config)
+
+
+def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
+    """The host's own reading of ``config``, run here in a subprocess, where the host is installed."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    host, module, name = _HOSTS[side]
+    if importlib.util.find_spec(module.split(".")[0]) is None or (
+        "." in module and importlib.util.find_spec(module) is None
+    ):
+        return NotRead(f"{name} is not installed here to read it")
+    with tempfile.TemporaryDirectory(prefix="attn-align-model-") as tmp:
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as handle:
+            json.dump(config, handle)
+        out = os.path.join(tmp, "out.json")
+        env = {**os.environ, "NEMO_RL_ATTN_ALIGN": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "nemo_rl_attn_align.hosts.model_readers", host, str(out), tmp],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=LIVE_TIMEOUT_S,
+            )
+            with open(out, encoding="utf-8") as handle:
+                answer = json.load(handle)[0] if done.returncode == 0 else None
+        except (OSError, ValueError, subprocess.TimeoutExpired) as err:
+            return NotRead(f"{name}'s reader did not finish here ({type(err).__name__})")
+    if answer is None:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return NotRead(f"{name}'s reader failed here: {tail}")
+    return NotRead(f"{name} could not read it here: {answer['error']}") if "error" in answer else answer
+
+
+def _training(
+    config: Mapping[str, Any], architecture: str, model_overrides: Mapping[str, Any]
+) -> tuple[HostModel | NotRead, dict[str, Any]]:
+    """Megatron's layers: the table's (else the host's own) provider attributes, ``model_overrides`` on top."""
+    found = architectures.training_attributes(architecture, config)
+    if isinstance(found, NotRead):
+        live = _live("training", config)
+        if isinstance(live, NotRead):
+            return NotRead(f"{found.why}; {live.why}"), {}
+        reading, source = live, "Megatron-Bridge run here (the architecture table lacks it)"
+    else:
+        reading, source = found[0], found[1].label
+    attributes = dict(reading["attributes"])
+    applied = {k: v for k, v in model_overrides.items() if k in MEGATRON_ATTRIBUTES}
+    attributes.update(applied)
+    own = [name for name in reading.get("own_fields", []) if any(word in name for word in PER_LAYER_OWN_FIELDS)]
+    if own:
+        why = f"{reading['provider']} builds its layers with its own {', '.join(own)}, which the plugin does not read"
+        return NotRead(why), applied
+    model = megatron_model(attributes, "Megatron-Bridge", f"{source} ({reading['provider']})")
+    if isinstance(model, str):
+        return NotRead(f"{reading['provider']}: {model}"), applied
+    return model, applied
+
+
+def _rollout(config: Mapping[str, Any], architecture: str) -> HostModel | NotRead:
+    """vLLM's layers: the table's (else the host's own) reading of each layer's attention module."""
+    found = architectures.rollout_layers(architecture, config)
+    if isinstance(found, NotRead):
+        live = _live("rollout", config)
+        if isinstance(live, NotRead):
+            return NotRead(f"{found.why}; {live.why}")
+        reading, source = live, "vLLM run here (the architecture table lacks it)"
+    else:
+        reading, source = found[0], found[1].label
+    model = vllm_model(reading["layers"], "vLLM", f"{source} ({reading.get('model_class') or reading['architecture']})")
+    return NotRead(model) if isinstance(model, str) else model
+
+
+def read_model_facts(
+    model_name: Any,
+    *,
+    training_overrides: Any = None,
+    rollout_overrides: Any = None,
+    model_overrides: Mapping[str, Any] | None = None,
+) -> ModelFacts:
+    """The attention both sides build for ``policy.model_name``: its config.json on this machine (the
+    Hugging Face cache this process's environment names) and the overrides."""
+    model = load_model_config(model_name)
+    if model is None:
+        line = not_found_line(model_name)
+        return ModelFacts(None, line, NotRead(line), NotRead(line))
+    arch = model.config.get("architectures")
+    architecture = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
+    if architecture is None:
+        why = f"{model.path} names no architectures[0], which both hosts dispatch on"
+        return ModelFacts(model, None, NotRead(why), NotRead(why))
+    training, applied = _training(_overridden(model.config, training_overrides), architecture, model_overrides or {})
+    rollout = _rollout(_overridden(model.config, rollout_overrides), architecture)
+    return ModelFacts(model, None, training, rollout, applied)

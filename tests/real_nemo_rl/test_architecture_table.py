@@ -1,0 +1,147 @@
+"""The training side of the architecture table against Megatron-Bridge and megatron-core themselves.
+
+* The committed table is what Megatron-Bridge answers today over every sampled config.
+* The per-layer layout the plugin ports (``model_attention.megatron_symbols`` / ``megatron_window``)
+  is megatron-core's own (``parse_hybrid_pattern``, ``get_linear_attention_pattern``,
+  ``is_layer_window_attention``) over random attributes.
+* An architecture the table lacks is read by Megatron-Bridge itself in a subprocess, and says so.
+* The Megatron worker's record of a provider Megatron-Bridge made from a config.json has the
+  attention identity the preview predicts from the table for that config.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from tests.real_nemo_rl.conftest import LANE_VARIABLE
+
+pytestmark = pytest.mark.real_nemo_rl
+
+REPO = Path(__file__).resolve().parents[2]
+STAND_INS = Path(__file__).parent / "stand_ins"
+
+
+@pytest.fixture(autouse=True)
+def _in_lane():
+    if os.environ.get(LANE_VARIABLE) != "nemo_rl":
+        pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has Megatron-Bridge")
+
+
+@pytest.fixture
+def stand_ins():
+    """Transformer Engine's stand-in, which Megatron-Bridge imports (``stand_ins/attn_align_stand_ins.py``)."""
+    sys.path.insert(0, str(STAND_INS))
+    try:
+        import attn_align_stand_ins  # noqa: F401
+    finally:
+        sys.path.remove(str(STAND_INS))
+
+
+def test_the_committed_training_side_is_what_megatron_bridge_answers_today():
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "update_architecture_table.py"), "training", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "architectures.json (training) is current" in done.stdout
+
+
+def _random_attributes(rng: random.Random) -> dict:
+    layers = rng.randint(1, 12)
+    attributes = {"num_layers": layers, "multi_latent_attention": rng.random() < 0.3}
+    choice = rng.randrange(3)
+    if choice == 0:
+        symbols = "".join(rng.choice("M*-EG") for _ in range(layers))
+        attributes["hybrid_layer_pattern"] = symbols + (rng.choice(["", "/*-"]) if layers > 1 else "")
+    elif choice == 1:
+        attributes["experimental_attention_variant"] = "gated_delta_net"
+        attributes["linear_attention_freq"] = (
+            rng.randint(1, 5) if rng.random() < 0.5 else [rng.randint(0, 1) for _ in range(layers)]
+        )
+    attributes["window_size"] = rng.choice([None, (rng.randint(1, 300), 0)])
+    attributes["window_attn_skip_freq"] = rng.choice(
+        [None, rng.randint(1, 4), [rng.randint(0, 1) for _ in range(layers)]]
+    )
+    return attributes
+
+
+def test_the_per_layer_layout_is_megatron_cores_own():
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_linear_attention_pattern
+    from megatron.core.models.hybrid.hybrid_layer_allocation import Symbols, parse_hybrid_pattern
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    from nemo_rl_attn_align.preflight.model_attention import megatron_symbols, megatron_window
+
+    rng = random.Random(29)
+    for _ in range(400):
+        attributes = _random_attributes(rng)
+        ours = megatron_symbols(attributes)
+        if "hybrid_layer_pattern" in attributes:
+            main = parse_hybrid_pattern(attributes["hybrid_layer_pattern"]).main_pattern
+            theirs = [symbol == Symbols.ATTENTION for symbol in main]
+        elif "linear_attention_freq" in attributes:
+            pattern = get_linear_attention_pattern(types.SimpleNamespace(**attributes))
+            theirs = [flag == 0 for flag in pattern]
+        else:
+            theirs = [True] * attributes["num_layers"]
+        assert [symbol in ("self", "mla") for symbol in ours] == theirs, attributes
+        window = attributes["window_size"]
+        for number in range(1, len(ours) + 1):
+            windowed = is_layer_window_attention(window, attributes["window_attn_skip_freq"], number)
+            assert megatron_window(attributes, number) == (window[0] if windowed else None), (attributes, number)
+
+
+def _config_dir(tmp_path: Path, model_type: str) -> Path:
+    from tests.conftest import write_transformers_config
+
+    return write_transformers_config(tmp_path / model_type, model_type, num_hidden_layers=4)
+
+
+def test_an_architecture_the_table_lacks_is_read_by_megatron_bridge_itself(tmp_path, monkeypatch):
+    from nemo_rl_attn_align.preflight import architectures
+    from nemo_rl_attn_align.preflight.model_facts import read_model_facts
+
+    model = _config_dir(tmp_path, "gpt_oss")
+    from_table = read_model_facts(str(model)).training
+    preload = tmp_path / "preload"
+    preload.mkdir()
+    (preload / "sitecustomize.py").write_text("import attn_align_stand_ins  # Transformer Engine for Megatron-Bridge\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(preload), str(STAND_INS), str(REPO)]))
+    table = architectures.load()
+    without = {**table, "training": {**table["training"], "architectures": {}}}
+    monkeypatch.setattr(architectures, "load", lambda: without)
+    live = read_model_facts(str(model)).training
+    assert live.source.startswith("Megatron-Bridge run here (the architecture table lacks it)")
+    assert live.kinds == from_table.kinds and from_table.kinds[0].softmax == "learnable"
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gpt_oss", "deepseek_v3", "nemotron_h", "qwen3_next"])
+def test_the_worker_record_of_megatron_bridges_provider_is_what_the_preview_predicts(tmp_path, model_type, stand_ins):
+    from megatron.bridge import AutoBridge
+    from transformers import AutoConfig
+
+    from nemo_rl_attn_align.contract.attention_identity import FIELDS
+    from nemo_rl_attn_align.contract.megatron_snapshot import read_model_config
+    from nemo_rl_attn_align.contract.preview import predict_training
+    from nemo_rl_attn_align.contract.training import training_contract
+
+    model = _config_dir(tmp_path, model_type)
+    provider = AutoBridge.from_hf_config(AutoConfig.from_pretrained(model)).to_megatron_provider(load_weights=False)
+    provider.finalize()
+    record = training_contract(read_model_config(provider), "policy-rank0")
+    policy = {"model_name": str(model), "precision": "bfloat16", "megatron_cfg": {"enabled": True}}
+    preview = predict_training({"policy": policy}, {})
+    for name in FIELDS:  # known on both sides alike (gpt-oss: sliding_window differs per layer on both)
+        assert record[name].known == preview[name].known, (name, record[name], preview[name])
+        assert record.value(name) == preview.value(name), name
+    assert record["layer_windows"].known and record["attention_layers"].known
