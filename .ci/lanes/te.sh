@@ -18,8 +18,9 @@ venv="${ATTN_ALIGN_CI_VENVS:?set by .ci/run}/te"
 pip=("$venv/bin/python" -m pip install -q)
 "${pip[@]}" torch==2.13.0
 # What TE's Python imports (its own requirements name the CUDA core packages, hence --no-deps below).
+# transformers: the shipped examples' models are config.json files made with its config classes (tests/example_models.py).
 "${pip[@]}" megatron-core==0.16.1 pytest==9.2.0 hypothesis==6.170.17 einops==0.8.2 pydantic==2.14.4 \
-  onnx==1.23.2 onnxscript==0.7.2 triton==3.9.0 packaging
+  onnx==1.23.2 onnxscript==0.7.2 triton==3.9.0 packaging transformers==5.8.1
 "${pip[@]}" --no-deps transformer-engine==2.20.2
 te214="$venv/te-2.14.1"
 [ -d "$te214/transformer_engine" ] || "${pip[@]}" --no-deps --target "$te214" transformer-engine==2.14.1

@@ -301,10 +301,14 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code."""
     from nemo_rl_attn_align.errors import UsageError, strict_json
     from nemo_rl_attn_align.limits import shown_text
+    from nemo_rl_attn_align.preflight.model_facts import hosts_read_here
 
     try:
         config_path, overrides = split_config_and_overrides(args.args)
-        result = evaluate(config_path, overrides, full=args.full, fix=args.fix, gpu=args.gpu, fa3=args.fa3, te=args.te)
+        with hosts_read_here():  # an architecture the table lacks: read by the host where it is installed
+            result = evaluate(
+                config_path, overrides, full=args.full, fix=args.fix, gpu=args.gpu, fa3=args.fa3, te=args.te
+            )
     except UsageError as err:
         message = shown_text(str(err), 2000)
         if args.json:

@@ -6,8 +6,10 @@
 readings of the config.json) and each worker's (its running model) go through the same code, so a
 field means the same on both sides. Under multi-latent attention the fields are the model's own
 (heads, q/k and v head dims), not what a kernel sees (TE: q/k with their rotary part; vLLM's decode:
-one latent KV head), so Megatron's and vLLM's builds of one checkpoint compare equal. A field whose
-value differs between layer kinds is left to the per-layer fields. No host library is imported here.
+one latent KV head), so Megatron's and vLLM's builds of one checkpoint compare equal.
+``sliding_window`` is the one window of the windowed layers (gpt-oss, Gemma: the others have none;
+``layer_windows`` tells them apart). A field whose value differs between layer kinds is left to
+the per-layer fields. No host library is imported here.
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> 
             _unknown(b, how, name, f"{src}: differs between layer kinds")
     windows = [kind.window for kind in layers]
     put_field(b, "layer_windows", windows, f"{src}: the left window of each attention layer", how)
-    if len(set(windows)) == 1:
-        _put(b, "sliding_window", windows[0], src, how)
+    windowed = sorted({w for w in windows if w is not None})
+    if len(windowed) > 1:
+        _unknown(b, how, "sliding_window", f"{src}: windowed layers differ: {windowed} (see layer_windows)")
     else:
-        _unknown(b, how, "sliding_window", f"{src}: windows differ between layers (layer_windows)")
+        full = sum(w is None for w in windows)
+        note = f" ({full} of {len(windows)} layers have no window: see layer_windows)" if windowed and full else ""
+        _put(b, "sliding_window", windowed[0] if windowed else None, src + note, how)

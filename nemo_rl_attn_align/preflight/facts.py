@@ -132,7 +132,7 @@ class PolicyFacts:
         if isinstance(training, NotRead) or not training.kinds:
             return Fact("vanilla", f"{key} not set; the model's own is not known here: vanilla assumed")
         softmax = next((k.softmax for k in training.kinds if k.softmax != "vanilla"), "vanilla")
-        return Fact(softmax, f"policy.model_name's config.json ({training.source})")
+        return Fact(softmax, training.source)
 
     @property
     def te_deterministic(self) -> bool:

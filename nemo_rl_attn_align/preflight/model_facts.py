@@ -6,15 +6,20 @@
 ``vllm_kwargs.hf_overrides``), and reads each side's attention by the architecture table, the
 hosts' own readings generated over every architecture NeMo-RL's recipes train (``architectures``).
 Megatron's ``model_overrides`` then replace provider attributes, as NeMo-RL merges them before it
-builds the model. An architecture the table lacks is read by the host itself where it is installed
-here (``hosts.model_readers`` in a subprocess; the source says so); else the side is ``NotRead``
-with the reason, never a guess. The rules, ``check --gpu``, the binding preview, ``drift`` and the
+builds the model. Inside ``hosts_read_here()`` (what ``check`` runs in), an architecture the table
+lacks is read by the host itself where it is installed (``hosts.model_readers`` in a subprocess,
+once per config and process; the source says so); elsewhere (a training run's driver and workers,
+which must not start a host) and where no host is installed the side is ``NotRead`` with the
+reason, never a guess. The rules, ``check --gpu``, the binding preview, ``drift`` and the
 in-run estimate read only this. Stdlib only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +33,17 @@ PER_LAYER_OWN_FIELDS = ("window", "attn_pattern", "sink", "softmax")
 #: How long a host reading run here may take (vLLM imports for tens of seconds on 2 cores).
 LIVE_TIMEOUT_S = 300
 _HOSTS = {"training": ("megatron", "megatron.bridge", "Megatron-Bridge"), "rollout": ("vllm", "vllm", "vLLM")}
+_READ_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("attn_align_hosts_read_here", default=False)
+
+
+@contextlib.contextmanager
+def hosts_read_here() -> Iterator[None]:
+    """Inside: an architecture the table lacks is read by the host itself, where it is installed."""
+    token = _READ_HERE.set(True)
+    try:
+        yield
+    finally:
+        _READ_HERE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,17 @@ def _overridden(config: Mapping[str, Any], overrides: Any) -> dict[str, Any]:
 
 
 def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
-    """The host's own reading of ``config``, run here in a subprocess, where the host is installed."""
+    """The host's own reading of ``config`` inside ``hosts_read_here()``, where the host is installed."""
+    import json
+
+    if not _READ_HERE.get():
+        return NotRead(f"{_HOSTS[side][2]} is not run by this reader (check runs it where it is installed)")
+    return _read_by_host(side, json.dumps(config, sort_keys=True))
+
+
+@functools.cache
+def _read_by_host(side: str, config_json: str) -> dict[str, Any] | NotRead:
+    """The host's own reading of one config, in a subprocess (once per config and process)."""
     import importlib.util
     import json
     import os
@@ -79,6 +105,7 @@ def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
     import tempfile
 
     host, module, name = _HOSTS[side]
+    config = json.loads(config_json)
     if importlib.util.find_spec(module.split(".")[0]) is None or (
         "." in module and importlib.util.find_spec(module) is None
     ):
@@ -90,19 +117,19 @@ def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
         env = {**os.environ, "NEMO_RL_ATTN_ALIGN": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "nemo_rl_attn_align.hosts.model_readers", host, str(out), tmp],
+                [sys.executable, "-m", "nemo_rl_attn_align.hosts.model_readers", host, out, tmp],
                 env=env,
                 capture_output=True,
                 text=True,
                 timeout=LIVE_TIMEOUT_S,
             )
+            if done.returncode != 0:
+                tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                return NotRead(f"{name}'s reader failed here: {tail}")
             with open(out, encoding="utf-8") as handle:
-                answer = json.load(handle)[0] if done.returncode == 0 else None
+                answer = json.load(handle)[0]
         except (OSError, ValueError, subprocess.TimeoutExpired) as err:
             return NotRead(f"{name}'s reader did not finish here ({type(err).__name__})")
-    if answer is None:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return NotRead(f"{name}'s reader failed here: {tail}")
     return NotRead(f"{name} could not read it here: {answer['error']}") if "error" in answer else answer
 
 

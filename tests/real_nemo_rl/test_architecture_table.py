@@ -109,7 +109,7 @@ def _config_dir(tmp_path: Path, model_type: str) -> Path:
 
 def test_an_architecture_the_table_lacks_is_read_by_megatron_bridge_itself(tmp_path, monkeypatch):
     from nemo_rl_attn_align.preflight import architectures
-    from nemo_rl_attn_align.preflight.model_facts import read_model_facts
+    from nemo_rl_attn_align.preflight.model_facts import hosts_read_here, read_model_facts
 
     model = _config_dir(tmp_path, "gpt_oss")
     from_table = read_model_facts(str(model)).training
@@ -120,7 +120,8 @@ def test_an_architecture_the_table_lacks_is_read_by_megatron_bridge_itself(tmp_p
     table = architectures.load()
     without = {**table, "training": {**table["training"], "architectures": {}}}
     monkeypatch.setattr(architectures, "load", lambda: without)
-    live = read_model_facts(str(model)).training
+    with hosts_read_here():
+        live = read_model_facts(str(model)).training
     assert live.source.startswith("Megatron-Bridge run here (the architecture table lacks it)")
     assert live.kinds == from_table.kinds and from_table.kinds[0].softmax == "learnable"
 

@@ -44,8 +44,9 @@ def _cases(gpu: str, backend: str):
 
 def _query(case: Case, gpu: str) -> TrainingQuery:
     return TrainingQuery(
-        gpu, case.backend, case.dtype, case.heads, case.kv_heads, case.head_dim, case.window, case.softmax, case.cp,
-        case.qkv_format, case.deterministic, case.flash_attn_3 is not None, case.seq_len, case.batch,
+        gpu, case.backend, case.dtype, case.heads, case.kv_heads, case.head_dim, case.head_dim, case.window,
+        case.softmax, case.cp, case.qkv_format, case.deterministic, case.flash_attn_3 is not None, case.seq_len,
+        case.batch,
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ def expected_fields(engine) -> dict:
     window = hf.get("sliding_window")
     types = hf.get("layer_types") or ["sliding_attention" if window else "full_attention"] * hf["num_hidden_layers"]
     windows = [window - 1 if kind == "sliding_attention" and window else None for kind in types]
+    sinks = hf["architectures"][0] == "GptOssForCausalLM"  # vLLM's gpt-oss attention has learnable sinks
     chunked = args.get("enable_chunked_prefill", True)
     rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta")}
     tokenizer = hashlib.sha256(b"tokenizer.json\0" + (engine.model / "tokenizer.json").read_bytes()).hexdigest()
@@ -45,6 +46,10 @@ def expected_fields(engine) -> dict:
         "num_attention_heads": hf["num_attention_heads"],
         "num_query_groups": hf["num_key_value_heads"],
         "head_dim": head_dim,
+        "head_dim_v": head_dim,
+        "attention_layers": list(range(hf["num_hidden_layers"])),
+        "softmax_type": "learnable" if sinks else "vanilla",
+        "mla": None,
         "softmax_scale": fp32(scale),
         "causal": True,
         "sliding_window": next((w for w in windows if w is not None), None),
@@ -79,6 +84,10 @@ OBSERVED = (
     "num_attention_heads",
     "num_query_groups",
     "head_dim",
+    "head_dim_v",
+    "attention_layers",
+    "softmax_type",
+    "mla",
     "softmax_scale",
     "sliding_window",
     "layer_windows",
@@ -117,6 +126,7 @@ def test_every_field_against_the_model_config_and_engine_args(engines, name):
             "sliding_window",
             "logit_softcapping",
             "chunked_prefill_chunk",
+            "mla",
         ):
             assert value["value"] is not None, field
 

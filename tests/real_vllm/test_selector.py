@@ -39,9 +39,9 @@ def test_check_on_this_gpu_runs_vllm_selector_and_agrees_with_table(gpu):
     done = _run("-m", "tests.real_vllm.live_check", gpu, str(example), "policy.generation.vllm_cfg.kv_cache_dtype=fp8")
     assert done.returncode == 0, done.stderr[-4000:]
     kernels = json.loads(done.stdout.splitlines()[-1])
-    rollout = kernels["rollout"]
+    (rollout,) = kernels["rollout"]
     assert rollout["source"].endswith("'s CUDA selector, run here"), rollout
-    query = RolloutQuery(**{k: v for k, v in kernels["rollout_query"].items()})
+    query = RolloutQuery(**rollout["query"])
     table = predict_rollout(query)  # this process has no GPU: the committed table answers
     assert "from the table" in table.source
     assert (rollout["kernel"], rollout["version"], rollout["reasons"]) == (

@@ -31,6 +31,11 @@ ARCHITECTURES = {
             "tie_word_embeddings": True,
         },
     ),  # vLLM's Gemma2 has no lm_head
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {"sliding_window": 64, "num_local_experts": 4, "num_experts_per_tok": 2, "rope_theta": 150000.0},
+    ),  # learnable softmax sinks, every other layer windowed
 }
 
 
