@@ -28,6 +28,7 @@ SAMPLES = {
     "head_dim_v": (128, 64),
     "attention_layers": ([0, 1], [1]),
     "softmax_type": ("vanilla", "learnable"),
+    "attention_output_gate": (False, True),
     "mla": (
         None,
         {"q_lora_rank": None, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128},
@@ -106,6 +107,7 @@ _BY_NAME = {
     "layer_windows": st.lists(st.one_of(st.none(), st.integers(0, 2**31)), min_size=1, max_size=4),
     "attention_layers": st.lists(st.integers(0, 2**20), max_size=6, unique=True).map(sorted),
     "softmax_type": st.sampled_from(("vanilla", "off-by-one", "learnable")),
+    "attention_output_gate": st.booleans(),
     "mla": st.one_of(st.none(), st.dictionaries(_text, _json, max_size=4)),
     "logit_softcapping": st.one_of(st.none(), st.floats(min_value=0.125, max_value=1024.0, width=32)),
     "rope_parameters": st.dictionaries(_text, _json, max_size=4),

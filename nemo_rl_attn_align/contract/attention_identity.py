@@ -31,6 +31,7 @@ FIELDS = (
     "layer_windows",
     "softmax_type",
     "mla",
+    "attention_output_gate",
 )
 
 
@@ -45,6 +46,7 @@ def kind_identity(kind: LayerKind) -> dict[str, Any]:
             "head_dim_v": mla.v_head_dim,
             "softmax_type": kind.softmax,
             "mla": mla.to_dict(),
+            "attention_output_gate": kind.output_gate,
         }
     return {
         "num_attention_heads": kind.heads,
@@ -53,6 +55,7 @@ def kind_identity(kind: LayerKind) -> dict[str, Any]:
         "head_dim_v": kind.head_dim_v,
         "softmax_type": kind.softmax,
         "mla": None,
+        "attention_output_gate": kind.output_gate,
     }
 
 
@@ -87,7 +90,9 @@ def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> 
         return
     identities = [kind_identity(kind) for kind in layers]
     for name in identities[0]:
-        if len({repr(identity[name]) for identity in identities}) == 1:
+        if name == "attention_output_gate" and identities[0][name] is None:
+            _unknown(b, how, name, f"{src}: the model's modules were not shown (the gate is their attribute)")
+        elif len({repr(identity[name]) for identity in identities}) == 1:
             _put(b, name, identities[0][name], src, how)
         else:
             _unknown(b, how, name, f"{src}: differs between layer kinds")

@@ -30,7 +30,7 @@ from nemo_rl_attn_align.suggest import did_you_mean
 #: Version of the contract schema; ``from_dict`` rejects any other but the one before it, whose
 #: records lack ``FIELDS_SINCE_2`` (read as unobservable: not recorded then).
 CONTRACT_SCHEMA_VERSION = 2
-FIELDS_SINCE_2 = ("attention_layers", "head_dim_v", "softmax_type", "mla")
+FIELDS_SINCE_2 = ("attention_layers", "head_dim_v", "softmax_type", "mla", "attention_output_gate")
 
 #: The two sides a contract can describe.
 SIDES = ("training", "rollout")
@@ -152,6 +152,14 @@ FIELDS: tuple[FieldSpec, ...] = (
         "multi-latent attention: q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim "
         "(Megatron's names); null = none",
         nullable=True,
+        fix=_MODEL_FIX,
+    ),
+    _spec(
+        "attention_output_gate",
+        _ID,
+        kinds.boolean,
+        "the attention output is gated (Qwen3-Next / Qwen3.5: Megatron's attention_output_gate, vLLM's "
+        "attn_output_gate)",
         fix=_MODEL_FIX,
     ),
     _spec(

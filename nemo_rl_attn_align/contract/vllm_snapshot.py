@@ -222,7 +222,9 @@ def hf_rope(hf: Any) -> dict[str, Any]:
     }
 
 
-def _model_values(model: Any, static_forward_context: Mapping[str, Any]) -> dict[str, Any]:
+def _model_values(
+    model: Any, static_forward_context: Mapping[str, Any], modules: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """The model's shape, window, soft cap, RoPE and tokenizer, from ``model_config`` and the layers."""
     hf = getattr(model, "hf_config", None)
     first = next((layer for layer in (static_forward_context or {}).values() if hasattr(layer, "attn_backend")), None)
@@ -238,7 +240,8 @@ def _model_values(model: Any, static_forward_context: Mapping[str, Any]) -> dict
         "use_sliding_window": getattr(hf, "use_sliding_window", None),
         "layer_windows": layer_windows(static_forward_context),
         "layer_attention": {
-            str(index): facts for index, facts in vllm_layer_facts(list((static_forward_context or {}).items())).items()
+            str(index): facts
+            for index, facts in vllm_layer_facts(list((static_forward_context or {}).items()), None, modules).items()
         },
         "hf_layer_windows": hf_layer_windows(hf),
         "layer_soft_caps": layer_soft_caps(static_forward_context),
@@ -278,16 +281,20 @@ def _engine_values(vllm_config: Any, static_forward_context: Mapping[str, Any]) 
 
 
 def read_vllm_snapshot(
-    vllm_config: Any, static_forward_context: Mapping[str, Any], environ: Mapping[str, str]
+    vllm_config: Any,
+    static_forward_context: Mapping[str, Any],
+    environ: Mapping[str, str],
+    modules: Mapping[str, Any] | None = None,
 ) -> VllmSnapshot:
-    """Read one warmed-up vLLM worker's attention from its ``vllm_config``, its attention layers and
-    its environment."""
+    """Read one warmed-up vLLM worker's attention from its ``vllm_config``, its attention layers, the
+    model's modules by name (where the worker shows its model: the attention's output gate) and its
+    environment."""
     requested, requested_source = requested_backend(vllm_config, environ)
     return VllmSnapshot(
         requested_backend=requested,
         requested_source=requested_source,
         layer_backends=layer_backends(static_forward_context),
-        **_model_values(getattr(vllm_config, "model_config", None), static_forward_context),
+        **_model_values(getattr(vllm_config, "model_config", None), static_forward_context, modules),
         **_engine_values(vllm_config, static_forward_context),
         batch_invariant=vllm_batch_invariant(environ),
     )

@@ -173,12 +173,13 @@ def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[
     with set_current_vllm_config(vllm_config), recorder.installed(), torch.device("meta"):
         model_class, _ = get_model_architecture(model_config)
         model = model_class(vllm_config=vllm_config, prefix="")
+    modules = dict(model.named_modules())
     named = [
         (str(getattr(module, "layer_name", None) or name), module)
-        for name, module in model.named_modules()
+        for name, module in modules.items()
         if isinstance(module, AttentionLayerBase)
     ]
-    layers = vllm_layer_facts(named, recorder.configs)
+    layers = vllm_layer_facts(named, recorder.configs, modules)
     total = model_config.get_total_num_hidden_layers()
     return {
         "architecture": model_class.__name__,

@@ -156,6 +156,18 @@ def _writer_of(worker: Any) -> str:
         return uuid.uuid4().hex
 
 
+def _model_modules(worker: Any) -> dict[str, Any] | None:
+    """The worker's model modules by name (``worker.model_runner.model``), or None where it shows none."""
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    named = getattr(model, "named_modules", None)
+    if not callable(named):
+        return None
+    try:
+        return dict(named())
+    except Exception:  # a model that cannot list its modules: the gate stays unobservable
+        return None
+
+
 def record_engine(worker: Any) -> RolloutRecord:
     """Read one warmed-up vLLM worker and write its record."""
     global record
@@ -164,7 +176,7 @@ def record_engine(worker: Any) -> RolloutRecord:
 
     vllm_config = worker.vllm_config
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
-    snapshot = read_vllm_snapshot(vllm_config, context, os.environ)
+    snapshot = read_vllm_snapshot(vllm_config, context, os.environ, _model_modules(worker))
     worker_id = rollout_worker_id(os.environ.get("RANK", "0"), getattr(worker, "rank", 0))
     record = RolloutRecord(worker_id, snapshot, _writer_of(worker))
     records.append(record)

@@ -309,6 +309,7 @@ def vllm_layer_kind(facts: Mapping[str, Any]) -> dict[str, Any] | str:
         "softmax": "learnable" if facts.get("has_sink") or facts.get("selector.has_sink") else "vanilla",
         "sparse": bool(facts.get("selector.use_sparse")),
         "variant": str(facts.get("module") or "Attention"),
+        "output_gate": facts.get("output_gate"),
     }
     if facts.get("selector.use_mla") or facts.get("kv_lora_rank") is not None:
         mla = _mla(facts, "qk_nope_head_dim", "qk_rope_head_dim")
@@ -349,12 +350,16 @@ def layer_index(name: str) -> int | None:
 
 
 def vllm_layer_facts(
-    named_layers: Sequence[tuple[str, Any]], selectors: Mapping[str, Mapping[str, Any]] | None = None
+    named_layers: Sequence[tuple[str, Any]],
+    selectors: Mapping[str, Mapping[str, Any]] | None = None,
+    modules: Mapping[str, Any] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Layer index -> the facts of vLLM's attention-layer modules (``VLLM_LAYER_ATTRIBUTES``, and the
     ``selector.*`` inputs recorded for it): one per layer, its softmax attention module where it has
-    one. ``hosts.model_readers`` reads a model built on the meta device, the rollout record a running
-    engine's ``static_forward_context``."""
+    one. With the model's ``modules`` (by name), ``output_gate`` is the ``attn_output_gate`` of the
+    module that holds the layer (vLLM's gated attention, Qwen3-Next / Qwen3.5; false where that
+    module has none: its model code gates nothing). ``hosts.model_readers`` reads a model built on
+    the meta device, the rollout record a running engine's ``static_forward_context``."""
     layers: dict[int, dict[str, Any]] = {}
     for name, module in named_layers:
         index = layer_index(name)
@@ -370,5 +375,8 @@ def vllm_layer_facts(
             facts["selector.use_sparse"] = True
         for field, value in (selectors or {}).get(name, {}).items():
             facts[f"selector.{field}"] = value
+        holder = (modules or {}).get(name.rpartition(".")[0]) if modules is not None else None
+        if modules is not None and attention:
+            facts["output_gate"] = bool(getattr(holder, "attn_output_gate", False))
         layers[index] = facts
     return layers

@@ -44,6 +44,7 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
         "attention_layers",
         "softmax_type",
         "mla",
+        "attention_output_gate",
         "softmax_scale",
         "causal",
         "sliding_window",
@@ -120,6 +121,7 @@ BAD_VALUES = {
     "attention_layers": [[1, 0], [-1], "0,1"],
     "softmax_type": ["sinks"],
     "mla": ["512"],
+    "attention_output_gate": [1],
 }
 
 

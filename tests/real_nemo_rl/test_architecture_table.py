@@ -28,15 +28,18 @@ REPO = Path(__file__).resolve().parents[2]
 STAND_INS = Path(__file__).parent / "stand_ins"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _in_lane():
     if os.environ.get(LANE_VARIABLE) != "nemo_rl":
         pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has Megatron-Bridge")
 
 
-@pytest.fixture
-def stand_ins():
-    """Transformer Engine's stand-in, which Megatron-Bridge imports (``stand_ins/attn_align_stand_ins.py``)."""
+@pytest.fixture(scope="module", autouse=True)
+def stand_ins(_in_lane):
+    """Transformer Engine's stand-in, which Megatron-Bridge imports (``stand_ins/attn_align_stand_ins.py``),
+    loaded before this module's first megatron import: megatron-core reads what TE offers once, at import."""
+    if "megatron.core" in sys.modules and "attn_align_stand_ins" not in sys.modules:
+        pytest.fail("megatron.core was imported before the Transformer Engine stand-in; its TE flags are already off")
     sys.path.insert(0, str(STAND_INS))
     try:
         import attn_align_stand_ins  # noqa: F401
@@ -127,7 +130,7 @@ def test_an_architecture_the_table_lacks_is_read_by_megatron_bridge_itself(tmp_p
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "gpt_oss", "deepseek_v3", "nemotron_h", "qwen3_next"])
-def test_the_worker_record_of_megatron_bridges_provider_is_what_the_preview_predicts(tmp_path, model_type, stand_ins):
+def test_the_worker_record_of_megatron_bridges_provider_is_what_the_preview_predicts(tmp_path, model_type):
     from megatron.bridge import AutoBridge
     from transformers import AutoConfig
 
