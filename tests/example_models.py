@@ -20,6 +20,9 @@ EXAMPLE_MODELS = {
                                 "head_dim": 128, "num_hidden_layers": 36, "vocab_size": 151936}),
     "meta-llama/Llama-3.1-8B": ("llama", {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
                                           "num_hidden_layers": 32, "vocab_size": 128256}),
+    "meta-llama/Llama-3.2-1B-Instruct": ("llama", {"hidden_size": 2048, "num_attention_heads": 32,
+                                                   "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 16,
+                                                   "vocab_size": 128256, "tie_word_embeddings": True}),
     "openai/gpt-oss-20b": ("gpt_oss", {"num_hidden_layers": 24}),  # transformers' defaults are gpt-oss-20b's
 }  # fmt: skip
 

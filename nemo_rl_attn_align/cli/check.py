@@ -14,8 +14,14 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.preflight.kernel_query import KernelPlan
+    from nemo_rl_attn_align.preflight.kernels import KernelOptions
+    from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
@@ -38,9 +44,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--gpu",
-        metavar="sm80|sm90|sm100",
-        help="predict the kernel each side runs on this GPU generation (default: this machine's GPU; "
-        "without one the kernels are pending)",
+        metavar="GPU",
+        help="predict the kernel each side runs on this GPU: a generation (sm80, sm86, sm89, sm90, sm100, sm103, "
+        "sm110, sm120) or a product (A100, A10, L40S, H100, H200, B200, GB200, B300, RTX PRO 6000, ...); default: "
+        "this machine's GPU; without one the kernels are pending",
     )
     parser.add_argument(
         "--fa3", action="store_true", help="assume flash-attn 3 (the hopper build) is installed beside flash-attn 2"
@@ -49,6 +56,11 @@ def register(subparsers) -> None:
         "--te",
         metavar="VERSION",
         help="the Transformer Engine version to predict for (default: the installed one, else NeMo-RL main's pin)",
+    )
+    parser.add_argument(
+        "--vllm",
+        metavar="VERSION",
+        help="the vLLM version to predict for (default: the installed one, else NeMo-RL main's pin, else the newest)",
     )
     parser.add_argument(
         "args",
@@ -79,12 +91,11 @@ def evaluate(
     full: bool = False,
     fix: bool = False,
     gpu: str | None = None,
-    fa3: bool = False,
-    te: str | None = None,
+    kernel_options: KernelOptions | None = None,
 ) -> dict[str, Any]:
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass; the kernels on ``gpu`` (default this
-    machine's). The JSON-ready dict ``--json`` prints."""
+    machine's), asked as ``kernel_options`` say. The JSON-ready dict ``--json`` prints."""
     from nemo_rl_attn_align.compare.preset import align
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
@@ -97,15 +108,21 @@ def evaluate(
     cfg = load_config(config_path, overrides)
     plan = build_plan(cfg, environ)
     settings = load_settings(cfg)
+    chosen, source, options = _gpu(gpu, kernel_options)
 
     def preview_of(config):
         return preview_binding(read_recipe_facts(config, environ), settings, environ)
 
     alignment = align(cfg, preview_of) if settings.preset == "aligned" else None
-    preview = alignment.preview if alignment is not None else preview_of(cfg)
+    final = read_recipe_facts(alignment.config if alignment is not None else cfg, environ)
+    kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
+    predicted = _rollout_backends(kernel_plan)  # the preset and --fix search with vLLM's choice assumed
+    if predicted is not None:
+        preview = preview_binding(final, settings, environ, predicted)
+    else:
+        preview = alignment.preview if alignment is not None else preview_of(cfg)
     preview_dict = preview.to_dict()
     stops_at_start = settings.on_mismatch == "error" and preview_dict["verdict"] == "fail"
-    kernels = _kernels(alignment.config if alignment is not None else cfg, environ, gpu, fa3, te)
     kernel_errors = any(f["severity"] == "error" for f in kernels["findings"])
     ok = plan.ok and not stops_at_start and not kernel_errors
     return {
@@ -125,21 +142,34 @@ def evaluate(
     }
 
 
-def _kernels(
-    cfg: Mapping[str, Any], environ: Mapping[str, str], gpu: str | None, fa3: bool, te: str | None
-) -> dict[str, Any]:
-    """The kernel each side runs on ``gpu`` (this machine's when None) and the errors of a side with none."""
+def _gpu(gpu: str | None, options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]:
+    """The GPU the kernels are predicted for (``--gpu``, else this machine's), how it was chosen, and
+    ``options`` with ``live`` set when it is this machine's."""
     from nemo_rl_attn_align.preflight import gpu as gpus
-    from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
-    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+    from nemo_rl_attn_align.preflight.kernels import KernelOptions
 
     local, local_source = gpus.local_gpu()
     chosen, source = (gpus.parse_gpu(gpu), "--gpu") if gpu is not None else (local, local_source)
-    facts = read_recipe_facts(cfg, environ)
-    live = chosen is not None and chosen == local
-    plan = plan_kernels(facts, chosen, source, environ, flash_attn_3=fa3, te_version=te, live=live)
-    findings = kernel_findings(plan, facts, te, live)
-    return {**plan.to_dict(), "model": facts.model.to_dict(), "findings": [f.to_dict() for f in findings]}
+    return chosen, source, replace(options or KernelOptions(), live=chosen is not None and chosen == local)
+
+
+def _kernels(
+    facts: RecipeFacts, gpu: str | None, source: str, environ: Mapping[str, str], options: KernelOptions
+) -> tuple[KernelPlan, dict[str, Any]]:
+    """The kernel each side runs on ``gpu`` and its JSON form, with the model and the kernel findings."""
+    from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
+
+    plan = plan_kernels(facts, gpu, source, environ, options)
+    findings = [f.to_dict() for f in kernel_findings(plan, options)]
+    return plan, {**plan.to_dict(), "model": facts.model.to_dict(), "findings": findings}
+
+
+def _rollout_backends(plan: KernelPlan) -> tuple[str, ...] | None:
+    """The vLLM backends the plan predicts for the rollout's layer kinds (None: not all are known)."""
+    kernels = [kind.kernel for kind in plan.rollout]
+    if not kernels or not all(k.known and k.kernel for k in kernels) or plan.rollout[0].query is None:
+        return None  # no prediction, a kind without a backend, or Megatron generation (no vLLM query)
+    return tuple(str(k.kernel) for k in kernels)
 
 
 def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
@@ -301,13 +331,15 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code."""
     from nemo_rl_attn_align.errors import UsageError, strict_json
     from nemo_rl_attn_align.limits import shown_text
+    from nemo_rl_attn_align.preflight.kernels import KernelOptions
     from nemo_rl_attn_align.preflight.model_facts import hosts_read_here
 
+    options = KernelOptions(flash_attn_3=args.fa3, te=args.te, vllm=args.vllm)
     try:
         config_path, overrides = split_config_and_overrides(args.args)
         with hosts_read_here():  # an architecture the table lacks: read by the host where it is installed
             result = evaluate(
-                config_path, overrides, full=args.full, fix=args.fix, gpu=args.gpu, fa3=args.fa3, te=args.te
+                config_path, overrides, full=args.full, fix=args.fix, gpu=args.gpu, kernel_options=options
             )
     except UsageError as err:
         message = shown_text(str(err), 2000)

@@ -69,8 +69,8 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu",
         default=drift_shape.DEFAULT_GPU,
-        help=f"GPU generation the run will use, one of {', '.join(drift_shape.GPU_NAMES)}: selects "
-        f"the engines' paths (default {drift_shape.DEFAULT_GPU}, what NeMo-RL's recipes target)",
+        help="the GPU the run will use, a generation (sm80 ... sm120) or a product name (A100, L40S, H100, "
+        f"B300, ...): selects the engines' paths (default {drift_shape.DEFAULT_GPU}, what NeMo-RL's recipes target)",
     )
     p.add_argument(
         "--training",
@@ -115,6 +115,7 @@ def _prepare(args: argparse.Namespace):
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.preflight.gpu import parse_gpu
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     config_path, overrides = split_config_and_overrides(args.args)
@@ -131,7 +132,7 @@ def _prepare(args: argparse.Namespace):
     facts = read_recipe_facts(cfg)
     shape = drift_shape.resolve_shape(facts, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
-    gpu = drift_shape.parse_gpu(args.gpu)
+    gpu = parse_gpu(args.gpu)
     default_training, default_rollout, notes = drift_shape.default_engines(facts, gpu, shape)
     if importlib.util.find_spec("torch") is None:
         raise UsageError(

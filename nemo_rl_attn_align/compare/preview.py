@@ -10,7 +10,7 @@ binds them under the settings' mandate. ``report.render.render_preview`` prints 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nemo_rl_attn_align.compare.binding import BindingReport, bind
@@ -73,11 +73,18 @@ class BindingPreview(NamedTuple):
         }
 
 
-def preview_binding(facts: RecipeFacts, settings: AlignSettings, environ: Mapping[str, str]) -> BindingPreview:
+def preview_binding(
+    facts: RecipeFacts,
+    settings: AlignSettings,
+    environ: Mapping[str, str],
+    rollout_backends: Collection[str] | None = None,
+) -> BindingPreview:
     """Predict both contracts and bind them under ``settings``' mandate. ``facts`` is the recipe read
-    with ``environ``, the driver environment the workers inherit (as ``plan.build_plan`` reads it)."""
+    with ``environ``, the driver environment the workers inherit (as ``plan.build_plan`` reads it);
+    ``rollout_backends``, the backends vLLM's selector picks on the GPU ``check --gpu`` predicts for."""
     model = facts.model
-    training, rollout = predict_training(facts, environ), predict_rollout(facts, environ)
+    training = predict_training(facts, environ)
+    rollout = predict_rollout(facts, environ, rollout_backends)
     notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]
     if model.config is not None:
         notes.append(f"identity read from {model.config.path} (local; never fetched)")

@@ -23,39 +23,18 @@ import) into an ``InferenceSnapshot``; ``megatron_inference_contract`` maps it o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, put_field
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
 from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics
 from nemo_rl_attn_align.contract.training import model_identity_fields
+from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
 
 #: The engine name both the record and the preview give Megatron generation.
 ENGINE = "megatron-inference"
 #: Distributions whose versions go into the record (flash-attn 2, 3 and 4 under their PyPI names).
 VERSIONED = ("torch", "megatron-core", "flash-attn", "flash-attn-3", "flash-attn-4", "flashinfer-python", "nemo-rl")
-
-
-def resolve_flash_version(pinned: Any, available: Mapping[str, bool | None]) -> tuple[int | None, str]:
-    """The flash-attn generation the dynamic-batching attention calls, as megatron-core's
-    ``Attention._resolve_flash_version`` decides it (the pinned one, else 4 > 3 > 2 as installed),
-    and why; None when none is installed or what is installed is not known."""
-    if pinned in (2, 3, 4):
-        return int(pinned), f"flash_attention_version={pinned} (pinned)"
-    fa4, fa3, fa2 = (available.get(key) for key in ("fa4", "fa3", "fa2"))
-    if fa4:
-        return 4, "flash_attention_version unset: FlashAttention-4 is installed (HAVE_FA4)"
-    if fa3:
-        return 3, "flash_attention_version unset: FlashAttention-3 is installed (HAVE_FA3), 4 is not"
-    if fa2:
-        return 2, "flash_attention_version unset: only flash-attn 2 is installed"
-    if None in (fa4, fa3, fa2):
-        return None, "megatron-core's attention module was not read"
-    return (
-        None,
-        "no flash-attn is installed: megatron-core's dynamic batching asserts flash-attn >= 2.7.3 at the first step",
-    )
 
 
 def _kv_fields(b: ContractBuilder, ctx: ContextSnapshot) -> None:

@@ -17,7 +17,7 @@ either the config or those facts.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from nemo_rl_attn_align.contract.attention_identity import model_identity
@@ -188,11 +188,38 @@ def _vllm_kv_cache_dtype(b: ContractBuilder, gen: Any, model: HFModelConfig | No
     configured_from(b, "kv_cache_dtype", value, f"{key} {requested} ({how}{via})")
 
 
+def _vllm_backends(
+    b: ContractBuilder, forced: Any, env: Mapping[str, str], predicted: Collection[str] | None
+) -> tuple[str, ...] | None:
+    """Set ``backend``: the one forced, else the ones vLLM's selector is predicted to pick, else pending;
+    returns them (None: vLLM's choice is not known)."""
+    # A predicted backend comes from vLLM >= 0.25's selector, which never reads VLLM_ATTENTION_BACKEND.
+    backend = forced or (None if predicted else env.get("VLLM_ATTENTION_BACKEND"))
+    if isinstance(backend, str) and backend:
+        configured_from(
+            b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)"
+        )
+        return (backend,)
+    if not predicted:
+        b.pending("backend", "vLLM selects a backend per layer at engine start")
+        return None
+    backends = tuple(sorted(set(predicted)))
+    if len(backends) == 1:
+        b.configured("backend", backends[0], "vLLM's selector on the GPU check --gpu predicts for")
+    else:
+        b.pending("backend", f"vLLM's selector picks {', '.join(backends)} for different layer kinds")
+    return backends
+
+
 def predict_rollout(
-    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None
+    cfg: Mapping[str, Any] | RecipeFacts,
+    environ: Mapping[str, str] | None = None,
+    predicted_backends: Collection[str] | None = None,
 ) -> AttentionContract | None:
     """The rollout contract a vLLM generation worker would record, or ``None`` when
-    ``policy.generation.backend`` is not vllm."""
+    ``policy.generation.backend`` is not vllm. ``predicted_backends``: what vLLM's selector picks for
+    the attention layers on the GPU ``check --gpu`` predicts for (None: no prediction; vLLM's
+    choice is assumed)."""
     recipe = as_facts(cfg, environ)
     if "rollout" in absent_sides(recipe):
         return None
@@ -209,14 +236,7 @@ def predict_rollout(
     dtype = dtype_or_none(gen.precision.value)
     if dtype is not None:
         b.configured("dtype", dtype, gen.precision.key)
-    backend = gen.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
-    if backend:
-        configured_from(
-            b, "backend", backend, "vllm_kwargs.attention_backend (VLLM_ATTENTION_BACKEND before vLLM 0.15)"
-        )
-    else:
-        b.pending("backend", "vLLM selects a backend per layer at engine start")
-    vllm_semantics(b, (backend,) if isinstance(backend, str) and backend else None, invariant, preview=True)
+    vllm_semantics(b, _vllm_backends(b, gen.attention_backend, env, predicted_backends), invariant, preview=True)
     b.configured("engine", "vllm", "policy.generation.backend")
     configured_from(b, "kv_page_size", gen.block_size, "vllm_kwargs.block_size")
     _vllm_kv_cache_dtype(b, gen, model)

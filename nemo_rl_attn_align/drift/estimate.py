@@ -17,6 +17,7 @@ from typing import Any
 
 from nemo_rl_attn_align.drift import shape as drift_shape
 from nemo_rl_attn_align.drift.shape import Shape
+from nemo_rl_attn_align.preflight.gpu import parse_gpu
 
 ESTIMATED, ZERO, UNAVAILABLE = "estimated", "zero_by_construction", "unavailable"
 #: The figures, with the value that means "no drift".
@@ -72,8 +73,8 @@ def attention_only_estimate(
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Attention's share of the drift for a resolved recipe (or its ``RecipeFacts``) on ``gpu``
-    (default ``sm90``); never raises (a failure is ``status: unavailable``)."""
+    """Attention's share of the drift for a resolved recipe (or its ``RecipeFacts``) on ``gpu`` (default:
+    the driver node's GPU, else ``sm90``); never raises (a failure is ``status: unavailable``)."""
     known: dict[str, Any] = {"assumes": []}
     try:
         return _estimate(facts_or_cfg, gpu, seeds, max_seq_len, environ, known)
@@ -81,12 +82,24 @@ def attention_only_estimate(
         return result(UNAVAILABLE, _one_line(err), **known)
 
 
+def _driver_gpu(known: dict) -> str:
+    """The GPU of the node the driver runs on (NeMo-RL's driver shares a node with workers), else sm90."""
+    from nemo_rl_attn_align.preflight.gpu import local_gpu
+
+    gpu, how = local_gpu()
+    if gpu is None:
+        known["assumes"].append(f"GPU assumed {drift_shape.DEFAULT_GPU}: {how}")
+        return drift_shape.DEFAULT_GPU
+    known["assumes"].append(f"GPU {gpu}: {how}, on the driver's node")
+    return gpu
+
+
 def _estimate(cfg: Any, gpu: str | None, seeds: int, max_seq_len: int, environ, known: dict) -> dict[str, Any]:
     """The body of ``attention_only_estimate``; ``known`` collects what the unavailable result keeps."""
     from nemo_rl_attn_align.preflight.recipe_facts import as_facts
 
     facts = as_facts(cfg, environ)
-    gpu = drift_shape.parse_gpu(gpu or drift_shape.DEFAULT_GPU)
+    gpu = parse_gpu(gpu) if gpu is not None else _driver_gpu(known)
     known["dtype"] = dtype = recipe_dtype(facts)
     _check_sides(facts)
     shape, shape_line = capped_shape(drift_shape.resolve_shape(facts, {}), max_seq_len)

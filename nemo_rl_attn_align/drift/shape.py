@@ -20,6 +20,7 @@ from typing import Any
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.facts import UNSET
+from nemo_rl_attn_align.preflight.gpu import capability
 from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan
 from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
@@ -27,8 +28,8 @@ from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
 #: dtypes the sweep runs (``drift.DTYPES`` maps them to torch).
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 DEFAULT_DTYPES = DTYPE_NAMES
-#: GPU generations plans are selected for (``--gpu``); NeMo-RL's recipes target Hopper.
-GPU_NAMES = ("sm80", "sm90")
+#: The GPU plans are selected for when ``--gpu`` names none (any of ``preflight.gpu.GPUS``); NeMo-RL's
+#: recipes target Hopper.
 DEFAULT_GPU = "sm90"
 #: Training engines swept when the config names no backend of its own (``default_engines``); the
 #: unfused ``megatron-local`` and ``hf-eager`` are a flag away (each builds the full score matrix).
@@ -186,17 +187,26 @@ def _training_engines(kernel: str | None, cp: int, window: int | None) -> list[s
     return ["flash"]
 
 
+#: The vLLM materializers, by the FLASH_ATTN build and GPU whose tiles they replay (other GPUs and
+#: kernels leave the rollout side to the reference).
+ROLLOUT_REPLAYS = {("FA3", "sm90"): "vllm-fa3", ("FA2", "sm80"): "vllm"}
+
+
 def _rollout_engine(kernel: Kernel | None, gpu: str) -> str | None:
     """The vLLM materializer replaying ``kernel`` on ``gpu``, None when none does."""
     if kernel is None or kernel.kernel != "FLASH_ATTN":
         return None
-    return {("FA3", "sm90"): "vllm-fa3", ("FA2", "sm80"): "vllm"}.get((kernel.version or "", gpu))
+    return ROLLOUT_REPLAYS.get((kernel.version or "", gpu))
 
 
 #: What a side is assumed to run when its selector cannot answer (a shape outside the tables):
-#: TE's preference per attention_backend (auto: cuDNN on sm90, flash-attn on sm80), vLLM's FA build.
+#: TE's preference per attention_backend (auto: cuDNN from sm90 on, flash-attn before), vLLM's FA build
+#: (FA3 on sm90 only).
 ASSUMED_TRAINING = {"flash": "FlashAttention", "fused": "FusedAttention", "unfused": "UnfusedDotProductAttention"}
-ASSUMED_ROLLOUT = {"sm80": Kernel("rollout", "FLASH_ATTN", "FA2"), "sm90": Kernel("rollout", "FLASH_ATTN", "FA3")}
+
+
+def _assumed_rollout(gpu: str) -> Kernel:
+    return Kernel("rollout", "FLASH_ATTN", "FA3" if gpu == "sm90" else "FA2")
 
 
 def _predicted(plan: KernelPlan, side: str, assumed: Kernel, notes: list[str]) -> Kernel:
@@ -220,8 +230,8 @@ def default_engines(
     They follow the kernels ``check --gpu`` predicts (``preflight.kernels``, from TE's and vLLM's own
     selectors): FlashAttention -> ``flash`` (the CP rings with ``context_parallel_size > 1``),
     FusedAttention -> ``te-fused``, ``transformer_impl: local`` -> Megatron's own attention; vLLM
-    FLASH_ATTN FA3 on sm90 -> ``vllm-fa3``, FA2 on sm80 -> ``vllm``. Where a selector cannot answer
-    (a shape outside the tables) ``ASSUMED_*`` stand in, and ``notes`` says so; a kernel no
+    FLASH_ATTN FA3 on sm90 -> ``vllm-fa3``, FA2 on sm80 -> ``vllm`` (``ROLLOUT_REPLAYS``). Where a
+    selector cannot answer (a shape outside the tables) assumptions stand in, and ``notes`` says so; a kernel no
     materializer replays leaves its side to the reference. A config without ``megatron_cfg``
     sweeps ``DEFAULT_TRAINING`` against vLLM's kernel.
     """
@@ -231,7 +241,7 @@ def default_engines(
     policy = facts.policy
     plan = plan_kernels(facts, gpu, "--gpu", os.environ if environ is None else environ)
     notes: list[str] = []
-    rollout_kernel = _predicted(plan, "rollout", ASSUMED_ROLLOUT[gpu], notes)
+    rollout_kernel = _predicted(plan, "rollout", _assumed_rollout(gpu), notes)
     engine = _rollout_engine(rollout_kernel, gpu)
     if engine is None:
         notes.append(f"no materializer replays {rollout_kernel.label} on {gpu}: the rollout side is the reference only")
@@ -242,7 +252,7 @@ def default_engines(
     if policy.transformer_impl == "local" or policy.effective_backend == "local":
         return ["reference", "megatron-local"], rollout, notes
     backend = policy.effective_backend or "auto"
-    preferred = ASSUMED_TRAINING.get(backend, "FusedAttention" if gpu == "sm90" else "FlashAttention")
+    preferred = ASSUMED_TRAINING.get(backend, "FusedAttention" if capability(gpu) >= (9, 0) else "FlashAttention")
     kernel = _predicted(plan, "training", Kernel("training", preferred), notes).kernel
     training = _training_engines(kernel, policy.context_parallel_size, shape.window)
     if not training:
@@ -250,13 +260,6 @@ def default_engines(
             f"no materializer replays {kernel or 'a missing backend'}: the training side is the reference only"
         )
     return ["reference", *training], rollout, notes
-
-
-def parse_gpu(text: str) -> str:
-    """``"sm90"`` -> ``"sm90"``; UsageError on an unknown generation."""
-    if text not in GPU_NAMES:
-        raise UsageError(f"--gpu {text!r}: unknown GPU generation. Fix: one of {', '.join(GPU_NAMES)}.")
-    return text
 
 
 def parse_dtypes(text: str) -> list[str]:

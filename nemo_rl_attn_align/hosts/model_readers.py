@@ -13,7 +13,7 @@
 
 No weights are read and nothing is downloaded. ``python -m nemo_rl_attn_align.hosts.model_readers
 megatron|vllm OUT.json DIR [DIR ...]`` reads several directories in one process (the generator of
-``preflight/tables/architectures.json.gz`` and ``check`` where a host is installed run it as a
+``preflight/tables/architectures.json`` and ``check`` where a host is installed run it as a
 subprocess: vLLM's reader initialises torch.distributed). Each result is JSON-ready; a directory the
 host cannot read gives ``{"error": "..."}`` with the host's own message.
 """

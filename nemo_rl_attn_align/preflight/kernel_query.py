@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: GPU generations a prediction can be made for (``check --gpu``).
-GPUS = ("sm80", "sm90", "sm100")
 #: ``policy.precision`` -> the selectors' dtype names.
 DTYPE_OF_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -23,12 +21,6 @@ def substantive(reasons: tuple[str, ...] | list[str]) -> list[str]:
     """A selector's reasons less those that only restate the NVTE switches of the backend asked for
     (all of them when nothing else is left)."""
     return [r for r in reasons if " due to NVTE_" not in r] or list(reasons)
-
-
-def capability(gpu: str) -> tuple[int, int]:
-    """``"sm90"`` -> ``(9, 0)``."""
-    number = int(gpu.removeprefix("sm"))
-    return number // 10, number % 10
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 ``scripts/update_kernel_tables.py`` runs Transformer Engine's ``get_attention_backend`` (the
 ``transformer-engine`` wheels named in the table, on declared GPUs, ``tests/real_te/stand_ins.py``)
 and vLLM's CUDA selector (``tests/real_vllm/cuda_stand_ins.py``) on every cell of the grids below
-and writes ``tables/transformer_engine.json.gz`` and ``tables/vllm.json.gz``; the lanes regenerate
-them and fail when the committed files differ. ``check`` looks a recipe up here when the selector
+and writes one file per host version (``tables/transformer_engine-2.14.1.json.gz``,
+``tables/vllm-0.25.1.json.gz``, ...; only the version a query asks about is read); the lanes
+regenerate them and fail when the committed files differ. ``check`` looks a recipe up here when the selector
 cannot run in its own process. Each table names the versions it came from, what it declared and
 what it held fixed; a query outside the grid gets no answer rather than a neighbour's.
 Stdlib only.
@@ -12,19 +13,24 @@ Stdlib only.
 
 from __future__ import annotations
 
+import array
+import base64
 import functools
 import gzip
 import itertools
 import json
+import sys
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.preflight.kernel_query import GPUS, Kernel, RolloutQuery, TrainingQuery
+from nemo_rl_attn_align.preflight.gpu import GPUS
+from nemo_rl_attn_align.preflight.kernel_query import Kernel, RolloutQuery, TrainingQuery
 
 TABLE_DIR = Path(__file__).with_name("tables")
-SCHEMA = 2
+SCHEMA = 3
 
 #: Transformer Engine's rules tell head dims apart only by these bounds (flash-attn 2: a padded dim
 #: <= 192 on some GPUs, <= 256, a multiple of 8; flash-attn 3: <= 256, the MLA pairs (128, 192] /
@@ -38,6 +44,15 @@ TRAINING_HEAD_DIMS = ("64/64", "96/96", "128/128", "192/192", "224/224", "256/25
 #: (flash-attn: a multiple of 8, <= 256; Triton: >= 32); the vllm lane checks the classes likewise.
 ROLLOUT_HEAD_SIZES = (16, 64, 80, 100, 128, 192, 256, 384, 512, 576, 640)
 ROLLOUT_EXACT = (64, 128, 192, 256, 512, 576)
+#: The backends vLLM's CUDA platform ranks (``vllm/platforms/cuda.py`` ``_get_backend_priorities``,
+#: 0.25.1 to 0.34.0): what ``vllm_kwargs.attention_backend`` can force on an NVIDIA GPU. The vllm
+#: lane checks that it names every backend those versions rank.
+FORCEABLE = (
+    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "TURBOQUANT", "TRITON_FLASHINFER",
+    "TRITON_FLASH_ATTN", "FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "CUTLASS_MLA",
+    "TOKENSPEED_MLA", "FLASH_ATTN_MLA_SPARSE", "FLASH_ATTN_MLA_SPARSE_FA4", "FLASHMLA_SPARSE",
+    "FLASHINFER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90", "FLASHINFER_MLA_SPARSE_SM120",
+)  # fmt: skip
 
 
 def training_head_dims(qk: int, v: int) -> str | None:
@@ -93,10 +108,12 @@ ROLLOUT_AXES: tuple[tuple[str, tuple], ...] = (
     ("sliding_window", (False, True)),
     ("has_sink", (False, True)),
     ("batch_invariant", (False, True)),
+    ("forced_backend", (None, *FORCEABLE)),
 )
 ROLLOUT_FIXED: dict[str, Any] = {"heads": 16}
 
-FILES = {"training": "transformer_engine.json.gz", "rollout": "vllm.json.gz"}
+#: Each side's tables, one file per host version: ``tables/<prefix>-<version>.json.gz``.
+PREFIXES = {"training": "transformer_engine", "rollout": "vllm"}
 
 
 def training_queries() -> Iterator[TrainingQuery]:
@@ -155,8 +172,12 @@ def training_cell(query: TrainingQuery) -> tuple[int | str, tuple[str, ...]]:
 
 def rollout_cell(query: RolloutQuery) -> tuple[int | str, tuple[str, ...]]:
     """(cell index or why none, what the table assumes for this query)."""
-    if query.forced_backend:
-        return f"vllm_kwargs.attention_backend={query.forced_backend!r} forces the backend", ()
+    if query.forced_backend is not None and query.forced_backend not in FORCEABLE:
+        return (
+            f"vllm_kwargs.attention_backend={query.forced_backend!r} is not a backend vLLM's CUDA platform ranks "
+            f"({', '.join(FORCEABLE)})",
+            (),
+        )
     values = {name: getattr(query, name) for name, _ in ROLLOUT_AXES}
     assumptions = [f"{ROLLOUT_FIXED['heads']} query heads"]
     size = rollout_head_size(query.head_size)
@@ -176,7 +197,12 @@ class Table:
     header: Mapping[str, Any]
     results: tuple[tuple[Any, ...], ...]  # (kernel, version, reason ids, belief)
     reasons: tuple[str, ...]
-    cells: tuple[int, ...]
+    packed_cells: str  # ``_pack``'s text, decoded on first use (only the version a query asks about)
+
+    @functools.cached_property
+    def cells(self) -> array.array:
+        """The result index of every cell, in grid order."""
+        return _unpack(self.packed_cells)
 
     @property
     def source(self) -> str:
@@ -201,6 +227,23 @@ class Table:
         )
 
 
+def _pack(cells: list[int]) -> str:
+    """Cell -> result index, as base64 of zlib-compressed little-endian uint16 (a list of ints parses
+    10x slower)."""
+    packed = array.array("H", cells)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(zlib.compress(packed.tobytes(), 9)).decode("ascii")
+
+
+def _unpack(text: str) -> array.array:
+    cells = array.array("H")
+    cells.frombytes(zlib.decompress(base64.b64decode(text)))
+    if sys.byteorder == "big":
+        cells.byteswap()
+    return cells
+
+
 def encode(side: str, header: Mapping[str, Any], answers: list[Kernel]) -> dict[str, Any]:
     """The JSON form of one host version's table, answers in cell order (the generator's half)."""
     reasons: dict[str, int] = {}
@@ -216,42 +259,60 @@ def encode(side: str, header: Mapping[str, Any], answers: list[Kernel]) -> dict[
         "axes": [[name, list(axis)] for name, axis in axes],
         "results": [[k, v, list(ids), b] for (k, v, ids, b) in results],
         "reasons": list(reasons),
-        "cells": cells,
+        "cells": _pack(cells),
     }
 
 
-def write(side: str, tables: Mapping[str, dict[str, Any]], directory: Path = TABLE_DIR) -> Path:
-    """Write one side's tables (host version -> encoded table), byte-for-byte reproducibly."""
-    path = directory / FILES[side]
-    text = json.dumps({"schema": SCHEMA, "side": side, "versions": dict(sorted(tables.items()))}, sort_keys=True)
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:
+def path(side: str, version: str, directory: Path = TABLE_DIR) -> Path:
+    """The file of ``side``'s table at host ``version``."""
+    return directory / f"{PREFIXES[side]}-{version}.json.gz"
+
+
+def write(side: str, version: str, table: Mapping[str, Any], directory: Path = TABLE_DIR) -> Path:
+    """Write one host version's encoded table, byte-for-byte reproducibly."""
+    out_path = path(side, version, directory)
+    text = json.dumps({"schema": SCHEMA, "side": side, "version": version, "table": table}, sort_keys=True)
+    with open(out_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:
         out.write(text.encode())
-    return path
+    return out_path
 
 
 @functools.cache
-def load(side: str, directory: Path = TABLE_DIR) -> dict[str, Table]:
-    """One side's tables by host version (empty when the file is missing or of another schema)."""
+def versions(side: str, directory: Path = TABLE_DIR) -> tuple[str, ...]:
+    """The host versions ``side`` has a table file for (from the file names; nothing is parsed)."""
+    prefix = f"{PREFIXES[side]}-"
     try:
-        with gzip.open(directory / FILES[side], "rt", encoding="utf-8") as handle:
+        names = [p.name for p in directory.iterdir() if p.name.startswith(prefix) and p.name.endswith(".json.gz")]
+    except OSError:
+        return ()
+    return tuple(sorted(name[len(prefix) : -len(".json.gz")] for name in names))
+
+
+@functools.cache
+def table(side: str, version: str, directory: Path = TABLE_DIR) -> Table | None:
+    """``side``'s table at host ``version`` (None: no file, another schema, or another grid)."""
+    try:
+        with gzip.open(path(side, version, directory), "rt", encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
-        return {}
-    if data.get("schema") != SCHEMA:
-        return {}
+        return None
     axes = TRAINING_AXES if side == "training" else ROLLOUT_AXES
-    tables = {}
-    for version, table in data["versions"].items():
-        if table["axes"] != [[name, list(axis)] for name, axis in axes]:
-            continue  # generated over another grid: not this code's to read
-        header = {k: v for k, v in table.items() if k not in ("axes", "results", "reasons", "cells")}
-        tables[version] = Table(
-            side,
-            header.get("host", ""),
-            version,
-            header,
-            tuple(tuple(r) for r in table["results"]),
-            tuple(table["reasons"]),
-            tuple(table["cells"]),
-        )
-    return tables
+    encoded = data.get("table", {})
+    if data.get("schema") != SCHEMA or encoded.get("axes") != [[name, list(axis)] for name, axis in axes]:
+        return None  # generated by other code, or over another grid: not this code's to read
+    header = {k: v for k, v in encoded.items() if k not in ("axes", "results", "reasons", "cells")}
+    return Table(
+        side,
+        header.get("host", ""),
+        version,
+        header,
+        tuple(tuple(r) for r in encoded["results"]),
+        tuple(encoded["reasons"]),
+        encoded["cells"],
+    )
+
+
+def load(side: str, directory: Path = TABLE_DIR) -> dict[str, Table]:
+    """Every table of ``side`` that this code can read, by host version."""
+    tables = {version: table(side, version, directory) for version in versions(side, directory)}
+    return {version: t for version, t in tables.items() if t is not None}

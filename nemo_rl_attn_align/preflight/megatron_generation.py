@@ -99,3 +99,24 @@ def read_megatron_generation_facts(
         enable_prefix_caching=Fact(engine_cfg.get("enable_prefix_caching"), f"{_GEN}.enable_prefix_caching"),
         overridden=overridden if dedicated else (),
     )
+
+
+def resolve_flash_version(pinned: Any, available: Mapping[str, bool | None]) -> tuple[int | None, str]:
+    """The flash-attn generation the dynamic-batching attention calls, as megatron-core's
+    ``Attention._resolve_flash_version`` decides it (the pinned one, else 4 > 3 > 2 as installed),
+    and why; None when none is installed or what is installed is not known."""
+    if pinned in (2, 3, 4):
+        return int(pinned), f"flash_attention_version={pinned} (pinned)"
+    fa4, fa3, fa2 = (available.get(key) for key in ("fa4", "fa3", "fa2"))
+    if fa4:
+        return 4, "flash_attention_version unset: FlashAttention-4 is installed (HAVE_FA4)"
+    if fa3:
+        return 3, "flash_attention_version unset: FlashAttention-3 is installed (HAVE_FA3), 4 is not"
+    if fa2:
+        return 2, "flash_attention_version unset: only flash-attn 2 is installed"
+    if None in (fa4, fa3, fa2):
+        return None, "megatron-core's attention module was not read"
+    return (
+        None,
+        "no flash-attn is installed: megatron-core's dynamic batching asserts flash-attn >= 2.7.3 at the first step",
+    )

@@ -194,7 +194,7 @@ def test_missing_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
         (["--window", "8", "--training", "te-p2p:cp=2"], "te-allgather"),
         (["--window", "8", "--training", "te-p2p-bshd:cp=2"], "te-allgather"),
         (["--rollout", "vllm:chunk=16"], "Fix: pass --gpu sm80 or use vllm-fa3"),
-        (["--gpu", "sm70"], "unknown GPU generation"),
+        (["--gpu", "sm70"], "--gpu 'sm70': no kernel prediction for this GPU"),
         (["--vocab", "1"], "--vocab 1"),
     ],
 )

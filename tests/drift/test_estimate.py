@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -143,7 +144,7 @@ def test_engine_that_cannot_be_replayed_is_unavailable_with_the_reason():
     "cfg, kwargs, message",
     [
         (None, {}, "policy is NoneType, not a mapping"),
-        (grpo(), {"gpu": "sm70"}, "unknown GPU generation"),
+        (grpo(), {"gpu": "sm70"}, "no kernel prediction for this GPU"),
         (grpo(), {"seeds": 0}, "seeds=0 must be an integer >= 1"),
         (grpo(), {"max_seq_len": 0}, "max_seq_len=0 is not a positive integer"),
         (grpo("policy.megatron_cfg.enabled=false"), {}, "policy.megatron_cfg is not enabled"),
@@ -170,3 +171,16 @@ def test_module_imports_without_torch():
     code = "import sys; import nemo_rl_attn_align.drift.estimate; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_gpu_is_the_driver_nodes_as_nvidia_smi_reports_it_else_sm90(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 8.0\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    result = attention_only_estimate(grpo(), seeds=1)
+    assert "GPU sm80: this machine's GPU (nvidia-smi), on the driver's node" in result["assumes"]
+    assert result["rollout_engine"].startswith("vllm:")  # FA2's replay on Ampere
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    result = attention_only_estimate(grpo(), seeds=1)
+    assert any(line.startswith("GPU assumed sm90: nvidia-smi reports") for line in result["assumes"])

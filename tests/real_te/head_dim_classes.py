@@ -15,7 +15,7 @@ stand_ins.install()
 
 from nemo_rl_attn_align.hosts import te_selector  # noqa: E402
 from nemo_rl_attn_align.preflight import kernel_table  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import capability  # noqa: E402
+from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
 from tests.real_te.table_worker import FLASH_ATTN, FLASH_ATTN_3  # noqa: E402
 
 DIMS = [*range(8, 656, 8), 12, 20, 36, 100, 132, 260, 300]

@@ -20,7 +20,8 @@ stand_ins.install()
 
 from nemo_rl_attn_align.hosts import te_selector  # noqa: E402
 from nemo_rl_attn_align.preflight import kernel_table  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, capability  # noqa: E402
+from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
+from nemo_rl_attn_align.preflight.kernel_query import Kernel  # noqa: E402
 
 FLASH_ATTN, FLASH_ATTN_3 = "2.8.3", "3.0.0b1"
 

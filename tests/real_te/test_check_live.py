@@ -18,8 +18,9 @@ stand_ins.install()
 
 from nemo_rl_attn_align.cli import check  # noqa: E402
 from nemo_rl_attn_align.preflight import gpu as gpus  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import TrainingQuery, capability  # noqa: E402
-from nemo_rl_attn_align.preflight.kernels import predict_training  # noqa: E402
+from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
+from nemo_rl_attn_align.preflight.kernel_query import TrainingQuery  # noqa: E402
+from nemo_rl_attn_align.preflight.kernels import KernelOptions, predict_training  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 
 pytestmark = pytest.mark.real_te
@@ -30,6 +31,9 @@ CASES = [
     ("sm80", ["policy.megatron_cfg.attention_backend=fused", "policy.megatron_cfg.context_parallel_size=2",
               "++policy.megatron_cfg.env_vars.NVTE_ALLOW_NONDETERMINISTIC_ALGO=0"]),
     ("sm100", ["policy.megatron_cfg.attention_backend=unfused", "policy.megatron_cfg.context_parallel_size=2"]),
+    ("sm103", ["++policy.megatron_cfg.model_overrides.kv_channels=256"]),
+    ("sm89", ["policy.megatron_cfg.attention_backend=auto"]),
+    ("sm120", ["++policy.megatron_cfg.model_overrides.kv_channels=256"]),
 ]  # fmt: skip
 
 
@@ -47,7 +51,7 @@ def test_live_selector_answers_like_the_table(gpu, overrides, monkeypatch):
     query = TrainingQuery(
         **{**training["query"], "flash_switches": tuple(map(tuple, training["query"]["flash_switches"]))}
     )
-    table = predict_training(query, te_version=version("transformer-engine"))
+    table = predict_training(query, KernelOptions(te=version("transformer-engine")))
     assert "from the table" in table.source
     # TE's reasons quote the shape, which the table holds fixed (16/8 heads, 4096 tokens): compare their words
     assert (training["kernel"], training["version"], _words(training["reasons"])) == (

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.preflight import kernel_table
+
 pytestmark = pytest.mark.real_te
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,4 +30,6 @@ def test_committed_table_equals_te_selectors():
         cwd=REPO,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "transformer_engine.json.gz is current" in done.stdout
+    current = {line.split(" is current")[0] for line in done.stdout.splitlines() if line.endswith(" is current")}
+    # every committed version was regenerated and equals its selector's answers (none left stale or unchecked)
+    assert current == {kernel_table.path("training", v).name for v in kernel_table.versions("training")}, done.stdout

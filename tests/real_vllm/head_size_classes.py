@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from nemo_rl_attn_align.hosts import vllm_selector
 from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.kernel_query import capability
+from nemo_rl_attn_align.preflight.gpu import capability
 from tests.real_vllm import cuda_stand_ins
 
 SIZES = [*range(8, 656, 8), 12, 20, 36, 44, 52, 100, 132, 260, 300, 520]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nemo_rl_attn_align.cli import check
 from nemo_rl_attn_align.preflight import gpu as gpus
-from nemo_rl_attn_align.preflight.kernel_query import capability
+from nemo_rl_attn_align.preflight.gpu import capability
 from tests.real_vllm import cuda_stand_ins
 
 

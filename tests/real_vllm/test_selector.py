@@ -7,12 +7,14 @@ folder must not see.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.preflight import kernel_table
 from nemo_rl_attn_align.preflight.kernel_query import RolloutQuery
 from nemo_rl_attn_align.preflight.kernels import predict_rollout
 
@@ -26,14 +28,26 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
-def test_committed_table_equals_vllm_selector():
-    """Every rollout cell (GPU x dtype x head size x KV-cache dtype x window x sinks x batch invariance)."""
-    done = _run(str(REPO / "scripts" / "update_kernel_tables.py"), "rollout", "--check")
+#: Folders holding other vLLM versions' Python sources (unzipped CUDA wheels, each with the
+#: flashinfer-python it pins), colon-separated; ``.ci/lanes/vllm.sh`` sets it.
+PATHS_VARIABLE = "ATTN_ALIGN_TEST_VLLM_PATHS"
+
+
+def test_committed_tables_equal_each_vllm_selector():
+    """Every rollout cell (GPU x dtype x head size x MLA x KV-cache dtype x window x sinks x batch
+    invariance x forced backend), for the installed vLLM and each of ``ATTN_ALIGN_TEST_VLLM_PATHS``."""
+    paths = [p for p in os.environ.get(PATHS_VARIABLE, "").split(os.pathsep) if p]
+    if not paths:
+        pytest.skip(f"{PATHS_VARIABLE} names no vLLM sources (.ci/lanes/vllm.sh sets it)")
+    extra = [arg for path in paths for arg in ("--vllm-path", path)]
+    done = _run(str(REPO / "scripts" / "update_kernel_tables.py"), "rollout", *extra, "--check")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "vllm.json.gz is current" in done.stdout
+    current = {line.split(" is current")[0] for line in done.stdout.splitlines() if line.endswith(" is current")}
+    # every committed version was regenerated and equals its selector's answers (none left stale or unchecked)
+    assert current == {kernel_table.path("rollout", v).name for v in kernel_table.versions("rollout")}, done.stdout
 
 
-@pytest.mark.parametrize("gpu", ["sm80", "sm90", "sm100"])
+@pytest.mark.parametrize("gpu", ["sm80", "sm89", "sm90", "sm100", "sm103", "sm120"])
 def test_check_on_this_gpu_runs_vllm_selector_and_agrees_with_table(gpu):
     example = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
     done = _run("-m", "tests.real_vllm.live_check", gpu, str(example), "policy.generation.vllm_cfg.kv_cache_dtype=fp8")

@@ -1,0 +1,72 @@
+"""``check --gpu`` on NeMo-RL's own recipes (ref 7ea279a): the kernel pair its gpt-oss recipe documents,
+and both kernels of its Megatron-generation recipes.
+
+The recipes are read unmodified from the snapshot (their ``defaults:`` chains resolved by ``check``);
+their models come from the test session's Hugging Face cache (``tests/example_models.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.real_nemo_rl.conftest import snapshot
+
+pytestmark = pytest.mark.real_nemo_rl
+
+RECIPES = "examples/configs/recipes/llm"
+GPT_OSS = "grpo-gptoss-20b-8n4g-megatron.yaml"
+MEGATRON_GENERATION = (
+    "grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml",
+    "grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml",
+)
+
+
+def check(recipe: str, *args: str) -> dict:
+    path = snapshot("7ea279a") / RECIPES / recipe
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "check", str(path), *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    result = json.loads(proc.stdout)
+    assert result["exit_code"] == proc.returncode, proc.stderr[-2000:]
+    return result
+
+
+def _pairs(result: dict) -> list[dict]:
+    return [f for f in result["kernels"]["findings"] if f["code"] == "KERNEL_PAIR_DOCUMENTED"]
+
+
+@pytest.mark.parametrize("gpu", ["sm100", "B300"])
+def test_gpt_oss_recipe_rolls_out_with_triton_and_without_its_line_warns_of_the_pair(gpu):
+    kept = check(GPT_OSS, "--gpu", gpu)
+    assert {kind["kernel"] for kind in kept["kernels"]["rollout"]} == {"TRITON_ATTN"}
+    assert not _pairs(kept)
+    dropped = check(GPT_OSS, "~policy.generation.vllm_kwargs.attention_backend", "--gpu", gpu)
+    assert {kind["kernel"] for kind in dropped["kernels"]["rollout"]} == {"FLASHINFER"}
+    (pair,) = _pairs(dropped)
+    assert "grpo-gptoss-20b-8n4g-megatron.yaml" in pair["message"]
+    assert pair["fix"] == "set policy.generation.vllm_kwargs.attention_backend=TRITON_ATTN."
+
+
+@pytest.mark.parametrize("recipe", MEGATRON_GENERATION)
+def test_megatron_generation_recipes_name_both_kernels(recipe):
+    result = check(recipe, "--gpu", "H100")
+    (training,) = result["kernels"]["training"]
+    (rollout,) = result["kernels"]["rollout"]
+    assert training["kernel"] == "FusedAttention" and rollout["label"] == "flash_attn FA2"
+    assert "Attention._resolve_flash_version" in rollout["source"]
+    (pair,) = _pairs(result)
+    assert pair["key"] == "policy.megatron_cfg.model_overrides.flash_attention_version"
+    flash = (
+        "++policy.megatron_cfg.attention_backend=flash",
+        "++policy.megatron_cfg.model_overrides.flash_attention_version=3",
+    )
+    pinned = check(recipe, *flash, "--fa3", "--gpu", "H100")
+    assert pinned["kernels"]["training"][0]["label"].startswith("FlashAttention 3")
+    assert pinned["kernels"]["rollout"][0]["label"] == "flash_attn FA3" and not _pairs(pinned)
