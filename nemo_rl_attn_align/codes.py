@@ -223,6 +223,7 @@ class Code(str, enum.Enum):
         "on the GPU, vLLM's own CUDA selector finds no attention backend; the engine fails to start.",
     )
     KERNEL_PAIR_DOCUMENTED = ("KERNEL_PAIR_DOCUMENTED", KERNEL, WARNING, "a kernel pair a host calls mismatching")
+    KERNEL_PAIR_SPLIT = ("KERNEL_PAIR_SPLIT", KERNEL, WARNING, "no setting gives both sides one flash-attn kernel")
 
     # --- binding (docs/report-schema.md "Codes") ---------------------------------------------
     ATTN_IDENTITY_MISMATCH = ("ATTN_IDENTITY_MISMATCH", BINDING, ERROR, "an identity field differs between the sides")

@@ -29,14 +29,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # a checkout that is not installed
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkout_code import REPO  # first: the checkout's plugin, not an installed copy
 
-import architecture_synthesis as synthesis  # noqa: E402
+# isort: split
 
-from nemo_rl_attn_align.preflight import architectures  # noqa: E402
-from nemo_rl_attn_align.preflight.architecture_rules import ABSENT  # noqa: E402
+import architecture_synthesis as synthesis
+
+from nemo_rl_attn_align.preflight import architectures
+from nemo_rl_attn_align.preflight.architecture_rules import ABSENT
 
 #: The model types of the models NeMo-RL's Megatron recipes train (7ea279a, examples/configs/**:
 #: every recipe with policy.megatron_cfg.enabled), each with the checkpoints that name it.

@@ -30,14 +30,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # a checkout that is not installed
-# A lane venv's .pth imported the installed copy at start-up: this script runs the checkout's code.
-if not str(getattr(sys.modules.get("nemo_rl_attn_align"), "__file__", REPO)).startswith(str(REPO)):
-    for _name in [m for m in sys.modules if m.split(".")[0] == "nemo_rl_attn_align"]:
-        del sys.modules[_name]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkout_code import REPO  # first: the checkout's plugin, not an installed copy
 
-from nemo_rl_attn_align.preflight import kernel_table  # noqa: E402
+# isort: split
+
+from nemo_rl_attn_align.preflight import kernel_table
 
 #: The checkout's tables (not an installed copy's: a lane venv installs the plugin non-editable).
 TABLE_DIR = REPO / "nemo_rl_attn_align" / "preflight" / "tables"

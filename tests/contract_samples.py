@@ -70,6 +70,7 @@ SAMPLES = {
     "batch_invariant": (False, True),
     "deterministic": (False, None),
     "flash_attention_version": (2, 3),
+    "gpu": ("sm90", "sm100"),
     "versions": ({"torch": "2.13.0", "megatron.core": "0.16.1"}, {"torch": "2.13.0", "vllm": "0.33.0"}),
 }
 
@@ -111,6 +112,7 @@ _BY_NAME = {
     "mla": st.one_of(st.none(), st.dictionaries(_text, _json, max_size=4)),
     "logit_softcapping": st.one_of(st.none(), st.floats(min_value=0.125, max_value=1024.0, width=32)),
     "rope_parameters": st.dictionaries(_text, _json, max_size=4),
+    "gpu": st.one_of(st.none(), _text),
     "versions": st.dictionaries(_text, _json, max_size=4),
     "merge_rule": st.sampled_from(MERGE_RULES),
     "reduction_order": st.sampled_from(REDUCTION_ORDERS),

@@ -40,7 +40,7 @@ def test_tables_cover_their_grids_at_the_versions_they_name():
     assert {NEMO_RL_PINS["training"], "2.20.2"} <= set(training)
     assert {NEMO_RL_PINS["rollout"], "0.32.0", "0.33.0"} <= set(rollout)
     n_training = len(list(kernel_table.training_queries()))
-    assert all(len(t.cells) == n_training for t in training.values()) and n_training == 101376
+    assert all(len(t.cells) == n_training for t in training.values()) and n_training == 405504
     assert all(len(t.cells) == len(list(kernel_table.rollout_queries())) for t in rollout.values())
     kernels = {t.results[c][0] for t in training.values() for c in t.cells}
     assert kernels == {"FlashAttention", "FusedAttention", "UnfusedDotProductAttention", None}
@@ -58,7 +58,9 @@ def test_gpu_sm90_prints_both_kernels_of_the_grpo_examples(example):
     assert "kernels on sm90 (--gpu):" in proc.stdout
     assert "  training, all layers (28 of 28): 12 heads / 2 KV, head dim 128, no window:\n" in proc.stdout
     assert "    FlashAttention 2.8.3 (Transformer Engine 2.14.1's own selector" in proc.stdout
-    assert "    FLASH_ATTN FA3 (vLLM 0.25.1's own selector" in proc.stdout
+    # the GRPO example's preset pins vLLM to flash-attn 2 on Hopper (its FA3 is not batch invariant)
+    rollout = "FLASH_ATTN FA2" if example == GRPO else "FLASH_ATTN FA3"
+    assert f"    {rollout} (vLLM 0.25.1's own selector" in proc.stdout
 
 
 def test_sft_example_has_a_training_kernel_and_says_there_is_no_rollout():
@@ -200,7 +202,7 @@ def test_head_dims_are_answered_by_their_class_and_a_pair_without_one_is_pending
     switched = predict_training(
         TrainingQuery("sm90", "flash", "bf16", 16, 8, 128, 128, flash_switches=(("NVTE_FLASH_ATTN_V3", "0"),))
     )
-    assert switched.pending and "NVTE_FLASH_ATTN_V2/_V3/_V4" in switched.pending
+    assert switched.pending and "NVTE_FLASH_ATTN_V2/_V3/_V4 (NVTE_FLASH_ATTN_V3=0)" in switched.pending
     window = predict_training(TrainingQuery("sm90", "flash", "bf16", 16, 8, 128, 128, window=4096))
     assert window.known and "any sliding window as a left window of 1023" in window.assumptions
 
@@ -225,7 +227,8 @@ def test_readme_kernel_table_is_what_the_script_generates():
     spec.loader.exec_module(script)
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert script.updated_readme(text) == text, "run: python scripts/update_kernel_tables.py readme"
-    assert "| GRPO example (flash, bf16, packed) | sm80, sm86, sm89, sm100, sm103, sm110, sm120 |" in text
+    # the example's preset pins vLLM to flash-attn 2 on Hopper too: every GPU runs FA2 on both sides
+    assert "| GRPO example (flash, bf16, packed) | sm80, sm86, sm89, sm90, sm100, sm103, sm110, sm120 |" in text
 
 
 @pytest.mark.parametrize("gpu", ["sm103", "B300", "GB300", "L40S", "sm89"])
@@ -311,9 +314,13 @@ def test_gpt_oss_on_blackwell_warns_of_the_pair_nemo_rl_documents_and_names_its_
 
 
 def test_fa3_under_vllm_batch_invariance_on_hopper_is_a_documented_pair():
-    result = check_json(GRPO, "--gpu", "sm90")  # the example's preset sets VLLM_BATCH_INVARIANT=1
+    invariant = ("attention_align.preset=null", "++policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT=1")
+    result = check_json(GRPO, *invariant, "--gpu", "sm90")
     (finding,) = [f for f in result["kernels"]["findings"] if f["code"] == "KERNEL_PAIR_DOCUMENTED"]
-    assert "#47069" in finding["message"] and "flash_attn_version=2" in finding["fix"]
+    assert "#47069" in finding["message"] and "flash_attn_version=2" in finding["fix"] and finding["value"] is None
+    pinned = check_json(GRPO, *invariant, f"++{finding['key']}=2", "--gpu", "sm90")
+    assert pinned["kernels"]["rollout"][0]["label"] == "FLASH_ATTN FA2"
+    assert not [f for f in pinned["kernels"]["findings"] if f["code"] == "KERNEL_PAIR_DOCUMENTED"]
     plain = check_json(GRPO, "attention_align.preset=null", "--gpu", "sm90")
     assert plain["kernels"]["rollout"][0]["label"] == "FLASH_ATTN FA3"
     assert not [f for f in plain["kernels"]["findings"] if f["code"] == "KERNEL_PAIR_DOCUMENTED"]

@@ -10,6 +10,7 @@ unusable. Imports neither torch nor megatron-core.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nemo_rl_attn_align.compare.preset import Alignment
     from nemo_rl_attn_align.preflight.kernel_query import KernelPlan
     from nemo_rl_attn_align.preflight.kernels import KernelOptions
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
@@ -96,6 +98,7 @@ def evaluate(
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass; the kernels on ``gpu`` (default this
     machine's), asked as ``kernel_options`` say. The JSON-ready dict ``--json`` prints."""
+    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
     from nemo_rl_attn_align.compare.preset import align
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
@@ -113,9 +116,12 @@ def evaluate(
     def preview_of(config):
         return preview_binding(read_recipe_facts(config, environ), settings, environ)
 
-    alignment = align(cfg, preview_of) if settings.preset == "aligned" else None
-    final = read_recipe_facts(alignment.config if alignment is not None else cfg, environ)
+    step = functools.partial(kernel_step, gpu=chosen, environ=environ, options=options)
+    alignment = align(cfg, preview_of, kernels=step) if settings.preset == "aligned" else None
+    aligned = alignment.config if alignment is not None else cfg
+    final = read_recipe_facts(aligned, environ)
     kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
+    kernels["findings"] += _kernel_step_findings(alignment)
     predicted = _rollout_backends(kernel_plan)  # the preset and --fix search with vLLM's choice assumed
     if predicted is not None:
         preview = preview_binding(final, settings, environ, predicted)
@@ -135,7 +141,7 @@ def evaluate(
             **preview_dict,
             "preset": alignment.to_dict() if alignment is not None else None,
         },
-        "fix": _fix(alignment.config if alignment is not None else cfg, preview_of) if fix else None,
+        "fix": _fix(aligned, preview_of, functools.partial(step, alter_ok=True), environ) if fix else None,
         "preview_text": render_preview(preview) if full else _short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
@@ -164,6 +170,12 @@ def _kernels(
     return plan, {**plan.to_dict(), "model": facts.model.to_dict(), "findings": findings}
 
 
+def _kernel_step_findings(alignment: Alignment | None) -> list[dict[str, Any]]:
+    """The preset's kernel-step warning (``KERNEL_PAIR_SPLIT``), beside the kernel findings."""
+    split = alignment.kernels.finding if alignment is not None and alignment.kernels is not None else None
+    return [split.to_dict()] if split is not None else []
+
+
 def _rollout_backends(plan: KernelPlan) -> tuple[str, ...] | None:
     """The vLLM backends the plan predicts for the rollout's layer kinds (None: not all are known)."""
     kernels = [kind.kernel for kind in plan.rollout]
@@ -172,21 +184,28 @@ def _rollout_backends(plan: KernelPlan) -> tuple[str, ...] | None:
     return tuple(str(k.kernel) for k in kernels)
 
 
-def _fix(cfg: Mapping[str, Any], preview_of) -> dict[str, Any]:
-    """The smallest set of overrides after which the preview's semantic and determinism tiers pass."""
+def _fix(cfg: Mapping[str, Any], preview_of, kernels, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The smallest set of overrides after which the preview's semantic and determinism tiers pass,
+    and the kernel step's (one flash-attn generation on both sides, on the GPU known)."""
     from nemo_rl_attn_align.compare.fix import minimal
     from nemo_rl_attn_align.compare.preset import align
 
-    alignment = align(cfg, preview_of, alter_ok=True)
+    alignment = align(cfg, preview_of, alter_ok=True, kernels=kernels)
     if alignment.preview.binding is None:
-        return {"overrides": [], "changes": [], "none_because": "the config has no training and rollout side to bind"}
+        return {
+            "overrides": [],
+            "changes": [],
+            "none_because": "the config has no training and rollout side to bind",
+            "kernels": None,
+        }
     if alignment.refusal is not None:
-        return {"overrides": [], "changes": [], "none_because": alignment.refusal.line()}
-    changes = minimal(cfg, alignment, preview_of)
+        return {"overrides": [], "changes": [], "none_because": alignment.refusal.line(), "kernels": None}
+    changes = minimal(cfg, alignment, preview_of, environ)
     return {
         "overrides": [c.override() for c in changes],
         "changes": [c.to_dict() for c in changes],
         "none_because": None,
+        "kernels": alignment.kernels.to_dict() if alignment.kernels else None,
     }
 
 
@@ -229,7 +248,15 @@ def _preset_lines(preset: dict[str, Any] | None) -> list[str]:
         from nemo_rl_attn_align.errors import format_finding
 
         lines.append(f"  cannot align: {format_finding(preset['refusal'])}")
-    return lines
+    return lines + _pair_lines(preset["kernels"])
+
+
+def _pair_lines(kernels: dict[str, Any] | None) -> list[str]:
+    """The kernel step's pair in one line (its warning is with the kernel findings)."""
+    if kernels is None:
+        return []
+    how = "one flash-attn generation" if kernels["one_generation"] else "two flash-attn generations (KERNEL_PAIR_SPLIT)"
+    return [f"  kernels: training {kernels['training']}, rollout {kernels['rollout']}: {how}"]
 
 
 def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
@@ -238,10 +265,15 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
     if fix["none_because"] is not None:
         return [f"fix: none: {fix['none_because']}"]
     if not fix["overrides"]:
-        return ["fix: none needed: the semantic and determinism tiers already pass"]
+        return ["fix: none needed: the semantic and determinism tiers already pass", *_pair_lines(fix["kernels"])]
     lines = ["fix: add after the recipe on the command line:", "  " + " ".join(fix["overrides"])]
     lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["alters_run"]]
-    return lines
+    split = fix["kernels"] and fix["kernels"]["finding"]
+    if split:
+        from nemo_rl_attn_align.errors import format_finding
+
+        lines.append(f"  {format_finding(split)}")
+    return lines + _pair_lines(fix["kernels"])
 
 
 def _kernel_line(name: str, kernel: dict[str, Any]) -> list[str]:

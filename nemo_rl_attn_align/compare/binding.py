@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.compare.kernel_pair import KernelPair, kernel_pair
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
 from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import Provenance, Tier, field_spec, fields_of
@@ -234,6 +235,8 @@ class BindingReport:
     mandate: Mandate | None
     allow_dtype_difference: bool
     determinism: DeterminismView | None = None
+    #: the kernels the two records name (``kernel_pair``); its documented pairs join the findings
+    kernels: KernelPair | None = None
 
     def result(self, name: str) -> FieldResult:
         """The result for field ``name``."""
@@ -269,7 +272,7 @@ class BindingReport:
         ]
         if self.determinism is not None:
             out.extend(self.determinism.findings())
-        return out
+        return out + list(self.kernels.documented if self.kernels is not None else ())
 
     def summary_line(self) -> str:
         """One line: the verdict and what drove it."""
@@ -301,6 +304,7 @@ class BindingReport:
             "allow_dtype_difference": self.allow_dtype_difference,
             "fields": [r.to_dict() for r in self.results],
             "determinism": self.determinism.to_dict() if self.determinism is not None else None,
+            "kernel_pair": self.kernels.to_dict() if self.kernels is not None else None,
             "findings": [f.to_dict() for f in self.findings()],
         }
 
@@ -321,4 +325,7 @@ def bind(
             raise TypeError(f"{label} must be an AttentionContract, got {type(contract).__name__}")
     order = fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC) + fields_of(Tier.RECORDED)
     results = tuple(_bind_field(name, training[name], rollout[name], mandate, allow_dtype_difference) for name in order)
-    return BindingReport(training.worker_id, rollout.worker_id, results, mandate, allow_dtype_difference, determinism)
+    kernels = kernel_pair(training, rollout)
+    return BindingReport(
+        training.worker_id, rollout.worker_id, results, mandate, allow_dtype_difference, determinism, kernels
+    )

@@ -11,16 +11,21 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.compare.preset import Alignment, Change, blocking_causes, set_key
+from nemo_rl_attn_align.compare.change import Change
+from nemo_rl_attn_align.compare.preset import Alignment, blocking_causes, set_key
 from nemo_rl_attn_align.preflight.plan import build_plan
 
 
 def minimal(
-    cfg: Mapping[str, Any], alignment: Alignment, preview_of: Callable[[Mapping[str, Any]], Any]
+    cfg: Mapping[str, Any],
+    alignment: Alignment,
+    preview_of: Callable[[Mapping[str, Any]], Any],
+    environ: Mapping[str, str],
 ) -> tuple[Change, ...]:
     """The smallest subset of ``alignment.changes`` after which the preview still has no blocking
     cause and the pre-flight rules find no error the whole set does not (each change is dropped in
-    turn when the rest suffice: batch-invariant mode without its flash-attn pin would not start)."""
+    turn when the rest suffice: batch-invariant mode without its flash-attn pin would not start; the
+    kernel step's changes are kept). The rules see ``environ``, the driver environment ``check`` was given."""
 
     def changed(changes: list[Change]) -> dict[str, Any]:
         work = copy.deepcopy(dict(cfg))
@@ -29,11 +34,12 @@ def minimal(
         return work
 
     def rule_errors(work: Mapping[str, Any]) -> set[str]:
-        return {f.code.value for f in build_plan(work).errors}
+        return {f.code.value for f in build_plan(work, environ).errors}
 
     kept = list(alignment.changes)
+    chosen = alignment.kernels.changes if alignment.kernels is not None else ()
     allowed = rule_errors(changed(kept))
-    for change in list(kept):
+    for change in [c for c in kept if c not in chosen]:  # the kernel step's changes are its fewest already
         trial = [c for c in kept if c is not change]
         work = changed(trial)
         if not blocking_causes(preview_of(work)) and rule_errors(work) <= allowed:

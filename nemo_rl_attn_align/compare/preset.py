@@ -28,15 +28,18 @@ to pass. Stdlib only.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
+from nemo_rl_attn_align.compare.change import Change
 from nemo_rl_attn_align.contract.schema import Tier
 from nemo_rl_attn_align.errors import Finding, finding
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.compare.kernel_choice import KernelChoice
 
 #: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.
 CUBLAS_DETERMINISTIC = ":4096:8"
@@ -46,53 +49,21 @@ _MEGATRON_ENV = "policy.megatron_cfg.env_vars"
 MAX_ROUNDS = 6
 
 
-@dataclass(frozen=True)
-class Change:
-    """One config setting the preset or ``--fix`` makes: the dotted key, the value, why, and whether
-    it ``alters_run`` (changes the parallel layout or the rollout precision, which the preset never
-    does; ``check --fix`` lists such changes with their cost)."""
-
-    key: str
-    value: Any
-    reason: str
-    alters_run: bool = False
-
-    def override(self) -> str:
-        """The Hydra override that makes this change (``++`` adds or sets), quoted for a POSIX shell."""
-        value = json.dumps(self.value) if isinstance(self.value, str) else _hydra_scalar(self.value)
-        text = f"++{self.key}={value}"
-        return "'" + text.replace("'", "'\\''") + "'"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "value": self.value,
-            "reason": self.reason,
-            "alters_run": self.alters_run,
-            "override": self.override(),
-        }
-
-
 #: What removes one cause: the changes, or the finding that says why the preset makes none.
 Remedy = list[Change] | Finding
-
-
-def _hydra_scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
 
 
 @dataclass(frozen=True)
 class Alignment:
     """What ``align`` did: the changes, the preview after them, why it stopped short (``None`` when
-    the semantic and determinism tiers pass, or when the config has no two sides to bind), and the
-    changed config."""
+    the semantic and determinism tiers pass, or when the config has no two sides to bind), the
+    changed config, and the kernel step's choice (``kernel_choice``; None: no GPU to choose for)."""
 
     changes: tuple[Change, ...]
     preview: Any  # preview.BindingPreview after the changes
     refusal: Finding | None
     config: Mapping[str, Any]  # a copy of the config with the changes applied
+    kernels: KernelChoice | None = None
 
     @property
     def aligned(self) -> bool:
@@ -103,6 +74,7 @@ class Alignment:
             "changes": [c.to_dict() for c in self.changes],
             "aligned": self.aligned,
             "refusal": self.refusal.to_dict() if self.refusal else None,
+            "kernels": self.kernels.to_dict() if self.kernels else None,
         }
 
 
@@ -318,9 +290,14 @@ def _field_fix(name: str) -> str:
 
 
 def align(
-    cfg: Mapping[str, Any], preview_of: Callable[[Mapping[str, Any]], Any], *, alter_ok: bool = False
+    cfg: Mapping[str, Any],
+    preview_of: Callable[[Mapping[str, Any]], Any],
+    *,
+    alter_ok: bool = False,
+    kernels: Callable[[Mapping[str, Any]], KernelChoice | None] | None = None,
 ) -> Alignment:
-    """Apply the settings that make the semantic and determinism tiers of ``preview_of(cfg)`` pass.
+    """Apply the settings that make the semantic and determinism tiers of ``preview_of(cfg)`` pass,
+    then ``kernels``' choice (``kernel_choice.kernel_step`` on the GPU known; None: no kernel step).
 
     ``preview_of`` previews a config (``preview.preview_binding`` with fixed settings and
     environment). ``alter_ok`` lets parallel sizes change (``check --fix``); the preset keeps them.
@@ -360,7 +337,7 @@ def align(
         preview = preview_of(work)
     left = blocking_causes(preview)
     if not left:
-        return Alignment(tuple(changes), preview, None, work)
+        return _with_kernels(Alignment(tuple(changes), preview, None, work), preview_of, kernels)
     refusal = next(iter(refusals.values()), None) or _refuse(
         left[0][1],
         None,
@@ -368,6 +345,21 @@ def align(
         "report this as a bug of nemo-rl-attn-align",
     )
     return Alignment(tuple(changes), preview, refusal, work)
+
+
+def _with_kernels(
+    alignment: Alignment,
+    preview_of: Callable[[Mapping[str, Any]], Any],
+    kernels: Callable[[Mapping[str, Any]], KernelChoice | None] | None,
+) -> Alignment:
+    """``alignment`` (whose tiers pass) with the kernel step's choice applied and previewed again."""
+    work = alignment.config
+    choice = kernels(work) if kernels is not None else None
+    applied = tuple(c for c in choice.changes if blocked_parent(work, c.key) is None) if choice else ()
+    for change in applied:
+        set_key(work, change.key, change.value)
+    preview = preview_of(work) if applied else alignment.preview
+    return Alignment(alignment.changes + applied, preview, None, work, choice)
 
 
 def apply_changes(master_config: Any, changes: tuple[Change, ...]) -> None:

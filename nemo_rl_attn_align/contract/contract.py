@@ -14,7 +14,7 @@ from typing import Any
 from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
-    FIELDS_SINCE_2,
+    FIELDS_ADDED,
     SIDES,
     ContractError,
     Provenance,
@@ -167,9 +167,10 @@ class AttentionContract:
             raise ContractError("contract fields must be a JSON object")
         fields = {name: FieldValue.from_dict(raw, f"field {name}") for name, raw in data["fields"].items()}
         version = data["schema_version"]
-        if version == CONTRACT_SCHEMA_VERSION - 1:  # the schema before: its records lack the newer fields
+        if type(version) is int and 1 <= version < CONTRACT_SCHEMA_VERSION:  # lacks the newer fields
             unread = FieldValue(None, Provenance.UNOBSERVABLE, f"not recorded (contract schema {version})")
-            fields = {**{name: unread for name in FIELDS_SINCE_2}, **fields}
+            added = [name for since, names in FIELDS_ADDED.items() if since > version for name in names]
+            fields = {**dict.fromkeys(added, unread), **fields}
             version = CONTRACT_SCHEMA_VERSION
         return cls(data["side"], data["worker_id"], fields, version)
 

@@ -265,7 +265,10 @@ def _engine_fields(b: ContractBuilder, snap: VllmSnapshot) -> None:
     put_field(b, "physical_batch", snap.max_num_seqs, "scheduler_config.max_num_seqs", "configured")
     put_field(b, "batch_invariant", snap.batch_invariant, "VLLM_BATCH_INVARIANT in the worker")
     put_field(b, "deterministic", None, "vLLM has no deterministic-mode switch", "configured")
-    if snap.flash_attn_version is not None:
+    if snap.impl_flash_attn_version is not None:
+        impl = "FlashAttentionImpl.vllm_flash_attn_version"
+        put_field(b, "flash_attention_version", snap.impl_flash_attn_version, impl)
+    elif snap.flash_attn_version is not None:
         put_field(
             b, "flash_attention_version", snap.flash_attn_version, "attention_config.flash_attn_version", "configured"
         )

@@ -27,10 +27,12 @@ from nemo_rl_attn_align.contract.kinds import ContractError
 from nemo_rl_attn_align.contract.kinds import normalize_dtype as normalize_dtype
 from nemo_rl_attn_align.suggest import did_you_mean
 
-#: Version of the contract schema; ``from_dict`` rejects any other but the one before it, whose
-#: records lack ``FIELDS_SINCE_2`` (read as unobservable: not recorded then).
-CONTRACT_SCHEMA_VERSION = 2
+#: Version of the contract schema; ``from_dict`` reads the earlier ones, whose records lack the
+#: fields added since (``FIELDS_ADDED``: read as unobservable, not recorded then), and rejects any other.
+CONTRACT_SCHEMA_VERSION = 3
 FIELDS_SINCE_2 = ("attention_layers", "head_dim_v", "softmax_type", "mla", "attention_output_gate")
+#: The fields each schema version added.
+FIELDS_ADDED = {2: FIELDS_SINCE_2, 3: ("gpu",)}
 
 #: The two sides a contract can describe.
 SIDES = ("training", "rollout")
@@ -373,12 +375,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec(
         "flash_attention_version", _REC, kinds.positive_int, "flash-attn major version in use (2, 3, 4)", nullable=True
     ),
-    _spec(
-        "versions",
-        _REC,
-        kinds.mapping,
-        "library versions: torch, megatron.core, transformer_engine, vllm, flash_attn, nccl",
-    ),
+    _spec("gpu", _REC, kinds.text, "GPU generation (sm80, sm90, ...) from torch.cuda; null: none", nullable=True),
+    _spec("versions", _REC, kinds.mapping, "library versions: torch, megatron.core, transformer_engine, vllm, ..."),
 )
 
 FIELD_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS)

@@ -81,6 +81,8 @@ class VllmSnapshot:
     prefill_context_parallel_size: int | None = None
     decode_context_parallel_size: int | None = None
     flash_attn_version: int | None = None
+    #: the flash-attn generation the FLASH_ATTN layers call (``impl.vllm_flash_attn_version``), where they agree
+    impl_flash_attn_version: int | None = None
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT in the worker
 
     def chosen_backends(self) -> list[str]:
@@ -277,7 +279,18 @@ def _engine_values(vllm_config: Any, static_forward_context: Mapping[str, Any]) 
         "prefill_context_parallel_size": getattr(par, "prefill_context_parallel_size", None),
         "decode_context_parallel_size": getattr(par, "decode_context_parallel_size", None),
         "flash_attn_version": getattr(getattr(vllm_config, "attention_config", None), "flash_attn_version", None),
+        "impl_flash_attn_version": impl_flash_attn_version(static_forward_context),
     }
+
+
+def impl_flash_attn_version(static_forward_context: Mapping[str, Any]) -> int | None:
+    """The flash-attn generation vLLM's FlashAttention impls call (``vllm_flash_attn_version``, set by
+    ``fa_utils.get_flash_attn_version`` when the layer is built), when every such layer says one and the same."""
+    impls = [getattr(layer, "impl", None) for layer in static_forward_context.values()]
+    found = {getattr(impl, "vllm_flash_attn_version", None) for impl in impls}
+    found.discard(None)
+    only = found.pop() if len(found) == 1 else None
+    return only if isinstance(only, int) and not isinstance(only, bool) else None
 
 
 def read_vllm_snapshot(

@@ -119,6 +119,25 @@ def drift_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
     return figures
 
 
+#: The GPU this run's workers record, and how many of them: ``("sm90", "recorded by 8 of 8 workers")``.
+ReportedGpu = tuple[str, str]
+
+
+def reported_gpu(report_dir: str, run_id: str | None) -> ReportedGpu | None:
+    """The GPU most of this run's workers record in their contracts (``gpu``, from torch.cuda), and
+    how many do; None when none records one (no worker has written, or none runs on CUDA)."""
+    from collections import Counter
+
+    from nemo_rl_attn_align.report.store import read_worker_files
+
+    records = read_worker_files(report_dir, run_id).records
+    seen = Counter(r.contract.fields["gpu"].value for r in records if r.contract.fields["gpu"].value)
+    if not seen:
+        return None
+    gpu, count = seen.most_common(1)[0]
+    return str(gpu), f"recorded by {count} of {len(records)} workers (torch.cuda)"
+
+
 class RunReport:
     """The report of one run of an algorithm, from ``setup()`` to the end of training."""
 
@@ -131,7 +150,7 @@ class RunReport:
         printer: Callable[[str], None] = _print,
         preset: Mapping[str, Any] | None = None,
         expected: Mapping[str, ExpectedSide] | None = None,
-        estimate: Callable[[], Mapping[str, Any]] | None = None,
+        estimate: Callable[[ReportedGpu | None], Mapping[str, Any]] | None = None,
     ):
         self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
         self.preset = preset  # what ``attention_align.preset`` changed (``preset.Alignment.to_dict()``)
@@ -143,7 +162,8 @@ class RunReport:
         self.doc: dict[str, Any] | None = None
         self.finished = False
         self.stepped = False
-        #: makes the attention-only drift estimate (``drift.estimate``) once, at setup
+        #: makes the attention-only drift estimate (``drift.estimate``) once, at setup, on the GPU the
+        #: workers recorded (``reported_gpu``; None: none did)
         self.estimate = estimate
         self.attention_only: Mapping[str, Any] | None = None
         self.logged_step: int | None = None
@@ -191,7 +211,7 @@ class RunReport:
 
     def _estimate_attention_drift(self) -> None:
         if self.estimate is not None and self.settings.attention_estimate:
-            self.attention_only = dict(self.estimate())
+            self.attention_only = dict(self.estimate(reported_gpu(self.settings.report_dir, self.run_id)))
 
     def at_setup(self) -> None:
         """``setup()`` returned: estimate attention's drift, collect, print the summary, enforce

@@ -149,6 +149,20 @@ def _init_distributed(vllm_config: Any) -> None:
     _distributed_ready = True
 
 
+def _cpu_backend() -> dict[str, str]:
+    """On a CPU, vLLM (0.32 and later) picks AMX_MLA for MLA layers where the CPU has AMX tiles, and its
+    impl refuses the sparse layers' arguments: CPU_MLA, which every CPU builds, is asked for instead
+    (non-MLA layers run CPU_ATTN either way). Nothing elsewhere, nor where vLLM has no AMX_MLA."""
+    from vllm.platforms import current_platform
+
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:  # before vLLM 0.15
+        return {}
+    amx = "AMX_MLA" in AttentionBackendEnum.__members__
+    return {"attention_backend": "CPU_MLA"} if amx and current_platform.is_cpu() else {}
+
+
 def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's model for the ``config.json`` in ``path``, built on the meta device: its attention layers."""
     import torch
@@ -165,6 +179,7 @@ def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[
         load_format="dummy",
         enforce_eager=True,
         hf_overrides=dict(hf_overrides or {}),
+        **_cpu_backend(),
     )
     vllm_config = engine_args.create_engine_config()  # the engine's own configs (its cache config's window)
     model_config = vllm_config.model_config

@@ -113,13 +113,43 @@ def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
-    alignment = align(cfg, lambda config: preview_binding(read_recipe_facts(config, os.environ), settings, os.environ))
+    kernels, no_kernels = _kernel_step()
+    alignment = align(
+        cfg,
+        lambda config: preview_binding(read_recipe_facts(config, os.environ), settings, os.environ),
+        kernels=kernels,
+    )
     apply_changes(master_config, alignment.changes)
     for change in alignment.changes:
         log.warning("nemo-rl-attn-align: preset aligned sets %s=%r (%s)", change.key, change.value, change.reason)
     if alignment.refusal is not None:
         log.warning("nemo-rl-attn-align: preset aligned: %s", alignment.refusal.line())
+    if alignment.kernels is not None and alignment.kernels.finding is not None:
+        log.warning("nemo-rl-attn-align: preset aligned: %s", alignment.kernels.finding.line())
+    if no_kernels is not None:
+        log.warning("nemo-rl-attn-align: preset aligned chooses no kernels: %s", no_kernels)
     return alignment.to_dict()
+
+
+def _kernel_step() -> tuple[Any, str | None]:
+    """The preset's kernel step on this (the driver's) node's GPU, for the vLLM installed here, or why
+    there is none: the step writes vLLM engine arguments only for a vLLM version the tables hold
+    (``attention_config`` does not exist in every vLLM NeMo-RL pins)."""
+    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
+    from nemo_rl_attn_align.preflight.gpu import local_gpu
+    from nemo_rl_attn_align.preflight.kernels import KernelOptions, installed_table_version
+
+    gpu, why = local_gpu()
+    if gpu is None:
+        return None, why
+    installed = installed_table_version("rollout")
+    if installed is None:
+        return None, (
+            "the driver's environment has no vLLM whose selector the tables hold; "
+            f"check --gpu {gpu} --vllm VERSION --fix prints the kernel settings for the workers' vLLM"
+        )
+    options = KernelOptions(vllm=installed[0])
+    return functools.partial(kernel_step, gpu=gpu, environ=os.environ, options=options), None
 
 
 def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = None) -> driver_report.RunReport:
@@ -143,10 +173,14 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
     return driver_report.start(run)
 
 
-def _attention_estimate(cfg: dict) -> dict:
+def _attention_estimate(cfg: dict, reported: driver_report.ReportedGpu | None) -> dict:
+    """The estimate on the GPU the workers recorded, else the driver node's."""
     from nemo_rl_attn_align.drift.estimate import attention_only_estimate
 
-    return attention_only_estimate(cfg)
+    if reported is None:
+        return attention_only_estimate(cfg)
+    estimate = attention_only_estimate(cfg, gpu=reported[0])
+    return {**estimate, "assumes": [f"GPU {reported[0]}: {reported[1]}", *estimate.get("assumes", [])]}
 
 
 def _wrap_setup(original: Callable, algorithm: str) -> Callable:

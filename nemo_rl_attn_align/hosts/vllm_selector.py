@@ -4,7 +4,8 @@
 (vLLM 0.15 and later: ``CudaPlatformBase.get_valid_backends`` over an ``AttentionSelectorConfig``,
 each backend's ``validate_configuration``, the lowest priority that validates; for ``FLASH_ATTN``
 the flash-attn version from ``v1/attention/backends/fa_utils.get_flash_attn_version``), inside a
-default current ``VllmConfig`` and with ``VLLM_BATCH_INVARIANT`` as the worker will have it. A
+default current ``VllmConfig`` (``attention_config.flash_attn_version`` as the recipe pins it) and
+with ``VLLM_BATCH_INVARIANT`` as the worker will have it. A
 backend forced by ``vllm_kwargs.attention_backend`` is validated alone, as vLLM's
 ``get_attn_backend_cls`` does. The reasons are vLLM's own, for every backend of higher priority it
 skipped. ``tests/real_vllm`` runs it on declared GPUs.
@@ -52,22 +53,38 @@ def _batch_invariance(batch_invariant: bool) -> Iterator[None]:
 
 
 @functools.cache
-def _default_config(batch_invariant: bool):
-    """A default ``VllmConfig`` made under that batch invariance (one per process and flag: making one
-    takes longer than the selection itself)."""
+def _engine_config(batch_invariant: bool, flash_attn_version: int | None):
+    """The ``VllmConfig`` an engine has under that batch invariance and with
+    ``attention_config.flash_attn_version`` pinned (one per process and pair: making one takes longer
+    than the selection itself)."""
     from vllm.config import VllmConfig
 
     with _batch_invariance(batch_invariant):
-        return VllmConfig()
+        config = VllmConfig()
+    if flash_attn_version is not None:
+        config.attention_config.flash_attn_version = flash_attn_version
+    return config
+
+
+def _unpinnable(query: RolloutQuery) -> str | None:
+    """Why this vLLM cannot take ``query``'s flash-attn pin (None: no pin, or it can)."""
+    if query.flash_attn_version is None:
+        return None
+    default = _engine_config(query.batch_invariant, None)
+    fields = getattr(getattr(default, "attention_config", None), "__dataclass_fields__", {})
+    if "flash_attn_version" in fields:
+        return None
+    return f"vLLM {version()} has no attention_config.flash_attn_version: the engine refuses the argument"
 
 
 @contextlib.contextmanager
-def _engine_context(batch_invariant: bool) -> Iterator[None]:
-    """What an engine has while it builds its layers: a current (default) ``VllmConfig`` and
-    ``VLLM_BATCH_INVARIANT`` as the worker's environment sets it."""
+def _engine_context(query: RolloutQuery) -> Iterator[None]:
+    """What an engine has while it builds its layers: a current ``VllmConfig`` (default, but for the
+    flash-attn pin) and ``VLLM_BATCH_INVARIANT`` as the worker's environment sets it."""
     from vllm.config import set_current_vllm_config
 
-    with _batch_invariance(batch_invariant), set_current_vllm_config(_default_config(batch_invariant)):
+    config = _engine_config(query.batch_invariant, query.flash_attn_version)
+    with _batch_invariance(query.batch_invariant), set_current_vllm_config(config):
         yield
 
 
@@ -130,7 +147,10 @@ def select(query: RolloutQuery) -> Kernel:
     source = f"vLLM {version()}'s CUDA selector, run here"
     device = DeviceCapability(*capability(query.gpu))
     config = _selector_config(query)
-    with _engine_context(query.batch_invariant):
+    unpinnable = _unpinnable(query)
+    if unpinnable is not None:
+        return Kernel("rollout", None, None, (unpinnable,), source)
+    with _engine_context(query):
         if query.forced_backend:
             chosen, reasons = _forced(query.forced_backend, device, config)
             if chosen is None:
@@ -148,4 +168,8 @@ def select(query: RolloutQuery) -> Kernel:
             reasons = tuple(f"{b.name}: {', '.join(r)}" for _, b, r in skipped)
         name = chosen.name  # type: ignore[union-attr]
         detail = _flash_attn_version(query) if name == "FLASH_ATTN" else None
+    if detail == "FA?" and query.flash_attn_version is not None:
+        pin = query.flash_attn_version
+        refused = f"FLASH_ATTN: flash-attn {pin} does not run here (fa_utils.get_flash_attn_version)"
+        return Kernel("rollout", None, None, (*reasons, refused), source)
     return Kernel("rollout", name, detail, tuple(reasons), source)

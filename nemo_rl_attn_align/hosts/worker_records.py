@@ -96,8 +96,10 @@ class HostRecord:
             "peers": self.peers(),
             **self.detail(),
         }
+        from nemo_rl_attn_align.hosts.device import with_device
+
         settings = self.settings()
-        return write(settings.report_dir, self.contract(), self.probe, detail, settings.run_id)
+        return write(settings.report_dir, with_device(self.contract()), self.probe, detail, settings.run_id)
 
     def note(self, problem: str) -> None:
         """A difference between request and reality: warned now; strict mode stops after the write."""

@@ -39,6 +39,8 @@ class GenerationFacts:
     env_vars: Mapping[str, str] = field(default_factory=dict)
     #: ``vllm_kwargs`` values (engine arguments).
     attention_backend: Any = None
+    #: ``vllm_kwargs.attention_config.flash_attn_version``: the flash-attn generation FLASH_ATTN is pinned to.
+    flash_attn_version: Any = None
     block_size: Any = None
     enable_chunked_prefill: Any = True
     max_num_batched_tokens: Any = None
@@ -74,6 +76,7 @@ def read_generation_facts(cfg: Any) -> GenerationFacts:
         enable_prefix_caching=Fact(vcfg.get("enable_prefix_caching"), f"{_VLLM_CFG}.enable_prefix_caching"),
         env_vars=as_env_vars(value_at(cfg, f"{_VLLM_CFG}.env_vars")),
         attention_backend=kwargs.get("attention_backend"),
+        flash_attn_version=_mapping(kwargs, "attention_config").get("flash_attn_version"),
         block_size=kwargs.get("block_size"),
         enable_chunked_prefill=kwargs.get("enable_chunked_prefill", True),
         max_num_batched_tokens=kwargs.get("max_num_batched_tokens"),

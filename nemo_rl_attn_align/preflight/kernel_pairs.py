@@ -36,12 +36,35 @@ def _trains_with_te(training: Kernel) -> bool:
     return training.kernel in ("FlashAttention", "FusedAttention", "UnfusedDotProductAttention")
 
 
+def flash_generation(kernel: Kernel) -> int | None:
+    """The flash-attn generation a kernel runs: TE's FlashAttention by its flash-attn version, vLLM's
+    FLASH_ATTN and Megatron generation's flash_attn by ``FA<n>`` (None: not flash-attn, or not known)."""
+    version = kernel.version or ""
+    if kernel.kernel == "FlashAttention":
+        major = version.split(".")[0]
+    elif kernel.kernel in ("FLASH_ATTN", "flash_attn") and version.startswith("FA"):
+        major = version[2:]
+    else:
+        return None
+    return int(major) if major.isdigit() else None
+
+
+def one_generation(plan: KernelPlan) -> bool:
+    """Whether the main training kernel and every rollout kernel run the same flash-attn generation."""
+    main = plan.main("training")
+    generation = flash_generation(main.kernel) if main is not None else None
+    return (
+        generation is not None
+        and bool(plan.rollout)
+        and all(flash_generation(kind.kernel) == generation for kind in plan.rollout)
+    )
+
+
 def _other_flash_generation(training: Kernel, rollout: Kernel) -> bool:
     """Megatron generation's flash-attn against a training kernel that is not the same flash-attn generation."""
     if rollout.kernel != "flash_attn" or not _trains_with_te(training):
         return False
-    major = (training.version or "").split(".")[0]
-    return training.kernel != "FlashAttention" or f"FA{major}" != rollout.version
+    return flash_generation(training) != flash_generation(rollout)
 
 
 DOCUMENTED_PAIRS = (
@@ -65,6 +88,7 @@ DOCUMENTED_PAIRS = (
         "vLLM issues #47069 and #51902; PR #48694 (fall back to FA2) is not in the vLLM the tables hold",
         "policy.generation.vllm_kwargs.attention_config.flash_attn_version",
         "2",
+        lambda query: query.flash_attn_version if query is not None else None,
     ),
     DocumentedPair(
         lambda gpu, training, rollout, _: _other_flash_generation(training, rollout),

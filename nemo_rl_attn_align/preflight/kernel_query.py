@@ -15,6 +15,14 @@ from typing import Any
 
 #: ``policy.precision`` -> the selectors' dtype names.
 DTYPE_OF_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+#: The flash-attn generations TE's ``NVTE_FLASH_ATTN_V2/_V3/_V4`` switch (TE 2.20 and later) and
+#: vLLM's ``attention_config.flash_attn_version`` pin.
+FLASH_GENERATIONS = (2, 3, 4)
+
+
+def flash_pin_switches(generation: int) -> tuple[tuple[str, str], ...]:
+    """The ``NVTE_FLASH_ATTN_V*`` switches that leave TE only flash-attn ``generation``."""
+    return tuple((f"NVTE_FLASH_ATTN_V{g}", "1" if g == generation else "0") for g in FLASH_GENERATIONS)
 
 
 def substantive(reasons: tuple[str, ...] | list[str]) -> list[str]:
@@ -50,6 +58,16 @@ class TrainingQuery:
         """``"192/128"``: the q/k and the v head dims."""
         return f"{self.head_dim_qk}/{self.head_dim_v}"
 
+    @property
+    def flash_pin(self) -> int | str | None:
+        """The one flash-attn generation the ``NVTE_FLASH_ATTN_V*`` switches leave on (None: all of
+        them, TE's default); the switches as written when they leave another set on."""
+        switches = dict(self.flash_switches)
+        on = [g for g in FLASH_GENERATIONS if switches.get(f"NVTE_FLASH_ATTN_V{g}", "1").strip() != "0"]
+        if len(on) == len(FLASH_GENERATIONS):
+            return None
+        return on[0] if len(on) == 1 else ", ".join(f"{n}={v}" for n, v in self.flash_switches)
+
 
 @dataclass(frozen=True)
 class RolloutQuery:
@@ -67,6 +85,8 @@ class RolloutQuery:
     forced_backend: str | None = None
     use_mla: bool = False  # multi-latent attention (head_size is then the latent plus its rotary part)
     use_sparse: bool = False  # sparse MLA (an indexer picks the keys: DeepSeek-V3.2, GLM-5)
+    #: vllm_kwargs.attention_config.flash_attn_version: the flash-attn generation FLASH_ATTN is pinned to.
+    flash_attn_version: int | None = None
 
     @property
     def mla(self) -> str:

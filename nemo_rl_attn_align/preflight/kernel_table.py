@@ -27,10 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.preflight.gpu import GPUS
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, RolloutQuery, TrainingQuery
+from nemo_rl_attn_align.preflight.kernel_query import (
+    FLASH_GENERATIONS,
+    Kernel,
+    RolloutQuery,
+    TrainingQuery,
+    flash_pin_switches,
+)
 
 TABLE_DIR = Path(__file__).with_name("tables")
-SCHEMA = 3
+SCHEMA = 4
 
 #: Transformer Engine's rules tell head dims apart only by these bounds (flash-attn 2: a padded dim
 #: <= 192 on some GPUs, <= 256, a multiple of 8; flash-attn 3: <= 256, the MLA pairs (128, 192] /
@@ -94,6 +100,7 @@ TRAINING_AXES: tuple[tuple[str, tuple], ...] = (
     ("qkv_format", ("sbhd", "thd")),
     ("deterministic", (False, True)),
     ("flash_attn_3", (False, True)),
+    ("flash_pin", (None, *FLASH_GENERATIONS)),
 )
 #: What every training cell holds fixed (per tensor-parallel rank).
 TRAINING_FIXED: dict[str, Any] = {"heads": 16, "kv_heads": 8, "seq_len": 4096, "batch_size": 2}
@@ -109,6 +116,7 @@ ROLLOUT_AXES: tuple[tuple[str, tuple], ...] = (
     ("has_sink", (False, True)),
     ("batch_invariant", (False, True)),
     ("forced_backend", (None, *FORCEABLE)),
+    ("flash_attn_version", (None, *FLASH_GENERATIONS)),
 )
 ROLLOUT_FIXED: dict[str, Any] = {"heads": 16}
 
@@ -122,7 +130,9 @@ def training_queries() -> Iterator[TrainingQuery]:
     for values in itertools.product(*(axis for _, axis in TRAINING_AXES)):
         cell = dict(zip(names, values, strict=True))
         qk, v = (int(d) for d in cell.pop("head_dims").split("/"))
-        yield TrainingQuery(**cell, head_dim_qk=qk, head_dim_v=v, **TRAINING_FIXED)
+        pin = cell.pop("flash_pin")
+        switches = flash_pin_switches(pin) if pin is not None else ()
+        yield TrainingQuery(**cell, head_dim_qk=qk, head_dim_v=v, flash_switches=switches, **TRAINING_FIXED)
 
 
 def rollout_queries() -> Iterator[RolloutQuery]:
@@ -152,8 +162,12 @@ def training_cell(query: TrainingQuery) -> tuple[int | str, tuple[str, ...]]:
         f"{TRAINING_FIXED['heads']} query / {TRAINING_FIXED['kv_heads']} KV heads per rank, "
         f"{TRAINING_FIXED['batch_size']} sequences of {TRAINING_FIXED['seq_len']} tokens, no dropout",
     ]
-    if query.flash_switches:
-        return "NVTE_FLASH_ATTN_V2/_V3/_V4 are set in the worker environment; the table assumes them unset", ()
+    if isinstance(query.flash_pin, str):
+        return (
+            f"NVTE_FLASH_ATTN_V2/_V3/_V4 ({query.flash_pin}) leave more than one flash-attn generation on; the table "
+            "holds them unset or leaving one on",
+            (),
+        )
     values = {name: getattr(query, name) for name, _ in TRAINING_AXES}
     dims = training_head_dims(query.head_dim_qk, query.head_dim_v)
     if dims is None:

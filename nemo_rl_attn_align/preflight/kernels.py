@@ -147,6 +147,7 @@ def rollout_query(facts: RecipeFacts, kind: LayerKind, gpu: str, environ: Mappin
         batch_invariant=vllm_batch_invariant({**environ, **gen.env_vars}),
         heads=kind.heads,
         forced_backend=forced_backend(gen.attention_backend),
+        flash_attn_version=gen.flash_attn_version,
         use_mla=mla,
         use_sparse=mla and kind.sparse,
     )
@@ -165,7 +166,11 @@ def megatron_generation_kernel(facts: RecipeFacts, options: KernelOptions) -> Ke
     adds flash-attn 3; flash-attn 4 is not assumed)."""
     gen = facts.megatron_generation
     assert gen is not None
-    pinned = gen.model.model_overrides.get("flash_attention_version")
+    return megatron_flash_kernel(gen.model.model_overrides.get("flash_attention_version"), options)
+
+
+def megatron_flash_kernel(pinned: object, options: KernelOptions) -> Kernel:
+    """megatron-core's flash-attn generation for a ``flash_attention_version`` pin (None: unpinned)."""
     installed = {"fa4": False, "fa3": options.flash_attn_3, "fa2": True}
     version, why = resolve_flash_version(pinned, installed)
     assumes = (
@@ -188,19 +193,28 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
+def installed_table_version(side: str) -> tuple[str, str] | None:
+    """(the installed host's version, which distribution) when a table holds that version, else None."""
+    tables = kernel_table.versions(side)
+    for distribution in HOSTS[side][1]:
+        installed = _installed(distribution)
+        if installed in tables:
+            return installed, f"the installed {distribution}"
+    return None
+
+
 def table_version(side: str, requested: str | None = None) -> tuple[str | None, str]:
     """The host version whose table answers for ``side``: ``requested`` (``--te`` / ``--vllm``), else
     the installed host's, else NeMo-RL main's pin, else the newest; and why that one."""
-    _, distributions, flag = HOSTS[side]
+    flag = HOSTS[side][2]
     tables = kernel_table.versions(side)
     if requested is not None:
         if requested in tables:
             return requested, flag
         return None, f"{flag} {requested} has no table (the tables have {', '.join(sorted(tables, key=_version_key))})"
-    for distribution in distributions:
-        installed = _installed(distribution)
-        if installed in tables:
-            return installed, f"the installed {distribution}"
+    installed = installed_table_version(side)
+    if installed is not None:
+        return installed
     pin = NEMO_RL_PINS[side]
     if pin in tables:
         return pin, f"NeMo-RL main's pin; {flag} chooses another"

@@ -78,6 +78,7 @@ def render_binding(binding: Mapping[str, Any], full: bool = False) -> str:
         lines.append(f"match on both sides ({len(matched)}): {', '.join(matched)}")
     if rows:
         lines.append(format_table(["field", "tier", "status", "training", "rollout", "mandate"], rows))
+    lines += _pair_line(binding.get("kernel_pair"))
     det = binding.get("determinism")
     if det is not None:
         hidden = ("match", "not_probed") if not full else ()
@@ -103,6 +104,20 @@ def render_binding(binding: Mapping[str, Any], full: bool = False) -> str:
             else "  no variable or flag differs"
         )
     return "\n".join(lines)
+
+
+#: ``kernel_pair.one_generation`` in words.
+_GENERATIONS = {True: "one flash-attn generation", False: "not one flash-attn generation", None: "not known"}
+
+
+def _pair_line(pair: Mapping[str, Any] | None) -> list[str]:
+    """The kernel pair the records name, in one line."""
+    if pair is None:
+        return []
+    gpus = {g for g in pair["gpu"].values() if g}
+    on = f" on {', '.join(sorted(gpus))}" if gpus else ""
+    how = _GENERATIONS[pair["one_generation"]]
+    return [f"kernels{on}: training {pair['training']}, rollout {pair['rollout']}: {how}"]
 
 
 def render_findings(findings: list[Mapping[str, Any]], shown: tuple[str, ...] = ("error", "warning")) -> list[str]:

@@ -16,7 +16,7 @@ from nemo_rl_attn_align.contract.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
     FIELDS,
-    FIELDS_SINCE_2,
+    FIELDS_ADDED,
     ContractError,
     Provenance,
     Tier,
@@ -58,16 +58,21 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
     } == set(fields_of(Tier.IDENTITY))
 
 
-def test_a_record_of_the_schema_before_loads_with_the_newer_fields_unobservable():
+@pytest.mark.parametrize("version", range(1, CONTRACT_SCHEMA_VERSION))
+def test_a_record_of_an_earlier_schema_loads_with_the_newer_fields_unobservable(version):
     data = full_contract().to_dict()
-    data["schema_version"] = CONTRACT_SCHEMA_VERSION - 1
-    for name in FIELDS_SINCE_2:
+    data["schema_version"] = version
+    newer = [name for since, names in FIELDS_ADDED.items() if since > version for name in names]
+    assert "gpu" in newer and (version > 1) is ("mla" not in newer)
+    for name in newer:
         del data["fields"][name]
     loaded = AttentionContract.from_dict(data)
     assert loaded.schema_version == CONTRACT_SCHEMA_VERSION
-    for name in FIELDS_SINCE_2:
+    for name in newer:
         assert loaded[name].provenance is Provenance.UNOBSERVABLE
-        assert loaded[name].source == f"not recorded (contract schema {CONTRACT_SCHEMA_VERSION - 1})"
+        assert loaded[name].source == f"not recorded (contract schema {version})"
+    with pytest.raises(ContractError):
+        AttentionContract.from_dict({**data, "schema_version": CONTRACT_SCHEMA_VERSION + 1})
 
 
 def test_identity_and_semantic_fields_name_a_fix():
@@ -117,6 +122,7 @@ BAD_VALUES = {
     "deterministic": ["no"],
     "flash_attention_version": [0],
     "versions": ["2.13", {"torch": object()}],
+    "gpu": ["", 90],
     "head_dim_v": [0],
     "attention_layers": [[1, 0], [-1], "0,1"],
     "softmax_type": ["sinks"],

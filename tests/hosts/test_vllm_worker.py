@@ -490,3 +490,21 @@ def test_an_engine_whose_every_id_is_held_warns_that_its_record_is_lost(fake_vll
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
     with pytest.raises(_patching.StrictModeError, match="record is lost"):
         fake_vllm.Worker(fake_vllm.standin_vllm_config("FLASH_ATTN")).compile_or_warm_up_model()
+
+
+def test_the_flash_attn_generation_the_impls_call_is_observed_over_the_configured_pin():
+    def layer(version):
+        return SimpleNamespace(impl=SimpleNamespace(vllm_flash_attn_version=version))
+
+    # vLLM's FlashAttentionImpl sets vllm_flash_attn_version from fa_utils.get_flash_attn_version (a stand-in here)
+    assert vllm_snapshot.impl_flash_attn_version({"a": layer(2), "b": layer(2), "c": SimpleNamespace()}) == 2
+    assert vllm_snapshot.impl_flash_attn_version({"a": layer(2), "b": layer(3)}) is None  # layers differ
+    assert vllm_snapshot.impl_flash_attn_version({"a": layer(None)}) is None
+    observed = vllm_record.rollout_contract(VllmSnapshot(flash_attn_version=3, impl_flash_attn_version=2), "w")
+    assert observed.value("flash_attention_version") == 2
+    assert observed["flash_attention_version"].provenance.value == "observed"
+    pinned = vllm_record.rollout_contract(VllmSnapshot(flash_attn_version=3), "w")
+    assert (pinned.value("flash_attention_version"), pinned["flash_attention_version"].provenance.value) == (
+        3,
+        "configured",
+    )

@@ -86,8 +86,19 @@ def test_fix_may_change_the_layout_and_is_minimal():
         alter_ok=True,
     )
     assert result.aligned
-    keys = [c.key for c in minimal(cfg, result, preview_of)]
+    keys = [c.key for c in minimal(cfg, result, preview_of, {})]
     assert keys == ["policy.megatron_cfg.context_parallel_size", CUBLAS]  # BI is already set
+
+
+def test_fix_checks_the_rules_in_the_environment_it_was_given(monkeypatch):
+    from nemo_rl_attn_align.compare import fix
+
+    cfg, result, preview_of = aligned("policy.megatron_cfg.context_parallel_size=2", alter_ok=True)
+    seen = []
+    real = fix.build_plan
+    monkeypatch.setattr(fix, "build_plan", lambda work, environ: seen.append(environ) or real(work, environ))
+    minimal(cfg, result, preview_of, {"NVTE_FLASH_ATTN": "0"})
+    assert seen and all(environ == {"NVTE_FLASH_ATTN": "0"} for environ in seen)
 
 
 @pytest.mark.parametrize("extra", [[], ["policy.megatron_cfg.context_parallel_size=2"]])

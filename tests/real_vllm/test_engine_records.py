@@ -129,8 +129,12 @@ def test_every_field_against_the_model_config_and_engine_args(engines, name):
             "logit_softcapping",
             "chunked_prefill_chunk",
             "mla",
+            "gpu",
         ):
             assert value["value"] is not None, field
+    # A CPU engine runs on no CUDA device: observed, and null (a GPU worker records its generation).
+    assert (fields["gpu"]["provenance"], fields["gpu"]["value"]) == ("observed", None)
+    assert "no CUDA device" in fields["gpu"]["source"]
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma2"])
