@@ -11,7 +11,7 @@ attention. An engine runs only in the dtypes it accepts (no fp32 rows for FlashA
 fused/flash backends or vLLM), and one whose order is not public (TE fused / cuDNN) is listed as
 not replayable, with no figures.
 
-The attention shape and the sweep's defaults come from ``drift_shape`` (torch-free, so the CLI can
+The attention shape and the sweep's defaults come from ``shape`` (torch-free, so the CLI can
 validate a config without importing torch); ``render`` shows a result (table, heatmap).
 """
 
@@ -29,9 +29,10 @@ from nemo_rl_attn_align.drift.shape import DEFAULT_GPU, DEFAULT_VOCAB, Shape
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec
+from nemo_rl_attn_align.reference.causal import Causal
 from nemo_rl_attn_align.reference.materializers import ENGINES, Materializer, parse_materializer
 
-#: Torch dtype of each name in ``drift_shape.DTYPE_NAMES``.
+#: Torch dtype of each name in ``shape.DTYPE_NAMES``.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Standard deviation of the random LM head's logits (RMS-normalised hidden state in).
 LOGIT_STD = 3.0
@@ -281,9 +282,9 @@ def run_sweep(sweep: Sweep, progress: Progress | None = None) -> dict[str, Any]:
     pairs, plans, started = [], [], time.perf_counter()
     for dname in sweep.dtypes:
         q, k, v = (x.to(DTYPES[dname]) for x in (q32, k32, v32))
-        exact = exact_attention(q, k, v, window=shape.window)
+        exact = exact_attention(q, k, v, Causal(shape.window))
         progress.step(f"{dname} fp64 exact")
-        ref = reference_attention(q, k, v, window=shape.window, spec=spec)
+        ref = reference_attention(q, k, v, Causal(shape.window), spec=spec)
         tokens = head.sample(ref[0])
         ref_lp = head.logprobs(ref[0], tokens)
         progress.step(f"{dname} reference")
