@@ -68,9 +68,9 @@ def _modules() -> dict[str, dict[str, set[str] | None]]:
             full[package][child] = None
     tails: dict[str, dict[str, set[str] | None]] = {}
     for name, defined in full.items():
-        parts = name.split(".")
-        for i in range(len(parts)):
-            tails.setdefault(".".join(parts[i:]), {}).update(defined)
+        words = name.split(".")
+        for i in range(len(words)):
+            tails.setdefault(".".join(words[i:]), {}).update(defined)
     return tails
 
 

@@ -98,12 +98,8 @@ class _Call:
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
         with torch.no_grad(), fp32_matmuls(q.device):
-            for seq in self.causal.sequences(q, k):
-                q0, q1, k0, k1 = seq
-                if q1 == q0:
-                    continue
-                geom = self.causal.geometry(q, k, seq)
-                out[q0:q1], lse[q0:q1] = self.plan.run(q[q0:q1], k[k0:k1], v[k0:k1], geom, self.spec)
+            for rows, keys, geom in self.causal.sequences(q, k):
+                out[rows], lse[rows] = self.plan.run(q[rows], k[keys], v[keys], geom, self.spec)
         return out, lse
 
 
@@ -151,12 +147,8 @@ def exact_attention(q, k, v, causal: Causal = Causal()):
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float64, device=q.device)
     with torch.no_grad():
-        for seq in causal.sequences(q, k):
-            q0, q1, k0, k1 = seq
-            if q1 == q0:
-                continue
-            geom = causal.geometry(q, k, seq)
-            out[q0:q1], lse[q0:q1] = _exact_one(q[q0:q1], k[k0:k1], v[k0:k1], geom)
+        for rows, keys, geom in causal.sequences(q, k):
+            out[rows], lse[rows] = _exact_one(q[rows], k[keys], v[keys], geom)
     return out, lse
 
 

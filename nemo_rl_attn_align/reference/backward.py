@@ -88,14 +88,9 @@ class BackwardInputs:
 
 def attention_backward(inputs: BackwardInputs, causal: Causal, spec: ReferenceSpec):
     """``(dq [Tq, Hq, D], dk, dv [Tk, Hkv, D])`` in the input dtype, for ``causal``'s packed sequences."""
-    q, k, v = inputs.q, inputs.k, inputs.v
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for seq in causal.sequences(q, k):
-        q0, q1, k0, k1 = seq
-        if q1 == q0:
-            continue  # no queries: its keys get zero
-        rows, keys = slice(q0, q1), slice(k0, k1)
-        dq[rows], dk[keys], dv[keys] = _sequence_backward(inputs.sequence(rows, keys), causal.geometry(q, k, seq), spec)
+    dq, dk, dv = torch.zeros_like(inputs.q), torch.zeros_like(inputs.k), torch.zeros_like(inputs.v)
+    for rows, keys, geom in causal.sequences(inputs.q, inputs.k):  # a sequence without queries: zero for its keys
+        dq[rows], dk[keys], dv[keys] = _sequence_backward(inputs.sequence(rows, keys), geom, spec)
     return dq, dk, dv
 
 
