@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a checkout that is not installed
 
-from nemo_rl_attn_align.contract.mandate import Mandate  # noqa: E402
+from nemo_rl_attn_align.config.settings import AlignSettings  # noqa: E402
 from nemo_rl_attn_align.drift.estimate import ESTIMATED, WHY_ESTIMATED, result  # noqa: E402
-from nemo_rl_attn_align.report.document import add_drift, collect  # noqa: E402
+from nemo_rl_attn_align.report.document import RunDescription, add_drift, collect  # noqa: E402
 from nemo_rl_attn_align.report.plot import write_drift_plot  # noqa: E402
 
 OUT = REPO / "docs" / "images" / "report-plot.png"
@@ -47,7 +47,7 @@ def step_metrics(step: int, rng: random.Random) -> dict[str, float]:
 def example_report() -> dict:
     """The synthetic report document."""
     with tempfile.TemporaryDirectory() as empty:
-        doc = collect(empty, mandate=Mandate(), run_id="grpo-qwen3-8b-example")
+        doc = collect(empty, AlignSettings(), RunDescription("grpo-qwen3-8b-example"))
     rng = random.Random(SEED)
     for step in range(1, STEPS + 1):
         add_drift(doc, step, step_metrics(step, rng))

@@ -10,7 +10,7 @@ over the driver's).
 
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
-The config is read once into ``preflight.facts.RecipeFacts``; every public function here takes
+The config is read once into ``preflight.recipe_facts.RecipeFacts``; every public function here takes
 either the config or those facts.
 """
 

@@ -25,7 +25,7 @@ from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan
 from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
 
-#: dtypes the sweep runs (``drift.DTYPES`` maps them to torch).
+#: dtypes the sweep runs (``sweep.DTYPES`` maps them to torch).
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 DEFAULT_DTYPES = DTYPE_NAMES
 #: The GPU plans are selected for when ``--gpu`` names none (any of ``preflight.gpu.GPUS``); NeMo-RL's

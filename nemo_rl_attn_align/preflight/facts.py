@@ -1,7 +1,7 @@
 """The recipe, read once: typed, frozen facts that the rules, the preview and drift consume.
 
-``read_recipe_facts(cfg, environ)`` reads a resolved NeMo-RL config (a plain dict, as
-``config.load_config`` returns it) into ``RecipeFacts``: ``policy`` (``PolicyFacts``, what the
+``recipe_facts.read_recipe_facts(cfg, environ)`` reads a resolved NeMo-RL config (a plain dict, as
+``config.loader.load_config`` returns it) into ``recipe_facts.RecipeFacts``: ``policy`` (``PolicyFacts``, what the
 pre-flight rules and the training preview need, with the NVTE variables the Megatron worker will
 see; read here), ``generation`` (``GenerationFacts``, the vLLM rollout settings, read in
 ``generation_facts``) and ``shape`` (``ShapeFacts``, the attention-shape layers drift resolves a

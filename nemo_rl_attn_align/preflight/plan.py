@@ -1,6 +1,6 @@
 """The backend plan: what Megatron will do with the attention settings, and whether it can work.
 
-``build_plan(cfg)`` takes a whole resolved NeMo-RL config (as ``config.load_config`` returns it);
+``build_plan(cfg)`` takes a whole resolved NeMo-RL config (as ``config.loader.load_config`` returns it);
 ``build_plan_for_policy(policy_cfg)`` takes only its ``policy`` section, which is what a Megatron
 policy worker receives. Both read the environment the worker will see: the process environment
 overlaid with ``policy.megatron_cfg.env_vars`` (NeMo-RL gives env_vars precedence over the driver's
