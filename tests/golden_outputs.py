@@ -96,14 +96,23 @@ def _report_cases() -> dict[str, dict]:
     }
 
 
+def _expected_workers() -> dict:
+    """The workers the report expects: one per side, as a config would say."""
+    from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
+
+    return {"training": ExpectedSide(1, ("policy-0",), "golden"), "rollout": ExpectedSide(1, ("vllm-0",), "golden")}
+
+
 def report_outputs(hf_cache: Path) -> dict[str, str]:
     """``report --json`` and ``report --all`` over reports of the sample contracts."""
     from nemo_rl_attn_align.compare.determinism_probe import probe
+    from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.contract.mandate import Mandate
-    from nemo_rl_attn_align.report.document import collect, write_report
+    from nemo_rl_attn_align.report.document import RunDescription, collect, write_report
     from nemo_rl_attn_align.report.store import write_worker_record
     from tests.contract_samples import MANDATE_OF_SAMPLES, full_contract
 
+    settings = AlignSettings(mandate=Mandate(**MANDATE_OF_SAMPLES))
     outputs = {}
     for name, changes in _report_cases().items():
         with tempfile.TemporaryDirectory() as folder:
@@ -112,7 +121,7 @@ def report_outputs(hf_cache: Path) -> dict[str, str]:
             write_worker_record(
                 report_dir, full_contract("rollout", "vllm-0", **changes), probe({}, torch_module=False)
             )
-            doc = collect(report_dir, mandate=Mandate(**MANDATE_OF_SAMPLES), expected=["policy-0", "vllm-0"])
+            doc = collect(report_dir, settings, RunDescription(expected=_expected_workers()))
             path = write_report(report_dir, doc)
             for variant, args in {"json": ["--json"], "all": ["--all"]}.items():
                 text = _run_cli(["report", *args, str(path)], hf_cache, report_dir)
