@@ -59,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
         if args.atol < 0:
             raise UsageError(f"--atol {args.atol}: a tolerance is 0 or more; e.g. --atol 1e-6")
         sequences = sides.read_prompts(args.prompts) if args.prompts else sides.DEFAULT_SEQUENCES
-        reference, other, layers = sides.SideSpec.read(args.reference), sides.SideSpec.read(args.other), _layers(args.layers)
+        reference, other, layers = (
+            sides.SideSpec.read(args.reference),
+            sides.SideSpec.read(args.other),
+            _layers(args.layers),
+        )
         with tempfile.TemporaryDirectory(prefix="attn-align-probe-") as scratch:
             workdir = args.out or Path(scratch)
             workdir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.probe import metrics
+from nemo_rl_attn_align.probe import metrics, replay
 from nemo_rl_attn_align.probe.capture import Capture
 
 #: Stage -> (the capture's tensors it compares, the operator a first difference there points at).
@@ -41,15 +41,25 @@ class Difference:
 
 @dataclass(frozen=True)
 class LayerDivergence:
-    """One layer: each stage's difference, and attention's share (None: the other side did not replay)."""
+    """One layer: each stage's difference, attention's measured share (None: the other side did not
+    replay) and the replay estimate beside it (None: a side names no replay)."""
 
     layer: int
     stages: dict[str, Difference]
     attention_share: Difference | None
+    replay_estimate: Difference | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        share = None if self.attention_share is None else self.attention_share.to_dict()
-        return {"layer": self.layer, "stages": {k: v.to_dict() for k, v in self.stages.items()}, "attention_share": share}
+        return {
+            "layer": self.layer,
+            "stages": {k: v.to_dict() for k, v in self.stages.items()},
+            "attention_share": _or_none(self.attention_share),
+            "replay_estimate": _or_none(self.replay_estimate),
+        }
+
+
+def _or_none(diff: Difference | None) -> dict[str, float] | None:
+    return None if diff is None else diff.to_dict()
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class ProbeResult:
     logprobs: Difference
     token_mult_prob_error: float
     gen_kl_error: float
+    replays: tuple[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +100,7 @@ class ProbeResult:
             "logprobs": self.logprobs.to_dict(),
             "token_mult_prob_error": self.token_mult_prob_error,
             "gen_kl_error": self.gen_kl_error,
+            "replays": None if self.replays is None else list(self.replays),
         }
 
 
@@ -120,7 +132,13 @@ def compare(reference: Capture, other: Capture, layers: list[int] | None = None,
         logprobs=difference(reference.logprobs, other.logprobs, "logprobs"),
         token_mult_prob_error=metrics.token_mult_prob_error(other.logprobs, reference.logprobs),
         gen_kl_error=metrics.gen_kl_error(other.logprobs, reference.logprobs),
+        replays=_replays(reference, other),
     )
+
+
+def _replays(reference: Capture, other: Capture) -> tuple[str, str] | None:
+    names = (reference.settings.get("replay"), other.settings.get("replay"))
+    return None if None in names else (str(names[0]), str(names[1]))
 
 
 def _check_same_batch(reference: Capture, other: Capture) -> None:
@@ -142,7 +160,9 @@ def _layer(reference: Capture, other: Capture, index: int) -> LayerDivergence:
     share = None
     if other.replayed_attention:
         share = difference(ref["attention"], other.replayed_attention[index], f"layer {index} replayed attention")
-    return LayerDivergence(index, stages, share)
+    replays = replay.estimate(reference, other, index)
+    estimate = None if replays is None else difference(*replays, f"layer {index} replays")
+    return LayerDivergence(index, stages, share, estimate)
 
 
 def _first(rows: tuple[LayerDivergence, ...], atol: float) -> FirstDivergence | None:

@@ -114,7 +114,9 @@ def _tokens_first(tensor: Any) -> Any:
     return tensor.transpose(0, 1).reshape(-1, *tensor.shape[2:])
 
 
-def _forward_one(model: Any, hooks: _Hooks, ids: list[int], reference: list[dict[str, Any]] | None) -> tuple[list, Any, list]:
+def _forward_one(
+    model: Any, hooks: _Hooks, ids: list[int], reference: list[dict[str, Any]] | None
+) -> tuple[list, Any, list]:
     """One sequence: its layers' tensors, its next-token logprobs, its replayed attention per layer."""
     import torch
 
@@ -161,7 +163,10 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
                 offset += len(ids)
     finally:
         hooks.remove()
-    layers = [{n: torch.cat([seq[i][n] for seq in per_sequence]) for n in capture_file.LAYER_TENSORS} for i in range(len(per_sequence[0]))]
+    layers = [
+        {n: torch.cat([seq[i][n] for seq in per_sequence]) for n in capture_file.LAYER_TENSORS}
+        for i in range(len(per_sequence[0]))
+    ]
     joined = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if reference is not None else []
     return capture_file.Capture(spec.name, spec.sequences, layers, torch.cat(logprobs), joined, spec.settings())
 

@@ -16,7 +16,9 @@ def plot(result: ProbeResult, path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError(f"--plot {path}: matplotlib is not installed; pip install 'nemo-rl-attn-align[plot]'") from None
+        raise UsageError(
+            f"--plot {path}: matplotlib is not installed; pip install 'nemo-rl-attn-align[plot]'"
+        ) from None
     layers = [row.layer for row in result.layers]
     floor = 1e-12  # a difference of 0 drawn at the floor of the log scale
     fig, ax = plt.subplots(figsize=(7, 4))

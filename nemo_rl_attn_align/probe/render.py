@@ -11,8 +11,18 @@ def verdict(result: ProbeResult) -> str:
         where = f"the two sides agree at every probed layer (|diff| <= {result.atol:g})"
     else:
         first = result.first
-        where = f"the first difference is {first.operator} at layer {first.layer} (max |diff| {first.difference.max_abs:.3g})"
-    return f"{_attention_words(result)}; {where}"
+        size = f"max |diff| {first.difference.max_abs:.3g}"
+        where = f"the first difference is {first.operator} at layer {first.layer} ({size})"
+    return f"{_attention_words(result)}; {where}{_replay_words(result)}"
+
+
+def _replay_words(result: ProbeResult) -> str:
+    estimates = [row.replay_estimate.max_abs for row in result.layers if row.replay_estimate is not None]
+    if result.replays is None or not estimates:
+        return ""
+    return (
+        f"; the replays ({result.replays[1]} vs {result.replays[0]}) estimate attention adds up to {max(estimates):.3g}"
+    )
 
 
 def _attention_words(result: ProbeResult) -> str:
@@ -29,11 +39,11 @@ def _attention_words(result: ProbeResult) -> str:
 
 def table(result: ProbeResult) -> str:
     """The per-layer max |diff| of every stage, attention's share, then the logprob metrics."""
-    head = ["layer", *STAGES, "attention adds"]
+    head = ["layer", *STAGES, "attention adds", "replay estimate"]
     lines = ["  ".join(f"{h:>15}" for h in head)]
     for row in result.layers:
-        share = "-" if row.attention_share is None else f"{row.attention_share.max_abs:.3g}"
-        cells = [str(row.layer), *(f"{row.stages[s].max_abs:.3g}" for s in STAGES), share]
+        share, estimate = (f"{d.max_abs:.3g}" if d else "-" for d in (row.attention_share, row.replay_estimate))
+        cells = [str(row.layer), *(f"{row.stages[s].max_abs:.3g}" for s in STAGES), share, estimate]
         lines.append("  ".join(f"{c:>15}" for c in cells))
     lines.append(
         f"logprobs max |diff| {result.logprobs.max_abs:.3g}, mean {result.logprobs.mean_abs:.3g}; "

@@ -3,7 +3,9 @@
 A side file is a JSON object: ``engine`` (``"megatron"``: megatron-core's GPTModel,
 ``megatron_side.py``), ``model`` (the model's settings: ``TransformerConfig`` fields and GPTModel
 arguments), ``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python``
-(the interpreter of the side's venv, default this one) and ``name`` (default the file's stem). Each
+(the interpreter of the side's venv, default this one), ``name`` (default the file's stem) and
+``replay`` (the reference materializer that replays its attention for the estimate, ``replay.py``;
+default by engine). Each
 side runs in its own process and writes a capture file; the driver never imports the engines.
 """
 
@@ -18,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
 ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side"}
-KEYS = ("engine", "model", "seed", "python", "name")
+KEYS = ("engine", "model", "seed", "python", "name", "replay")
 #: The batch when no --prompts is given: two sequences of distinct lengths.
 DEFAULT_SEQUENCES = [[5, 17, 42, 99, 123, 7, 64, 3], [11, 2, 90, 33, 8]]
 
@@ -36,10 +39,12 @@ class SideSpec:
     seed: int = 0
     python: str = sys.executable
     sequences: list[list[int]] = field(default_factory=lambda: [list(s) for s in DEFAULT_SEQUENCES])
+    replay: str | None = None
 
     def settings(self) -> dict[str, Any]:
         """What the capture records of how it was made."""
-        return {"engine": self.engine, "model": self.model, "seed": self.seed}
+        replay = self.replay or DEFAULT_REPLAYS.get(self.engine)
+        return {"engine": self.engine, "model": self.model, "seed": self.seed, "replay": replay}
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -50,7 +55,9 @@ class SideSpec:
         try:
             raw = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise UsageError(f"{path}: cannot read the side file ({err}); give a JSON object of {', '.join(KEYS)}") from None
+            raise UsageError(
+                f"{path}: cannot read the side file ({err}); give a JSON object of {', '.join(KEYS)}"
+            ) from None
         if not isinstance(raw, dict):
             raise UsageError(f"{path}: a side file is a JSON object, found {type(raw).__name__}")
         unknown = sorted(set(raw) - set(KEYS) - {"sequences"})
@@ -61,6 +68,8 @@ class SideSpec:
             raise UsageError(f"{path}: engine={engine!r} cannot be probed yet; use one of {', '.join(ENGINES)}")
         if not isinstance(raw.get("model", {}), dict):
             raise UsageError(f"{path}: model={raw['model']!r} is not an object; give the model's settings by name")
+        if raw.get("replay") is not None:
+            check_name(str(raw["replay"]), str(path))
         return cls(**{"name": path.stem, **raw})
 
 
@@ -70,11 +79,15 @@ def read_prompts(path: Path) -> list[list[int]]:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UsageError(f"--prompts {path}: cannot read it ({err}); give a JSON list of token-id lists") from None
-    ok = isinstance(raw, list) and raw and all(
-        isinstance(s, list) and len(s) >= 2 and all(isinstance(t, int) and t >= 0 for t in s) for s in raw
+    ok = (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(s, list) and len(s) >= 2 and all(isinstance(t, int) and t >= 0 for t in s) for s in raw)
     )
     if not ok:
-        raise UsageError(f"--prompts {path}: expected a JSON list of token-id lists of 2 or more ids, e.g. [[5, 17, 42]]")
+        raise UsageError(
+            f"--prompts {path}: expected a JSON list of token-id lists of 2 or more ids, e.g. [[5, 17, 42]]"
+        )
     return raw
 
 

@@ -27,8 +27,13 @@ def test_identical_captures_agree_everywhere():
 
 @pytest.mark.parametrize(
     ("layer", "tensor", "stage"),
-    [(0, "qkv", "qkv"), (0, "key", "rope"), (1, "attention", "attention"), (2, "after_mlp", "after_mlp"),
-     (1, "after_attention", "after_attention")],
+    [
+        (0, "qkv", "qkv"),
+        (0, "key", "rope"),
+        (1, "attention", "attention"),
+        (2, "after_mlp", "after_mlp"),
+        (1, "after_attention", "after_attention"),
+    ],
 )
 def test_the_first_divergence_names_the_stage_and_layer_perturbed(layer, tensor, stage):
     ref = capture()
@@ -58,7 +63,8 @@ def test_attention_share_is_the_replay_against_the_reference_attention():
 def test_without_a_replay_the_share_is_said_to_be_unmeasured():
     ref = capture()
     result = divergence.compare(ref, perturbed(ref, 0, "qkv", 1.0))
-    assert all(row.attention_share is None for row in result.layers)
+    assert all(row.attention_share is None and row.replay_estimate is None for row in result.layers)
+    assert result.replays is None and "replays" not in render.verdict(result)
     assert "not measured" in render.verdict(result) and " - " not in render.table(result).splitlines()[0]
 
 
@@ -101,7 +107,7 @@ def test_a_bad_capture_file_is_one_line_naming_it(tmp_path, content):
         torch.save({"format": 99}, path)
     else:
         path.write_bytes(content)
-    with pytest.raises(UsageError, match="bad.pt") as err:
+    with pytest.raises(UsageError, match=r"bad\.pt") as err:
         capture_file.load(path)
     assert "\n" not in str(err.value)
 

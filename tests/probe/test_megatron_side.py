@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from nemo_rl_attn_align.probe import divergence, megatron_side, render
+from nemo_rl_attn_align.probe import divergence, megatron_side, render, replay
 from nemo_rl_attn_align.probe.sides import SideSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,14 +61,30 @@ def test_one_differing_operator_is_named_as_the_first_divergence(reference, knob
     assert f"{divergence.STAGES[stage][1]} at layer 0" in render.verdict(result)
 
 
+@pytest.mark.parametrize("knob", [{}, {"softmax_scale": 0.1}, {"softmax_scale": 0.5, "rotary_interleaved": True}])
+def test_the_replay_estimate_equals_the_measured_share_where_the_replay_is_exact(reference, knob):
+    """megatron-local replays Megatron's local DotProductAttention exactly on CPU: both figures agree bit for bit."""
+    result = divergence.compare(reference, megatron_side.capture(SideSpec("rollout", model=knob), reference))
+    assert result.replays == ("megatron-local", "megatron-local")
+    for row in result.layers:
+        assert row.replay_estimate == row.attention_share
+    assert (max(row.attention_share.max_abs for row in result.layers) > 0) == ("softmax_scale" in knob)
+
+
+def test_the_megatron_local_replay_reproduces_the_captured_attention(reference):
+    for layer in range(len(reference.layers)):
+        replayed = replay.attention(reference, layer, "megatron-local", None)
+        assert torch.equal(replayed, reference.layers[layer]["attention"])
+
+
 def test_a_differing_later_layer_is_named_by_its_index(reference):
     """Only layer 1's weights differ (another seed for its QKV projection): the first divergence is there."""
-    import torch
-
     model = megatron_side.build(SideSpec("rollout"))
     torch.manual_seed(1)
     with torch.no_grad():
-        model.decoder.layers[1].self_attention.linear_qkv.weight.add_(torch.randn_like(model.decoder.layers[1].self_attention.linear_qkv.weight) * 1e-3)
+        model.decoder.layers[1].self_attention.linear_qkv.weight.add_(
+            torch.randn_like(model.decoder.layers[1].self_attention.linear_qkv.weight) * 1e-3
+        )
     other = megatron_side.capture_model(model, SideSpec("rollout"), reference)
     result = divergence.compare(reference, other)
     assert (result.first.layer, result.first.stage) == (1, "qkv")
@@ -103,6 +120,7 @@ def test_the_cli_runs_each_side_in_its_own_process(tmp_path):
         ('{"engine": "vllm"}', "engine='vllm' cannot be probed yet"),
         ('{"modle": {}}', "key 'modle' is not a side setting"),
         ("[1]", "a side file is a JSON object"),
+        ('{"replay": "flash-3"}', "replay='flash-3': unknown engine"),
         ('{"model": {"no_such_field": 1}}', "side rollout"),
     ],
 )
