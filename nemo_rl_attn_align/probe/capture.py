@@ -1,7 +1,8 @@
 """What one side's forward saw, layer by layer: the capture file both sides write and the driver reads.
 
 Every tensor is in one layout whatever the engine: tokens first, the sequences of the batch one
-after the other (``[tokens, ...]``). Per layer: ``qkv`` (the QKV projection's output, before RoPE),
+after the other (``[tokens, ...]``). Per layer: ``qkv`` (the QKV projection's output, before RoPE,
+as ``[all queries | all keys | all values]``),
 ``query`` / ``key`` / ``value`` (attention's inputs, after RoPE, ``[tokens, heads, head_dim]``),
 ``attention`` (core attention's output, ``[tokens, heads * head_dim]``), ``after_attention`` (the
 hidden state after the output projection and the residual) and ``after_mlp`` (the layer's output).

@@ -114,6 +114,17 @@ def _tokens_first(tensor: Any) -> Any:
     return tensor.transpose(0, 1).reshape(-1, *tensor.shape[2:])
 
 
+def _unpacked_qkv(mixed: Any, heads: int, groups: int) -> Any:
+    """Megatron's QKV output (per query group: its queries, one key, one value) as ``[q | k | v]``,
+    the layout vLLM's ``qkv_proj`` and the capture use."""
+    import torch
+
+    tokens = mixed.shape[0]
+    per_group = mixed.view(tokens, groups, heads // groups + 2, -1)
+    query, key, value = per_group[:, :, :-2], per_group[:, :, -2], per_group[:, :, -1]
+    return torch.cat([t.reshape(tokens, -1) for t in (query, key, value)], dim=-1)
+
+
 def _forward_one(
     model: Any, hooks: _Hooks, ids: list[int], reference: list[dict[str, Any]] | None
 ) -> tuple[list, Any, list]:
@@ -126,6 +137,8 @@ def _forward_one(
     logits = model(tokens, positions, attention_mask=causal)
     logprobs = torch.log_softmax(logits.float(), dim=-1)[0, :-1].gather(-1, tokens[0, 1:, None])[:, 0]
     layers = [{k: _tokens_first(v) for k, v in layer.items()} for layer in hooks.layers]
+    for layer in layers:
+        layer["qkv"] = _unpacked_qkv(layer["qkv"], layer["query"].shape[1], layer["key"].shape[1])
     replayed = []
     if reference is not None:
         for i, layer in enumerate(model.decoder.layers):

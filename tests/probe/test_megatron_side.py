@@ -127,3 +127,11 @@ def test_the_cli_runs_each_side_in_its_own_process(tmp_path):
 def test_bad_side_files_are_one_line_and_exit_2(tmp_path, side, message):
     done = _probe(tmp_path, side)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_qkv_capture_is_queries_then_keys_then_values(reference):
+    """Without RoPE's rotation (position 0 of each sequence) the unpacked QKV equals q, k, v after RoPE."""
+    layer = reference.layers[0]
+    start = [0, len(reference.sequences[0])]
+    q, k, v = (layer[n][start].flatten(1) for n in ("query", "key", "value"))
+    assert torch.equal(layer["qkv"][start], torch.cat([q, k, v], dim=-1))
