@@ -23,7 +23,7 @@ from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
-ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side"}
+ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side", "vllm": "nemo_rl_attn_align.probe.vllm_side"}
 KEYS = ("engine", "model", "seed", "python", "name", "replay")
 #: The batch when no --prompts is given: two sequences of distinct lengths.
 DEFAULT_SEQUENCES = [[5, 17, 42, 99, 123, 7, 64, 3], [11, 2, 90, 33, 8]]

@@ -117,7 +117,7 @@ def test_the_cli_runs_each_side_in_its_own_process(tmp_path):
 @pytest.mark.parametrize(
     ("side", "message"),
     [
-        ('{"engine": "vllm"}', "engine='vllm' cannot be probed yet"),
+        ('{"engine": "sglang"}', "engine='sglang' cannot be probed yet"),
         ('{"modle": {}}', "key 'modle' is not a side setting"),
         ("[1]", "a side file is a JSON object"),
         ('{"replay": "flash-3"}', "replay='flash-3': unknown engine"),
