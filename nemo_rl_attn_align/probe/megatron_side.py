@@ -11,6 +11,7 @@ Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``_c
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import types
@@ -41,19 +42,37 @@ def _ensure_model_parallel() -> None:
 
 
 def build(spec: SideSpec) -> Any:
-    """The side's GPTModel (local layer spec, weights from ``spec.seed``), in eval mode."""
+    """The side's GPTModel (local layer spec and backend, weights from ``spec.seed``), in eval mode."""
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     _ensure_model_parallel()
-    settings = {**TINY, **GPT_ARGS, **spec.model}
+    settings = {**TINY, **GPT_ARGS, "attention_backend": "local", **spec.model}
     gpt = {k: settings.pop(k) for k in GPT_ARGS}
+    settings["attention_backend"] = AttnBackend[settings["attention_backend"]]
     config = TransformerConfig(**{"use_cpu_initialization": not torch.cuda.is_available(), **settings})
     torch.manual_seed(spec.seed)
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), **gpt)
+    with _own_nvte_environment():
+        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), **gpt)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _own_nvte_environment():
+    """Megatron asserts and then sets ``NVTE_*`` for its backend while it builds; the probe leaves
+    its process's environment as it found it (the run it probes, or the next side in a test)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("NVTE_")}
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("NVTE_")]:
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager

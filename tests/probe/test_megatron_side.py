@@ -5,6 +5,7 @@ everywhere with attention adding 0, and the CLI runs each side in its own proces
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,11 @@ def test_the_qkv_capture_is_queries_then_keys_then_values(reference):
     start = [0, len(reference.sequences[0])]
     q, k, v = (layer[n][start].flatten(1) for n in ("query", "key", "value"))
     assert torch.equal(layer["qkv"][start], torch.cat([q, k, v], dim=-1))
+
+
+def test_building_a_side_leaves_the_nvte_environment_as_it_was(monkeypatch):
+    """Megatron sets NVTE_* while it builds; a value left by someone else neither stops the probe nor changes."""
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")
+    monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
+    megatron_side.build(SideSpec("training"))
+    assert os.environ.get("NVTE_FLASH_ATTN") == "1" and "NVTE_FUSED_ATTN" not in os.environ
