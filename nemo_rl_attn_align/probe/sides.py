@@ -1,12 +1,13 @@
 """One side of a probe: what it runs (``SideSpec``, read from a JSON file) and its process.
 
 A side file is a JSON object: ``engine`` (``"megatron"``: megatron-core's GPTModel,
-``megatron_side.py``), ``model`` (the model's settings: ``TransformerConfig`` fields and GPTModel
-arguments), ``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python``
-(the interpreter of the side's venv, default this one), ``name`` (default the file's stem) and
+``megatron_side.py``; ``"vllm"``: a vLLM engine, ``vllm_side.py``), ``model`` (the model's
+settings: ``TransformerConfig`` fields and GPTModel arguments, or vLLM's ``LLM(...)`` arguments),
+``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python`` (the
+interpreter of the side's venv, default this one), ``name`` (default the file's stem) and
 ``replay`` (the reference materializer that replays its attention for the estimate, ``replay.py``;
-default by engine). Each
-side runs in its own process and writes a capture file; the driver never imports the engines.
+default by engine). Each side runs in its own process and writes a capture file; the driver never
+imports the engines.
 """
 
 from __future__ import annotations
