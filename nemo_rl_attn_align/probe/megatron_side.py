@@ -5,7 +5,7 @@ of ``SIDE_JSON`` (``sides.SideSpec``'s fields) to ``OUT``; with ``REFERENCE`` (a
 capture) it also runs its own core attention on the reference's query/key/value. The model is
 built from ``model`` (``TransformerConfig`` fields and the ``GPTModel`` arguments of ``GPT_ARGS``)
 with the local layer spec and seeded weights, so two sides with one seed hold the same weights.
-Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``_cpu_forward``).
+Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``cpu_only``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ GPT_ARGS = {"vocab_size": 128, "max_sequence_length": 64, "position_embedding_ty
 TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2, "ffn_hidden_size": 128}
 
 
-def _ensure_model_parallel() -> None:
+def ensure_model_parallel() -> None:
     """A gloo process group of one and Megatron's model-parallel state, once per process."""
     import torch
     from megatron.core import parallel_state
@@ -49,7 +49,7 @@ def build(spec: SideSpec) -> Any:
     from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    _ensure_model_parallel()
+    ensure_model_parallel()
     settings = {**TINY, **GPT_ARGS, "attention_backend": "local", **spec.model}
     gpt = {k: settings.pop(k) for k in GPT_ARGS}
     settings["attention_backend"] = AttnBackend[settings["attention_backend"]]
@@ -76,7 +76,7 @@ def _own_nvte_environment():
 
 
 @contextlib.contextmanager
-def _cpu_forward():
+def cpu_only():
     """Off a GPU: ``torch.cuda.current_device`` answers "cpu" and the CUDA RNG tracker's fork does nothing."""
     import torch
     from megatron.core import tensor_parallel
@@ -185,7 +185,7 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
     per_sequence, logprobs, replayed = [], [], []
     offset = 0
     try:
-        with _cpu_forward(), torch.no_grad():
+        with cpu_only(), torch.no_grad():
             for ids in spec.sequences:
                 ref = None if reference is None else _slice(reference, offset, len(ids))
                 layers, lp, rep = _forward_one(model, hooks, ids, ref)

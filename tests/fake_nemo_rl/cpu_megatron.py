@@ -10,17 +10,14 @@ local ``DotProductAttention``; the causal mask is passed in because the default 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import socket
-import types
 
 import torch
-from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
 
 TINY_MODEL = {
     "num_layers": 2,
@@ -44,22 +41,6 @@ class StandInGPTProvider(TransformerConfig):
     seq_length: int = 32
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ensure_model_parallel() -> None:
-    """A gloo process group of one and Megatron's model-parallel state, once per process."""
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-
-
 def build_gpt(model_cfg: StandInGPTProvider) -> GPTModel:
     """A GPTModel with the local layer spec from ``model_cfg`` (Megatron sets NVTE_* here)."""
     ensure_model_parallel()
@@ -74,22 +55,11 @@ def build_gpt(model_cfg: StandInGPTProvider) -> GPTModel:
     )
 
 
-@contextlib.contextmanager
-def _cpu_only():
-    saved = torch.cuda.current_device, tensor_parallel.get_cuda_rng_tracker
-    torch.cuda.current_device = lambda: "cpu"
-    tensor_parallel.get_cuda_rng_tracker = lambda: types.SimpleNamespace(fork=contextlib.nullcontext)
-    try:
-        yield
-    finally:
-        torch.cuda.current_device, tensor_parallel.get_cuda_rng_tracker = saved
-
-
 def cpu_forward(model, batch: int = 2, seq: int = 16) -> torch.Tensor:
     """Logits of one forward of ``model`` (a module or a list of chunks) on random tokens."""
     module = model[0] if isinstance(model, (list, tuple)) else model
     ids = torch.randint(0, module.vocab_size, (batch, seq))
     positions = torch.arange(seq).unsqueeze(0).expand(batch, -1)
     causal = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1)
-    with _cpu_only(), torch.no_grad():
+    with cpu_only(), torch.no_grad():
         return module(ids, positions, attention_mask=causal)
