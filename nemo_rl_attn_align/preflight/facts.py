@@ -182,8 +182,11 @@ def policy_not_a_mapping(policy_cfg: Any) -> UsageError:
     )
 
 
-def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None) -> PolicyFacts:
-    """Read what the rules need from a resolved ``policy`` section and the worker's environment."""
+def read_policy_facts(
+    policy_cfg: Any, environ: Mapping[str, str] | None = None, model_config: Any = UNSET
+) -> PolicyFacts:
+    """Read what the rules need from a resolved ``policy`` section and the worker's environment;
+    ``model_config``: the model's ``config.json`` already read (``UNSET``: read it here)."""
     if not isinstance(policy_cfg, dict):
         raise policy_not_a_mapping(policy_cfg)
     environ = os.environ if environ is None else environ
@@ -230,6 +233,7 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         ),
         model=read_model_facts(
             model_name,
+            model_config,
             training_overrides=policy_cfg.get("hf_config_overrides"),
             rollout_overrides=value_at(policy_cfg, "generation.vllm_kwargs.hf_overrides"),
             model_overrides=overrides if isinstance(overrides, dict) else None,
