@@ -23,7 +23,6 @@ from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import identity_fields
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
-from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
 from nemo_rl_attn_align.contract.schema import (
     NotBound,
@@ -32,7 +31,7 @@ from nemo_rl_attn_align.contract.schema import (
     fields_of,
 )
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
-from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.model_config import HFModelConfig
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
@@ -218,6 +217,8 @@ def predict_rollout(
     if "rollout" in absent_sides(recipe):
         return None
     if recipe.megatron_generation is not None:
+        from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout  # its engine only
+
         b = ContractBuilder("rollout", "preview-rollout")
         _identity(b, recipe, "training")  # the policy's own Megatron model generates
         return predict_megatron_rollout(b, recipe.megatron_generation)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_rl_attn_align.drift import shape as drift_shape
 from nemo_rl_attn_align.drift.shape import EnginePrediction, Shape
 from nemo_rl_attn_align.preflight.gpu import parse_gpu
+from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 ESTIMATED, ZERO, UNAVAILABLE = "estimated", "zero_by_construction", "unavailable"
 #: The figures, with the value that means "no drift".
 NO_DRIFT = {"token_mult_prob_error": 1.0, "gen_kl_error": 0.0}
-#: ``policy.precision`` -> the sweep's dtype name.
-PRECISION_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 DEFAULT_SEEDS = 3
 DEFAULT_MAX_SEQ_LEN = 1024
 WHY_ESTIMATED = (
@@ -140,8 +139,8 @@ def recipe_dtype(facts: RecipeFacts) -> str:
     """The dtype of the replays, from ``policy.precision``; Unavailable when it is not one NeMo-RL takes."""
     policy = facts.require_policy()
     if policy.precision is None:
-        raise Unavailable(f"policy.precision={policy.precision_raw!r} is not one of {', '.join(PRECISION_DTYPES)}")
-    return PRECISION_DTYPES[policy.precision]
+        raise Unavailable(f"policy.precision={policy.precision_raw!r} is not one of {', '.join(DTYPE_OF_PRECISION)}")
+    return DTYPE_OF_PRECISION[policy.precision]
 
 
 def _check_sides(facts: RecipeFacts) -> None:

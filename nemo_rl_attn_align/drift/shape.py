@@ -22,12 +22,12 @@ from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET
 from nemo_rl_attn_align.preflight.gpu import capability
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan
+from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan
 from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
-#: dtypes the sweep runs (``drift.DTYPES`` maps them to torch).
-DTYPE_NAMES = ("bf16", "fp16", "fp32")
+#: dtypes the sweep runs (``drift.DTYPES`` maps them to torch): ``policy.precision``'s, by their short names.
+DTYPE_NAMES = tuple(DTYPE_OF_PRECISION.values())
 DEFAULT_DTYPES = DTYPE_NAMES
 #: The GPU plans are selected for when ``--gpu`` names none (any of ``preflight.gpu.GPUS``); NeMo-RL's
 #: recipes target Hopper.
@@ -261,7 +261,7 @@ def _predicted(plan: KernelPlan, side: str, assumed: Kernel) -> tuple[Kernel, bo
     kernel = main.kernel if main is not None else None
     if kernel is not None and kernel.known:
         return kernel, False, kernel.source
-    why = kernel.pending if kernel is not None else "; ".join(n for n in plan.notes if f" {side} " in n)
+    why = str(kernel.pending) if kernel is not None else "; ".join(n for n in plan.notes if f" {side} " in n)
     return assumed, True, why
 
 

@@ -39,14 +39,9 @@ class LocalFiles:
 
 def read_local_files(model_name: Any, tokenizer_name: Any, known: LocalFiles | None = None) -> LocalFiles:
     """The files of ``model_name`` and ``tokenizer_name``, reusing ``known``'s where the names are the same."""
-    same_model = known is not None and known.model_name == model_name
-    same_tokenizer = known is not None and known.tokenizer_name == tokenizer_name
-    return LocalFiles(
-        model_name,
-        known.model_config if known is not None and same_model else load_model_config(model_name),
-        tokenizer_name,
-        known.tokenizer if known is not None and same_tokenizer else tokenizer_identity(tokenizer_name),
-    )
+    if known is None or known.model_name != model_name or known.tokenizer_name != tokenizer_name:
+        return LocalFiles(model_name, load_model_config(model_name), tokenizer_name, tokenizer_identity(tokenizer_name))
+    return known
 
 
 @dataclass(frozen=True)
