@@ -147,11 +147,12 @@ def reference_attend(batch: int, seq: int) -> Callable:
     import torch
 
     from nemo_rl_attn_align.reference.attention import reference_attention
+    from nemo_rl_attn_align.reference.causal import Causal
 
     def attend(q, k, v):
         packed = [x.reshape(batch * seq, *x.shape[2:]) for x in (q, k, v)]  # thd, one sequence per batch row
         cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=q.device)
-        return reference_attention(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu)[0].view(batch, seq, -1)
+        return reference_attention(*packed, Causal(cu_seqlens_q=cu, cu_seqlens_k=cu))[0].view(batch, seq, -1)
 
     return attend
 

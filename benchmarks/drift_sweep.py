@@ -38,14 +38,8 @@ def main() -> int:
         drift_shape.default_rollout(replayed[args.gpu], args.seq_len, None), "--rollout"
     )
     start = time.perf_counter()
-    result = drift.run_sweep(
-        shape,
-        list(drift_shape.DEFAULT_DTYPES),
-        training,
-        rollout,
-        gpu=args.gpu,
-        progress=drift.Progress(0, enabled=sys.stderr.isatty()),
-    )
+    sweep = drift.Sweep(shape, list(drift_shape.DEFAULT_DTYPES), training, rollout, gpu=args.gpu)
+    result = drift.run_sweep(sweep, drift.Progress(0, enabled=sys.stderr.isatty()))
     wall = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"shape: {shape.to_dict()}")

@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a checkout that is not installed
 
-from nemo_rl_attn_align.contract.mandate import Mandate  # noqa: E402
+from nemo_rl_attn_align.config.settings import AlignSettings  # noqa: E402
 from nemo_rl_attn_align.drift.estimate import ESTIMATED, WHY_ESTIMATED, result  # noqa: E402
-from nemo_rl_attn_align.report.document import add_drift, collect  # noqa: E402
+from nemo_rl_attn_align.report.document import RunDescription, add_drift, collect  # noqa: E402
 from nemo_rl_attn_align.report.plot import write_drift_plot  # noqa: E402
 
 OUT = REPO / "docs" / "images" / "report-plot.png"
@@ -47,21 +47,19 @@ def step_metrics(step: int, rng: random.Random) -> dict[str, float]:
 def example_report() -> dict:
     """The synthetic report document."""
     with tempfile.TemporaryDirectory() as empty:
-        doc = collect(empty, mandate=Mandate(), run_id="grpo-qwen3-8b-example")
+        doc = collect(empty, AlignSettings(), RunDescription("grpo-qwen3-8b-example"))
     rng = random.Random(SEED)
     for step in range(1, STEPS + 1):
         add_drift(doc, step, step_metrics(step, rng))
+    shape = "shape: 32 heads, 8 kv heads, head_dim 128, no window (model config.json); seq len 1024"
     doc["drift"]["attention_only"] = result(
         ESTIMATED,
         WHY_ESTIMATED,
-        training="flash",
-        rollout="vllm-fa3",
-        dtype="bf16",
-        figures={
+        {"training": "flash", "rollout": "vllm-fa3", "dtype": "bf16", "assumes": [shape]},
+        {
             "token_mult_prob_error": {"value": 1.0019, "low": 1.0012, "high": 1.0028},
             "gen_kl_error": {"value": 2.1e-6, "low": 1.4e-6, "high": 3.2e-6},
         },
-        assumes=["shape: 32 heads, 8 kv heads, head_dim 128, no window (model config.json); seq len 1024"],
     )
     return doc
 

@@ -1,7 +1,7 @@
 """The layers ARCHITECTURE.md documents hold: a module imports only its own layer and those below.
 
 Layers, bottom up: the shared leaves (stdlib-only vocabulary every layer uses), ``config``,
-``preflight``, ``contract``, ``compare``, ``report``, ``reference``, ``drift``, then ``hosts`` and
+``preflight``, ``contract``, ``compare``, ``report``, ``reference``, ``drift``, ``probe``, then ``hosts`` and
 ``cli`` (which may import everything). Imports inside functions count as much as those at the top
 of a module; the only upward imports are listed in ``ALLOWED_UPWARD``, each with its reason.
 """
@@ -23,7 +23,7 @@ LEAVES = {
     "contract.mandate",
     "report.worker_ids",
 }
-LAYERS = ("config", "preflight", "contract", "compare", "report", "reference", "drift", "hosts", "cli")
+LAYERS = ("config", "preflight", "contract", "compare", "report", "reference", "drift", "probe", "hosts", "cli")
 #: (importer, imported) -> why the import goes up.
 ALLOWED_UPWARD = {
     (

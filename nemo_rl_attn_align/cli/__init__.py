@@ -21,7 +21,7 @@ from typing import Any, TextIO, cast
 from nemo_rl_attn_align import __version__
 
 #: Sub-command modules, in the order ``--help`` lists them.
-COMMANDS = ("check", "report", "drift", "run", "examples")
+COMMANDS = ("check", "report", "drift", "probe", "run", "examples")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.preset import Alignment
-    from nemo_rl_attn_align.compare.preview import BindingPreview
     from nemo_rl_attn_align.preflight.kernel_query import KernelPlan
     from nemo_rl_attn_align.preflight.kernels import KernelOptions
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
@@ -114,12 +113,8 @@ def evaluate(
     settings = load_settings(cfg)
     chosen, source, options = _gpu(kernel_options)
 
-    def read(config: Mapping[str, Any]) -> RecipeFacts:
-        return read_recipe_facts(config, environ, facts.files)  # the preset's rounds: the same files
-
-    def preview_of(recipe: RecipeFacts) -> BindingPreview:
-        return preview_binding(recipe, settings, environ)
-
+    read = functools.partial(read_recipe_facts, environ=environ, files=facts.files)  # the rounds: the same files
+    preview_of = functools.partial(preview_binding, settings=settings, environ=environ)
     step = functools.partial(kernel_step, gpu=chosen, environ=environ, options=options)
     alignment = align(cfg, read, preview_of, kernels=step) if settings.preset == "aligned" else None
     final = alignment.facts if alignment is not None else facts

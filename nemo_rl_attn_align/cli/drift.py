@@ -18,8 +18,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.drift import shape as drift_shape
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.drift.sweep import Sweep
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 REPORT_NAME, HEATMAP_NAME = "drift-report.json", "drift-heatmap.png"
@@ -109,8 +113,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _prepare(args: argparse.Namespace):
-    """Everything checked before any numeric work: (config path, overrides, shape, dtypes, engines)."""
+def _prepare(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any]]:
+    """Everything checked before any numeric work: the sweep, and the report's head (the config, its
+    overrides, why the default engines were picked)."""
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
@@ -148,7 +153,8 @@ def _prepare(args: argparse.Namespace):
     if args.vocab < 2:
         raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")
     notes = notes if not (args.training and args.rollout) else []
-    return config_path, overrides, shape, dtypes, training, rollout, gpu, notes
+    sweep = drift.Sweep(shape, dtypes, training, rollout, gpu=gpu, seed=args.seed, vocab=args.vocab)
+    return sweep, {"config": str(config_path), "overrides": overrides, "default_engines": notes}
 
 
 def _name_max(directory: Path) -> int:
@@ -200,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.limits import shown_text
 
     try:
-        config_path, overrides, shape, dtypes, training, rollout, gpu, notes = _prepare(args)
+        sweep, head = _prepare(args)
     except UsageError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -208,17 +214,7 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.drift import sweep as drift
     from nemo_rl_attn_align.report.store import atomic_write_json
 
-    result = drift.run_sweep(
-        shape,
-        dtypes,
-        training,
-        rollout,
-        seed=args.seed,
-        vocab=args.vocab,
-        gpu=gpu,
-        progress=drift.Progress(0, enabled=not args.no_progress),
-    )
-    result = {"config": str(config_path), "overrides": overrides, "default_engines": notes, **result}
+    result = {**head, **drift.run_sweep(sweep, drift.Progress(0, enabled=not args.no_progress))}
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # changed since it was checked
@@ -238,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print("\n".join([*(f"default engines: {note}" for note in notes), drift_render.render_table(result)]))
+        notes = (f"default engines: {note}" for note in head["default_engines"])
+        print("\n".join([*notes, drift_render.render_table(result)]))
         print(f"report: {report}" + (f"\nheatmap: {result['heatmap']}" if result["heatmap"] else ""))
     return EXIT_OK

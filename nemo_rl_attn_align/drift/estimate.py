@@ -61,23 +61,17 @@ class EstimateRequest:
 
 
 def result(
-    status: str,
-    why: str,
-    *,
-    training: str | None = None,
-    rollout: str | None = None,
-    dtype: str | None = None,
-    figures: Mapping[str, Mapping[str, float]] | None = None,
-    assumes: list[str] | None = None,
+    status: str, why: str, known: Mapping[str, Any], figures: Mapping[str, Mapping[str, float]] | None = None
 ) -> dict[str, Any]:
-    """The estimate's JSON-able dict (the schema the report, the metrics and the driver read)."""
+    """The estimate's JSON-able dict (the schema the report, the metrics and the driver read); ``known``:
+    the ``training`` and ``rollout`` engines, the ``dtype`` and the ``assumes`` lines known (each may be absent)."""
     return {
         "status": status,
-        "training_engine": training,
-        "rollout_engine": rollout,
-        "dtype": dtype,
+        "training_engine": known.get("training"),
+        "rollout_engine": known.get("rollout"),
+        "dtype": known.get("dtype"),
         "figures": {name: dict(f) for name, f in (figures or {}).items()},
-        "assumes": list(assumes or []),
+        "assumes": list(known.get("assumes") or []),
         "why": why,
     }
 
@@ -104,7 +98,7 @@ def attention_only_estimate(
         gpu = parse_gpu(gpu) if gpu is not None else _driver_gpu(known)
         return _estimate(facts, EstimateRequest(gpu, seeds, max_seq_len), environ, known)
     except Exception as err:  # the estimate is observability: it never stops a run
-        return result(UNAVAILABLE, _one_line(err), **known)
+        return result(UNAVAILABLE, _one_line(err), known)
 
 
 def _driver_gpu(known: dict) -> str:
@@ -222,7 +216,7 @@ def estimate_engines(
     try:
         return _estimate_engines(engines, request, known)
     except Exception as err:  # the estimate never stops a run
-        return result(UNAVAILABLE, _one_line(err), **known)
+        return result(UNAVAILABLE, _one_line(err), known)
 
 
 def _estimate_engines(engines: Engines, request: EstimateRequest, known: dict) -> dict[str, Any]:
@@ -250,13 +244,13 @@ def _estimate_engines(engines: Engines, request: EstimateRequest, known: dict) -
     if same_order(*mats):
         why = f"both sides run {mats[0].name}, the same reduction bit for bit, so attention adds no drift"
         figures = {name: {"value": v, "low": v, "high": v} for name, v in NO_DRIFT.items()}
-        return result(ZERO, why, figures=figures, **known)
+        return result(ZERO, why, known, figures)
     known["assumes"] += [
         f"random inputs, {seeds} seeds (q, k, v ~ N(0, 1))",
         f"one attention layer through a random LM head of vocab {vocab}",
     ]
     figures = replay_figures(shape, dtype, mats[0], mats[1], seeds=seeds, vocab=vocab)
-    return result(ESTIMATED, WHY_ESTIMATED, figures=figures, **known)
+    return result(ESTIMATED, WHY_ESTIMATED, known, figures)
 
 
 def replay_figures(shape: Shape, dtype: str, training: Any, rollout: Any, *, seeds: int, vocab: int) -> dict:

@@ -26,7 +26,7 @@ from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel
 from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
-#: dtypes the sweep runs (``drift.DTYPES`` maps them to torch): ``policy.precision``'s, by their short names.
+#: dtypes the sweep runs (``sweep.DTYPES`` maps them to torch): ``policy.precision``'s, by their short names.
 DTYPE_NAMES = tuple(DTYPE_OF_PRECISION.values())
 DEFAULT_DTYPES = DTYPE_NAMES
 #: The GPU plans are selected for when ``--gpu`` names none (any of ``preflight.gpu.GPUS``); NeMo-RL's

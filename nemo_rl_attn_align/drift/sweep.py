@@ -11,7 +11,7 @@ attention. An engine runs only in the dtypes it accepts (no fp32 rows for FlashA
 fused/flash backends or vLLM), and one whose order is not public (TE fused / cuDNN) is listed as
 not replayable, with no figures.
 
-The attention shape and the sweep's defaults come from ``drift_shape`` (torch-free, so the CLI can
+The attention shape and the sweep's defaults come from ``shape`` (torch-free, so the CLI can
 validate a config without importing torch); ``render`` shows a result (table, heatmap).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +29,10 @@ from nemo_rl_attn_align.drift.shape import DEFAULT_GPU, DEFAULT_VOCAB, Shape
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec
+from nemo_rl_attn_align.reference.causal import Causal
 from nemo_rl_attn_align.reference.materializers import ENGINES, Materializer, parse_materializer
 
-#: Torch dtype of each name in ``drift_shape.DTYPE_NAMES``.
+#: Torch dtype of each name in ``shape.DTYPE_NAMES``.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Standard deviation of the random LM head's logits (RMS-normalised hidden state in).
 LOGIT_STD = 3.0
@@ -228,30 +230,61 @@ def runs_in(m: Materializer, dname: str) -> bool:
     return m.canonical or (engine.replayable and dname in engine.dtypes)
 
 
-def run_sweep(
-    shape: Shape,
-    dtypes: list[str],
-    training: list[Materializer],
-    rollout: list[Materializer],
-    *,
-    seed: int = 0,
-    vocab: int = DEFAULT_VOCAB,
-    spec: ReferenceSpec = ReferenceSpec(),
-    progress: Progress | None = None,
-    gpu: str = DEFAULT_GPU,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Sweep:
+    """One drift sweep: the attention ``shape``, the dtypes, the training and rollout engines, the
+    GPU whose paths they replay, the inputs' and LM head's ``seed``, its ``vocab``, the reference's tiles."""
+
+    shape: Shape
+    dtypes: list[str]
+    training: list[Materializer]
+    rollout: list[Materializer]
+    gpu: str = DEFAULT_GPU
+    seed: int = 0
+    vocab: int = DEFAULT_VOCAB
+    spec: ReferenceSpec = ReferenceSpec()
+
+    @property
+    def engines(self) -> list[Materializer]:
+        """Every engine once, training first."""
+        return list(dict.fromkeys([*self.training, *self.rollout]))
+
+    def describe(self) -> dict[str, Any]:
+        """What the sweep runs (the report's head): shape, dtypes, engines and what each replays, skips, inputs."""
+        engines = self.engines
+        return {
+            "shape": self.shape.to_dict(),
+            "dtypes": list(self.dtypes),
+            "training": [m.name for m in self.training],
+            "rollout": [m.name for m in self.rollout],
+            "gpu": self.gpu,
+            "replays": {m.name: ENGINES[m.engine].replays for m in engines},
+            "not_replayable": [m.name for m in engines if not m.canonical and not ENGINES[m.engine].replayable],
+            "skipped": [
+                {"engine": m.name, "dtype": d}
+                for d in self.dtypes
+                for m in engines
+                if ENGINES[m.engine].replayable and not runs_in(m, d)
+            ],
+            "seed": self.seed,
+            "vocab": self.vocab,
+            "reference_spec": {"block_q": self.spec.block_q, "block_kv": self.spec.block_kv},
+        }
+
+
+def run_sweep(sweep: Sweep, progress: Progress | None = None) -> dict[str, Any]:
     """Run every engine once per dtype it accepts and compare all (training, rollout) pairs that both ran."""
-    engines = list(dict.fromkeys([*training, *rollout]))
+    shape, spec, engines = sweep.shape, sweep.spec, sweep.engines
     progress = progress or Progress(0, enabled=False)
-    progress.total = len(dtypes) * 2 + sum(runs_in(m, d) for m in engines for d in dtypes)
-    head = LMHead(shape.heads * shape.head_dim, vocab, seed)
-    q32, k32, v32 = make_inputs(shape, seed)
+    progress.total = len(sweep.dtypes) * 2 + sum(runs_in(m, d) for m in engines for d in sweep.dtypes)
+    head = LMHead(shape.heads * shape.head_dim, sweep.vocab, sweep.seed)
+    q32, k32, v32 = make_inputs(shape, sweep.seed)
     pairs, plans, started = [], [], time.perf_counter()
-    for dname in dtypes:
+    for dname in sweep.dtypes:
         q, k, v = (x.to(DTYPES[dname]) for x in (q32, k32, v32))
-        exact = exact_attention(q, k, v, window=shape.window)
+        exact = exact_attention(q, k, v, Causal(shape.window))
         progress.step(f"{dname} fp64 exact")
-        ref = reference_attention(q, k, v, window=shape.window, spec=spec)
+        ref = reference_attention(q, k, v, Causal(shape.window), spec=spec)
         tokens = head.sample(ref[0])
         ref_lp = head.logprobs(ref[0], tokens)
         progress.step(f"{dname} reference")
@@ -274,9 +307,9 @@ def run_sweep(
                 }
             )
             progress.step(f"{dname} {m.name}")
-        pairs += _compare_pairs(dname, training, rollout, results, logprobs)
+        pairs += _compare_pairs(dname, sweep.training, sweep.rollout, results, logprobs)
     return {
-        **_describe_sweep(shape, dtypes, training, rollout, gpu, seed, vocab, spec),
+        **sweep.describe(),
         "pairs": pairs,
         "engines": plans,
         "elapsed_s": time.perf_counter() - started,
@@ -298,35 +331,3 @@ def _compare_pairs(
         for r in rollout
         if t in results and r in results
     ]
-
-
-def _describe_sweep(
-    shape: Shape,
-    dtypes: list[str],
-    training: list[Materializer],
-    rollout: list[Materializer],
-    gpu: str,
-    seed: int,
-    vocab: int,
-    spec: ReferenceSpec,
-) -> dict[str, Any]:
-    """What a sweep ran (the report's head): shape, dtypes, engines and what each replays, skips, inputs."""
-    engines = list(dict.fromkeys([*training, *rollout]))
-    return {
-        "shape": shape.to_dict(),
-        "dtypes": list(dtypes),
-        "training": [m.name for m in training],
-        "rollout": [m.name for m in rollout],
-        "gpu": gpu,
-        "replays": {m.name: ENGINES[m.engine].replays for m in engines},
-        "not_replayable": [m.name for m in engines if not m.canonical and not ENGINES[m.engine].replayable],
-        "skipped": [
-            {"engine": m.name, "dtype": d}
-            for d in dtypes
-            for m in engines
-            if ENGINES[m.engine].replayable and not runs_in(m, d)
-        ],
-        "seed": seed,
-        "vocab": vocab,
-        "reference_spec": {"block_q": spec.block_q, "block_kv": spec.block_kv},
-    }

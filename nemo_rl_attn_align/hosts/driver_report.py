@@ -30,6 +30,7 @@ makes it stop the run, except at the end).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import math
 import operator
@@ -42,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 from nemo_rl_attn_align.hosts import _patching
 
 if TYPE_CHECKING:
-    from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
+    from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
+    from nemo_rl_attn_align.report.document import RunDescription
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -144,21 +146,14 @@ class RunReport:
 
     def __init__(
         self,
-        settings: Any,
+        settings: AlignSettings,
+        run: RunDescription,
         *,
-        run_id: str,
-        absent: Mapping[str, str],
         printer: Callable[[str], None] = _print,
-        preset: Mapping[str, Any] | None = None,
-        expected: Mapping[str, ExpectedSide] | None = None,
         estimate: Callable[[ReportedGpu | None], Mapping[str, Any]] | None = None,
     ):
-        self.settings = settings  # ``settings.AlignSettings`` with the run's real report_dir
-        self.preset = preset  # what ``attention_align.preset`` changed (``preset.Alignment.to_dict()``)
-        self.run_id = run_id
-        self.absent = dict(absent)
-        #: side -> ``expected_workers.ExpectedSide``: the workers the config starts
-        self.expected = dict(expected or {})
+        self.settings = settings  # with the run's real report_dir
+        self.run = run  # its ``attention_only`` is filled in at setup
         self.printer = printer
         self.doc: dict[str, Any] | None = None
         self.finished = False
@@ -166,26 +161,14 @@ class RunReport:
         #: makes the attention-only drift estimate (``drift.estimate``) once, at setup, on the GPU the
         #: workers recorded (``reported_gpu``; None: none did)
         self.estimate = estimate
-        self.attention_only: Mapping[str, Any] | None = None
         self.logged_step: int | None = None
         self._lock = threading.RLock()
 
     def _collect(self, point: str, *, enforce: bool, final: bool = False) -> None:
-        from nemo_rl_attn_align.report.finalize import AttentionMismatch, finalize, raise_for_mismatch
+        from nemo_rl_attn_align.report.finalize import AttentionMismatch, Collection, finalize, raise_for_mismatch
 
-        self.doc = finalize(
-            self.settings,
-            printer=self.printer,
-            absent_sides=self.absent,
-            run_id=self.run_id,
-            previous=self.doc,
-            point=point,
-            final=final,
-            enforce=False,
-            preset=self.preset,
-            expected_counts=self.expected,
-            attention_only=self.attention_only,
-        )
+        at = Collection(point, previous=self.doc, final=final)
+        self.doc = finalize(self.settings, self.run, at, printer=self.printer, enforce=False)
         if enforce:
             self._stop_if_unrecorded(self.doc)
             try:
@@ -212,7 +195,8 @@ class RunReport:
 
     def _estimate_attention_drift(self) -> None:
         if self.estimate is not None and self.settings.attention_estimate:
-            self.attention_only = dict(self.estimate(reported_gpu(self.settings.report_dir, self.run_id)))
+            estimate = self.estimate(reported_gpu(self.settings.report_dir, self.run.run_id))
+            self.run = dataclasses.replace(self.run, attention_only=dict(estimate))
 
     def at_setup(self) -> None:
         """``setup()`` returned: estimate attention's drift, collect, print the summary, enforce
@@ -281,7 +265,7 @@ class RunReport:
         from nemo_rl_attn_align.report.document import drift_entry
         from nemo_rl_attn_align.report.drift_log import append_step, drift_log_path
 
-        append_step(drift_log_path(self.settings.report_dir, self.run_id), drift_entry(step, figures))
+        append_step(drift_log_path(self.settings.report_dir, self.run.run_id), drift_entry(step, figures))
 
     def at_end(self, point: str) -> None:
         """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the

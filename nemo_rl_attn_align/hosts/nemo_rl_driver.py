@@ -172,17 +172,12 @@ def _start_run(
     effective = handoff.worker_settings()  # the launcher's variables win, in every worker and here
     settings = settings.replace(strict=effective.strict, report_dir=effective.report_dir)
     from nemo_rl_attn_align.preflight.expected_workers import expected_workers
+    from nemo_rl_attn_align.report.document import RunDescription
 
     absent = driver_report.absent_sides(cfg, facts, algorithm)
-    run = driver_report.RunReport(
-        settings,
-        run_id=run_id,
-        absent=absent,
-        preset=preset,
-        expected=expected_workers(cfg, absent),
-        estimate=functools.partial(_attention_estimate, facts),
-    )
-    return driver_report.start(run)
+    run = RunDescription(run_id, expected=expected_workers(cfg, absent), absent_sides=absent, preset=preset)
+    report = driver_report.RunReport(settings, run, estimate=functools.partial(_attention_estimate, facts))
+    return driver_report.start(report)
 
 
 def _attention_estimate(facts: RecipeFacts, reported: driver_report.ReportedGpu | None) -> dict:

@@ -1,7 +1,7 @@
 """The generation layer of a recipe: ``policy.generation`` read into frozen ``GenerationFacts``.
 
 What the rollout preview and the kernel predictions read about the rollout engine (vLLM's
-settings, its workers' environment); ``facts.read_recipe_facts`` calls ``read_generation_facts``.
+settings, its workers' environment); ``recipe_facts.read_recipe_facts`` calls ``read_generation_facts``.
 Stdlib only.
 """
 

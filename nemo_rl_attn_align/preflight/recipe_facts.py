@@ -1,7 +1,7 @@
 """The whole recipe, read once: ``RecipeFacts``, the layers' facts side by side (stdlib only).
 
 ``read_recipe_facts(cfg, environ)`` reads a resolved NeMo-RL config (a plain dict, as
-``config.load_config`` returns it): ``policy`` (``facts.PolicyFacts``: the pre-flight rules and the
+``config.loader.load_config`` returns it): ``policy`` (``facts.PolicyFacts``: the pre-flight rules and the
 training preview), ``generation`` (``generation_facts``: the vLLM rollout settings), ``shape``
 (``shape_facts``: the layers drift resolves a shape from) and ``megatron_generation``
 (``megatron_generation``: the generation model and engine when NeMo-RL generates with Megatron).

@@ -22,8 +22,8 @@ fp16, but it grows with the logits: with ``q`` scaled by 100 the output is up to
 Gradients: when ``q``, ``k`` or ``v`` requires grad, ``out`` and ``lse`` are differentiable through
 the canonical backward of ``backward`` (its order, invariance and FP64 bound are stated there).
 
-Layout: ``q`` ``[Tq, Hq, D]``, ``k``/``v`` ``[Tk, Hkv, D]``, packed ("thd") when ``cu_seqlens_q`` /
-``cu_seqlens_k`` are given (FlashAttention's varlen convention), one sequence otherwise. Returns
+Layout: ``q`` ``[Tq, Hq, D]``, ``k``/``v`` ``[Tk, Hkv, D]``, packed ("thd") when the ``Causal``
+gives ``cu_seqlens_q`` / ``cu_seqlens_k`` (FlashAttention's varlen convention), one sequence otherwise. Returns
 ``out`` ``[Tq, Hq, D]`` in ``q.dtype`` and ``lse`` ``[Tq, Hq]`` in FP32 (natural log).
 """
 
@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from nemo_rl_attn_align.reference.backward import attention_backward
+from nemo_rl_attn_align.reference.backward import BackwardInputs, attention_backward
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
+from nemo_rl_attn_align.reference.causal import Causal
 from nemo_rl_attn_align.reference.plans import SinglePass
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -66,31 +69,8 @@ def _check(q, k, v):
         raise ValueError(f"q, k, v must share one of {SUPPORTED_DTYPES}; got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def sequences(q, k, cu_seqlens_q=None, cu_seqlens_k=None) -> list[tuple[int, int, int, int]]:
-    """``[(q_start, q_end, k_start, k_end), ...]`` for each packed sequence."""
-    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-        raise ValueError("give both cu_seqlens_q and cu_seqlens_k, or neither")
-    if cu_seqlens_q is None:
-        return [(0, q.shape[0], 0, k.shape[0])]
-    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
-    if len(cq) != len(ck) or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] or ck[-1] != k.shape[0]:
-        raise ValueError("cu_seqlens must start at 0, have equal lengths and end at the packed lengths")
-    return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:], strict=True))
-
-
-def reference_attention(
-    q,
-    k,
-    v,
-    *,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    window: int | None = None,
-    scale: float | None = None,
-    plan=None,
-    spec: ReferenceSpec = ReferenceSpec(),
-):
-    """Causal (optionally sliding-window) GQA attention in the canonical order: ``(out, lse)``.
+def reference_attention(q, k, v, causal: Causal = Causal(), *, plan=None, spec: ReferenceSpec = ReferenceSpec()):
+    """``causal`` GQA attention in the canonical order: ``(out, lse)``.
 
     ``plan`` (default ``SinglePass()``) picks who computes which block; it never changes the result.
     When ``q``, ``k`` or ``v`` requires grad (and grad mode is on), ``out`` and ``lse`` are
@@ -98,24 +78,29 @@ def reference_attention(
     backward's bits do not depend on ``plan`` either). Double backward is not supported.
     """
     _check(q, k, v)
-    plan = SinglePass() if plan is None else plan
-    seqs = sequences(q, k, cu_seqlens_q, cu_seqlens_k)
+    call = _Call(causal, SinglePass() if plan is None else plan, spec)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Differentiable.apply(q, k, v, seqs, window, scale, plan, spec)
-    return _forward(q, k, v, seqs, window, scale, plan, spec)
+        return _Differentiable.apply(q, k, v, call)
+    return call.forward(q, k, v)
 
 
-def _forward(q, k, v, seqs, window, scale, plan, spec):
-    """The forward over packed ``seqs``: ``(out [Tq, Hq, D] q.dtype, lse [Tq, Hq] FP32)``."""
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-    with torch.no_grad(), fp32_matmuls(q.device):
-        for q0, q1, k0, k1 in seqs:
-            if q1 == q0:
-                continue
-            geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
-            out[q0:q1], lse[q0:q1] = plan.run(q[q0:q1], k[k0:k1], v[k0:k1], geom, spec)
-    return out, lse
+@dataclass(frozen=True)
+class _Call:
+    """One call of the reference: what it computes (``causal``), who computes which block (``plan``),
+    on which tiles (``spec``)."""
+
+    causal: Causal
+    plan: Any
+    spec: ReferenceSpec
+
+    def forward(self, q, k, v):
+        """``(out [Tq, Hq, D] q.dtype, lse [Tq, Hq] FP32)`` over the packed sequences."""
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+        with torch.no_grad(), fp32_matmuls(q.device):
+            for rows, keys, geom in self.causal.sequences(q, k):
+                out[rows], lse[rows] = self.plan.run(q[rows], k[keys], v[keys], geom, self.spec)
+        return out, lse
 
 
 def logit_magnitude(q, k, scale: float | None = None) -> float:
@@ -140,34 +125,30 @@ class _Differentiable(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, seqs, window, scale, plan, spec):
-        out32, lse = _forward(q.float(), k.float(), v.float(), seqs, window, scale, plan, spec)
+    def forward(ctx, q, k, v, call: _Call):
+        out32, lse = call.forward(q.float(), k.float(), v.float())
         ctx.save_for_backward(q, k, v, out32, lse)
-        ctx.options = {"seqs": seqs, "window": window, "scale": scale, "spec": spec}
+        ctx.call = call
         return out32.to(q.dtype), lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out32, lse = ctx.saved_tensors
+        inputs = BackwardInputs(q, k, v, out32, lse, dout, dlse.float())
         with fp32_matmuls(q.device):
-            dq, dk, dv = attention_backward(q, k, v, out32, lse, dout, dlse.float(), **ctx.options)
-        return dq, dk, dv, None, None, None, None, None
+            dq, dk, dv = attention_backward(inputs, ctx.call.causal, ctx.call.spec)
+        return dq, dk, dv, None
 
 
-def exact_attention(
-    q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, window: int | None = None, scale: float | None = None
-):
+def exact_attention(q, k, v, causal: Causal = Causal()):
     """The same attention computed plainly in FP64: ``(out, lse)``, both FP64."""
     _check(q, k, v)
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float64, device=q.device)
     with torch.no_grad():
-        for q0, q1, k0, k1 in sequences(q, k, cu_seqlens_q, cu_seqlens_k):
-            if q1 == q0:
-                continue
-            geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
-            out[q0:q1], lse[q0:q1] = _exact_one(q[q0:q1], k[k0:k1], v[k0:k1], geom)
+        for rows, keys, geom in causal.sequences(q, k):
+            out[rows], lse[rows] = _exact_one(q[rows], k[keys], v[keys], geom)
     return out, lse
 
 

@@ -48,6 +48,7 @@ Shapes (one sequence): q, dO, O ``[Sq, Hq, D]``, lse, dlse ``[Sq, Hq]``, k, v ``
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -62,25 +63,34 @@ from nemo_rl_attn_align.reference.blocks import (
     tile_rows,
     ungroup_heads,
 )
+from nemo_rl_attn_align.reference.causal import Causal
 
 
-def attention_backward(
-    q, k, v, out, lse, dout, dlse, *, seqs, window: int | None, scale: float | None, spec: ReferenceSpec
-):
-    """``(dq [Tq, Hq, D], dk, dv [Tk, Hkv, D])`` in the input dtype, for packed ``seqs``.
+@dataclass(frozen=True)
+class BackwardInputs:
+    """What the backward reads: the inputs ``q``/``k``/``v``, the forward's FP32 ``out`` ``[Tq, Hq, D]``
+    and ``lse`` ``[Tq, Hq]``, and the incoming gradients ``dout``/``dlse``."""
 
-    ``out`` ``[Tq, Hq, D]`` is the forward's FP32 output, ``lse`` ``[Tq, Hq]`` its FP32 LSE;
-    ``dout``/``dlse`` the incoming gradients; ``seqs`` is ``attention.sequences(...)``.
-    """
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for q0, q1, k0, k1 in seqs:
-        if q1 == q0:
-            continue  # no queries: its keys get zero
-        geom = Geometry.of(q, k, window, scale, q1 - q0, k1 - k0)
-        rows, keys = slice(q0, q1), slice(k0, k1)
-        dq[rows], dk[keys], dv[keys] = _sequence_backward(
-            q[rows], k[keys], v[keys], out[rows], lse[rows], dout[rows], dlse[rows], geom, spec
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    dout: torch.Tensor
+    dlse: torch.Tensor
+
+    def sequence(self, rows: slice, keys: slice) -> BackwardInputs:
+        """The inputs of one packed sequence: its query ``rows`` and its ``keys``."""
+        return BackwardInputs(
+            self.q[rows], self.k[keys], self.v[keys], self.out[rows], self.lse[rows], self.dout[rows], self.dlse[rows]
         )
+
+
+def attention_backward(inputs: BackwardInputs, causal: Causal, spec: ReferenceSpec):
+    """``(dq [Tq, Hq, D], dk, dv [Tk, Hkv, D])`` in the input dtype, for ``causal``'s packed sequences."""
+    dq, dk, dv = torch.zeros_like(inputs.q), torch.zeros_like(inputs.k), torch.zeros_like(inputs.v)
+    for rows, keys, geom in causal.sequences(inputs.q, inputs.k):  # a sequence without queries: zero for its keys
+        dq[rows], dk[keys], dv[keys] = _sequence_backward(inputs.sequence(rows, keys), geom, spec)
     return dq, dk, dv
 
 
@@ -88,25 +98,25 @@ class _Tile:
     """One query tile's FP32 operands (``[Hkv, g*BQ, ...]``) and its dQ accumulator."""
 
     def __init__(
-        self, t: int, idx: list[int], off: list[int], geom: Geometry, spec: ReferenceSpec, q, out, lse, dout, dlse
+        self, t: int, idx: list[int], off: list[int], geom: Geometry, spec: ReferenceSpec, seq: BackwardInputs
     ):
         def tile(x, fill=0.0):
             return canonical_tile(x[idx], off, geom, spec, fill)
 
         self.idx, self.off = idx, off
         self.blocks = tile_blocks(geom, spec, [t * spec.block_q + o for o in off])
-        self.q, self.dout = tile(q), tile(dout)  # [Hkv, g*BQ, D]
-        self.lse = tile(lse, math.inf)[..., None]  # [Hkv, g*BQ, 1]
-        self.delta = (self.dout * tile(out)).sum(-1, keepdim=True) - tile(dlse)[..., None]  # D - dlse
+        self.q, self.dout = tile(seq.q), tile(seq.dout)  # [Hkv, g*BQ, D]
+        self.lse = tile(seq.lse, math.inf)[..., None]  # [Hkv, g*BQ, 1]
+        self.delta = (self.dout * tile(seq.out)).sum(-1, keepdim=True) - tile(seq.dlse)[..., None]  # D - dlse
         self.dq = torch.zeros_like(self.q)
 
 
-def _sequence_backward(q, k, v, out, lse, dout, dlse, geom: Geometry, spec: ReferenceSpec):
+def _sequence_backward(seq: BackwardInputs, geom: Geometry, spec: ReferenceSpec):
     """One sequence's ``(dq [Sq, Hq, D], dk, dv [Skv, Hkv, D])``, input dtype."""
+    q, k, v = seq.q, seq.k, seq.v
     positions = list(range(geom.q_start, geom.seq_kv))
     tiles = {
-        t: _Tile(t, idx, off, geom, spec, q, out, lse, dout, dlse)
-        for t, (idx, off) in tile_rows(positions, spec).items()
+        t: _Tile(t, idx, off, geom, spec, seq) for t, (idx, off) in tile_rows(positions, spec).items()
     }  # ascending tiles
     store = KVStore(geom, spec, k.dtype, k.device)
     store.put(0, k, v)

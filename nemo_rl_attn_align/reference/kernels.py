@@ -37,6 +37,8 @@ order inside a tile). Facts used, from flash-attention v2.8.1 (the FA2 NeMo-RL i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -106,10 +108,27 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).transpose(0, 1).contiguous()
 
 
-def _online_softmax(qg, kh, vh, visible, tiles, scale, group, p_dtype):
-    """One split's state over ``tiles`` (walked last-first): ``(m, row_sum, acc)`` FP32, grouped rows."""
+@dataclass(frozen=True)
+class FlashKernel:
+    """How one FlashAttention call reduces: its mask ``allowed(rows, cols)`` on global positions, the
+    softmax ``scale``, the KV tile ``block_n`` (``kBlockN``) and ``num_splits``; splits cut all tiles
+    from tile 0 (FA2) or, with ``split_visible``, the tiles a block of ``row_block`` query tokens sees (FA3)."""
+
+    allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    scale: float
+    block_n: int
+    num_splits: int = 1
+    split_visible: bool = False
+    row_block: int | None = None
+
+
+def _online_softmax(qg, kv: tuple[torch.Tensor, torch.Tensor], visible, tiles, scale, p_dtype):
+    """One split's state over ``tiles`` (walked last-first) of the heads-first ``kv``: ``(m, row_sum,
+    acc)`` FP32, grouped rows (``visible`` ``[R, m]``: one row per query token)."""
+    kh, vh = kv
     hkv, rows, d = qg.shape
-    n = rows // group
+    n = visible.shape[0]
+    group = rows // n
     m = torch.full((hkv, rows, 1), NEG_INF, dtype=torch.float32, device=qg.device)
     row_sum = torch.zeros_like(m)
     acc = torch.zeros(hkv, rows, d, dtype=torch.float32, device=qg.device)
@@ -130,47 +149,29 @@ def _online_softmax(qg, kh, vh, visible, tiles, scale, group, p_dtype):
     return m, row_sum, acc
 
 
-def flash_forward(
-    q,
-    q_pos,
-    k,
-    v,
-    kv_pos,
-    allowed,
-    *,
-    scale,
-    block_n,
-    num_splits=1,
-    out_dtype=None,
-    split_visible: bool = False,
-    row_block: int | None = None,
-):
-    """One FlashAttention-style call: ``(out [n, Hq, D], lse [n, Hq] FP32)``.
+def flash_forward(q, q_pos, k, v, kv_pos, kernel: FlashKernel):
+    """One FlashAttention-style call: ``(out [n, Hq, D] in q.dtype, lse [n, Hq] FP32)``.
 
     ``q`` ``[n, Hq, D]`` at global positions ``q_pos``; ``k``/``v`` ``[m, Hkv, D]`` (the call's local
-    KV, tiles counted from its first row) at global positions ``kv_pos``; ``allowed(rows, cols)``
-    is the mask on global positions. ``out_dtype`` defaults to the input dtype; with
-    ``num_splits > 1`` each split keeps an FP32 output and the combine kernel merges them. Splits
-    cut all tiles from tile 0 (FA2) or, with ``split_visible``, the tiles a block of ``row_block``
-    query tokens sees (FA3).
+    KV, tiles counted from its first row) at global positions ``kv_pos``. With ``num_splits > 1``
+    each split keeps an FP32 output and the combine kernel merges them.
     """
-    out_dtype = q.dtype if out_dtype is None else out_dtype
+    block_n, num_splits = kernel.block_n, kernel.num_splits
     n, hq, _ = q.shape
     hkv = k.shape[1]
-    group = hq // hkv
-    kh, vh = _heads_first(k), _heads_first(v)
+    kv = (_heads_first(k), _heads_first(v))
     m_len = k.shape[0]
     n_tiles = math.ceil(m_len / block_n)
     per_split = math.ceil(n_tiles / max(1, num_splits))
-    out = torch.empty(n, hq, q.shape[2], dtype=out_dtype, device=q.device)
+    out = torch.empty(n, hq, q.shape[2], dtype=q.dtype, device=q.device)
     lse = torch.empty(n, hq, dtype=torch.float32, device=q.device)
-    rows = row_block or _ROW_GROUP
+    rows = kernel.row_block or _ROW_GROUP
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        visible = allowed(q_pos[r0:r1], kv_pos)  # [R, m]
+        visible = kernel.allowed(q_pos[r0:r1], kv_pos)  # [R, m]
         qg = group_heads(q[r0:r1].to(torch.float32), hkv)
         seen = [t for t in range(n_tiles) if bool(visible[:, t * block_n : (t + 1) * block_n].any())]
-        if split_visible and seen:
+        if kernel.split_visible and seen:
             first, count = seen[0], seen[-1] + 1 - seen[0]
             per = math.ceil(count / max(1, num_splits))
             ranges = [range(first + s0, min(first + count, first + s0 + per)) for s0 in range(0, count, per)]
@@ -179,9 +180,9 @@ def flash_forward(
         states = []
         for tile_range in ranges:
             tiles = [(t * block_n, min(m_len, (t + 1) * block_n)) for t in tile_range if t in seen]
-            states.append(_online_softmax(qg, kh, vh, visible, tiles, scale, group, q.dtype))
+            states.append(_online_softmax(qg, kv, visible, tiles, kernel.scale, q.dtype))
         o, s = _finish(states) if num_splits > 1 else _normalise(*states[0])
-        out[r0:r1] = ungroup_heads(o, hq).to(out_dtype)
+        out[r0:r1] = ungroup_heads(o, hq).to(q.dtype)
         lse[r0:r1] = ungroup_heads(s, hq)
     return out, lse
 

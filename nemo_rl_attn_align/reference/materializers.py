@@ -53,9 +53,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_rl_attn_align.reference import kernels
 from nemo_rl_attn_align.reference.attention import fp32_matmuls, reference_attention
 from nemo_rl_attn_align.reference.blocks import Geometry, ReferenceSpec
+from nemo_rl_attn_align.reference.causal import Causal
 from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, SinglePass, SplitKV
 from nemo_rl_attn_align.reference.replays import flash, te_allgather, te_p2p, vllm
 from nemo_rl_attn_align.reference.unfused import hf_eager_attention, megatron_local_attention
@@ -114,14 +114,14 @@ ENGINES: dict[str, Engine] = {
         dtypes=ALL_DTYPES,
     ),
     "flash": Engine(
-        lambda q, k, v, g, p: flash(q, k, v, g, p["tile"], p["splits"], p["gpu"]),
+        flash,
         {"splits": 1, "tile": 0, "gpu": 90},
         lambda p: SplitKV(num_splits=p["splits"]) if p["splits"] > 1 else SinglePass(),
         "one FlashAttention-2 forward call",
         _FA2,
     ),
     "te-p2p": Engine(
-        lambda q, k, v, g, p: te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), True),
+        lambda q, k, v, g, p: te_p2p(q, k, v, g, p, True),
         {"cp": 2, "tile": 0},
         _cp_plan("p2p"),
         "Transformer Engine CP p2p ring, packed thd",
@@ -129,7 +129,7 @@ ENGINES: dict[str, Engine] = {
         "FlashAttention-2 per step",
     ),
     "te-p2p-bshd": Engine(
-        lambda q, k, v, g, p: te_p2p(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim), False),
+        lambda q, k, v, g, p: te_p2p(q, k, v, g, p, False),
         {"cp": 2, "tile": 0},
         _cp_plan("p2p"),
         "Transformer Engine CP p2p ring, bshd/sbhd",
@@ -137,7 +137,7 @@ ENGINES: dict[str, Engine] = {
         "(flash_attn_fwd_out_correction), FlashAttention-2 per step",
     ),
     "te-allgather": Engine(
-        lambda q, k, v, g, p: te_allgather(q, k, v, g, p["cp"], p["tile"] or kernels.forward_tile(g.head_dim)),
+        te_allgather,
         {"cp": 2, "tile": 0},
         _cp_plan("all_gather"),
         "Transformer Engine CP KV all-gather",
@@ -216,7 +216,7 @@ class Materializer:
         geom = Geometry.of(q, k, window, scale, q.shape[0], k.shape[0])
         engine = ENGINES[self.engine]
         if self.canonical or engine.run is None:
-            return reference_attention(q, k, v, window=window, scale=scale, plan=engine.plan(self.options), spec=spec)
+            return reference_attention(q, k, v, Causal(window, scale), plan=engine.plan(self.options), spec=spec)
         options = dict(self.options)
         if "gpu" in options:
             options["gpu"] = f"sm{options['gpu']}"

@@ -139,58 +139,58 @@ class ContextParallel:
         if self.comm not in CP_COMMS:
             raise ValueError(f"comm={self.comm!r} is not one of {CP_COMMS}")
         shards = cp_chunks(geom.seq_kv, self.size, self.layout)
+        if self.comm == "all_gather":
+            gathered = KVStore(geom, spec, k.dtype, k.device)  # every rank gathers all shards: the whole KV
+            gathered.put(0, k, v)
+            return _scatter([r for chunks in shards for r in _all_gather_rank(chunks, q, gathered)], geom, q)
         results = []
         for rank, chunks in enumerate(shards):
-            if self.comm == "p2p":
-                results += self._ring_rank(rank, shards, chunks, q, k, v, geom, spec)
-            else:
-                results += self._all_gather_rank(shards, chunks, q, k, v, geom, spec)
+            positions = _positions(chunks)
+            if positions:
+                tiles = QueryTiles(_rows(q, geom, positions), positions, geom, spec)
+                results.append(self._ring_rank(rank, shards, tiles, k, v))
         return _scatter(results, geom, q)
 
-    def _ring_rank(self, rank, shards, chunks, q, k, v, geom, spec):
-        positions = _positions(chunks)
-        if not positions:
-            return []
-        tiles = QueryTiles(_rows(q, geom, positions), positions, geom, spec)
+    def _ring_rank(self, rank: int, shards, tiles: QueryTiles, k, v):
+        """Rank ``rank``'s query ``tiles`` fed each KV block as the ring brings its shards."""
         wanted = set(tiles.blocks_wanted())
-        store = KVStore(geom, spec, k.dtype, k.device)
+        store = KVStore(tiles.geom, tiles.spec, k.dtype, k.device)
         for step in range(self.size):
             done = []
             for start, stop in shards[(rank - step) % self.size]:  # the KV this rank holds now
                 done += store.put(start, k[start:stop], v[start:stop])
             for b in sorted(set(done) & wanted):
                 tiles.feed(b, *store.block(b))
-        return [(tiles, tiles.result())]
+        return tiles, tiles.result()
 
-    def _all_gather_rank(self, shards, chunks, q, k, v, geom, spec):
-        store = KVStore(geom, spec, k.dtype, k.device)
-        for shard in shards:
-            for start, stop in shard:
-                store.put(start, k[start:stop], v[start:stop])
-        results = []
-        for start, stop in chunks:  # TE runs one attention call per local chunk
-            if stop == start:
-                continue
-            positions = list(range(start, stop))
-            tiles = QueryTiles(_rows(q, geom, positions), positions, geom, spec)
-            _feed_in_splits(tiles, store, tiles.blocks_wanted(), None, spec)
-            results.append((tiles, tiles.result()))
-        return results
+
+def _all_gather_rank(chunks, q, gathered: KVStore):
+    """One rank's local ``chunks`` over the ``gathered`` KV: TE runs one attention call per chunk."""
+    results = []
+    for start, stop in chunks:
+        if stop == start:
+            continue
+        positions = list(range(start, stop))
+        tiles = QueryTiles(_rows(q, gathered.geom, positions), positions, gathered.geom, gathered.spec)
+        _feed_in_splits(tiles, gathered, tiles.blocks_wanted(), None, gathered.spec)
+        results.append((tiles, tiles.result()))
+    return results
 
 
 class PagedKVCache:
     """A vLLM-style KV cache: a pool of pages and a per-sequence block table (pages shuffled)."""
 
-    def __init__(self, seq_len: int, page_size: int, num_kv_heads: int, head_dim: int, dtype, device, seed: int = 0):
+    def __init__(self, seq_len: int, page_size: int, like: torch.Tensor, seed: int = 0):
+        """Pages for ``seq_len`` tokens shaped, typed and placed like ``like``'s ``[S, Hkv, D]`` tokens."""
         if page_size < 1:
             raise ValueError(f"page_size={page_size} must be >= 1")
         self.page_size = page_size
         num_pages = max(1, math.ceil(seq_len / page_size))
         gen = torch.Generator().manual_seed(seed)
         self.block_table = torch.randperm(2 * num_pages, generator=gen, device="cpu")[:num_pages].tolist()
-        shape = (2 * num_pages, page_size, num_kv_heads, head_dim)
-        self.k_pages = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_pages = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (2 * num_pages, page_size, *like.shape[1:])
+        self.k_pages = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        self.v_pages = torch.zeros(shape, dtype=like.dtype, device=like.device)
 
     def _slots(self, start: int, stop: int):
         pos = torch.arange(start, stop, device=self.k_pages.device)
@@ -226,9 +226,7 @@ class ChunkedPrefill:
     def run(self, q, k, v, geom: Geometry, spec: ReferenceSpec):
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={self.chunk_size} must be >= 1")
-        cache = PagedKVCache(
-            geom.seq_kv, self.page_size, geom.num_kv_heads, geom.head_dim, k.dtype, k.device, self.seed
-        )
+        cache = PagedKVCache(geom.seq_kv, self.page_size, k, self.seed)
         if geom.q_start:
             cache.write(0, k[: geom.q_start], v[: geom.q_start])
         results = []

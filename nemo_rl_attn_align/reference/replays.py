@@ -27,12 +27,20 @@ def _even_chunks(geom: Geometry, cp: int) -> None:
         raise ValueError(f"TE context parallelism needs the sequence length ({geom.seq_kv}) divisible by 2*cp={2 * cp}")
 
 
-def te_p2p(q, k, v, geom: Geometry, cp: int, tile: int, packed: bool):
-    """The ring; ``packed`` selects the thd output correction (two roundings a step) over bshd's."""
+def _te_kernel(geom: Geometry, p: dict) -> kernels.FlashKernel:
+    """TE's FlashAttention-2 call: its plain forward's tile for the head dim, unless ``p["tile"]``."""
+    return kernels.FlashKernel(geom.allowed, geom.softmax_scale, p["tile"] or kernels.forward_tile(geom.head_dim))
+
+
+def te_p2p(q, k, v, geom: Geometry, p: dict, packed: bool):
+    """The ring over ``p["cp"]`` ranks; ``packed`` selects the thd output correction (two roundings a
+    step) over bshd's."""
     if geom.window is not None:
         raise ValueError("te-p2p models TE's full-causal ring only; use te-allgather for sliding-window attention")
+    cp = p["cp"]
     _even_chunks(geom, cp)
     shards = cp_chunks(geom.seq_kv, cp, "load_balanced")
+    kernel = _te_kernel(geom, p)
     out = torch.empty_like(q)
     lse_all = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     for rank, ((a0, a1), (b0, b1)) in enumerate(shards):
@@ -47,16 +55,7 @@ def te_p2p(q, k, v, geom: Geometry, cp: int, tile: int, packed: bool):
                 kv_pos, rows = _arange(c0, c1, q.device), slice(None)
             else:
                 kv_pos, rows = torch.cat([_arange(c0, c1, q.device), _arange(d0, d1, q.device)]), slice(half, None)
-            o, s = kernels.flash_forward(
-                q[q_pos[rows]],
-                q_pos[rows],
-                k[kv_pos],
-                v[kv_pos],
-                kv_pos,
-                geom.allowed,
-                scale=geom.softmax_scale,
-                block_n=tile,
-            )
+            o, s = kernels.flash_forward(q[q_pos[rows]], q_pos[rows], k[kv_pos], v[kv_pos], kv_pos, kernel)
             steps.append((rows, o, s))
         lse = steps[0][2].clone()
         for rows, _, s in steps[1:]:
@@ -86,26 +85,25 @@ def te_out_correction(steps: list, lse: torch.Tensor, n_rows: int, dtype, packed
     return acc
 
 
-def te_allgather(q, k, v, geom: Geometry, cp: int, tile: int):
-    """TE's KV all-gather: one FA2 call per local chunk over the KV it sees."""
+def te_allgather(q, k, v, geom: Geometry, p: dict):
+    """TE's KV all-gather over ``p["cp"]`` ranks: one FA2 call per local chunk over the KV it sees."""
+    cp = p["cp"]
     _even_chunks(geom, cp)
     chunk = geom.seq_kv // (2 * cp)
+    kernel = _te_kernel(geom, p)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     for rank in range(cp):
         for c in (rank, 2 * cp - 1 - rank):
             start, end = c * chunk, (c + 1) * chunk
             kv_start = 0 if geom.window is None else max(0, start - geom.window)
-            kv_pos = _arange(kv_start, end, q.device)
             out[start:end], lse[start:end] = kernels.flash_forward(
                 q[start:end],
                 _arange(start, end, q.device),
                 k[kv_start:end],
                 v[kv_start:end],
-                kv_pos,
-                geom.allowed,
-                scale=geom.softmax_scale,
-                block_n=tile,
+                _arange(kv_start, end, q.device),
+                kernel,
             )
     return out, lse
 
@@ -120,23 +118,17 @@ def _fa2_splits(requested: int, geom: Geometry, n_query_rows: int, gpu: str) -> 
     )
 
 
-def flash(q, k, v, geom: Geometry, tile: int, splits: int, gpu: str):
-    """One flash-attention 2.8 forward: ``splits`` 1 (varlen), 0 (its heuristic for ``gpu``) or N."""
+def flash(q, k, v, geom: Geometry, p: dict):
+    """One flash-attention 2.8 forward: ``p["splits"]`` 1 (varlen), 0 (its heuristic for ``p["gpu"]``)
+    or N, tile ``p["tile"]`` (0: by head dim)."""
     pos = _arange(0, geom.seq_kv, q.device)
-    splits = _fa2_splits(splits, geom, geom.seq_q, gpu)
+    splits, tile = _fa2_splits(p["splits"], geom, geom.seq_q, p["gpu"]), p["tile"]
     if splits > 1 and not tile:
         tile = kernels.split_kv_tile(geom.head_dim)
-    return kernels.flash_forward(
-        q,
-        pos[geom.q_start :],
-        k,
-        v,
-        pos,
-        geom.allowed,
-        scale=geom.softmax_scale,
-        block_n=tile or kernels.forward_tile(geom.head_dim),
-        num_splits=splits,
+    kernel = kernels.FlashKernel(
+        geom.allowed, geom.softmax_scale, tile or kernels.forward_tile(geom.head_dim), num_splits=splits
     )
+    return kernels.flash_forward(q, pos[geom.q_start :], k, v, pos, kernel)
 
 
 def _attend_all(device) -> Callable:
@@ -170,7 +162,7 @@ def vllm(q, k, v, geom: Geometry, p: dict, fa3: bool):
     prefix = p["cascade"]
     if prefix and local:
         raise ValueError("vLLM disables cascade attention for sliding-window models (use_cascade_attention)")
-    cache = PagedKVCache(geom.seq_kv, p["page"], geom.num_kv_heads, geom.head_dim, k.dtype, k.device)
+    cache = PagedKVCache(geom.seq_kv, p["page"], k)
     if geom.q_start:
         cache.write(0, k[: geom.q_start], v[: geom.q_start])
     out = torch.empty_like(q)
@@ -178,17 +170,13 @@ def vllm(q, k, v, geom: Geometry, p: dict, fa3: bool):
 
     def call(q_rows, q_pos, kv_lo, kv_hi, causal=True):
         k_c, v_c = cache.read(kv_lo, kv_hi)
-        return kernels.flash_forward(
-            q_rows,
-            q_pos,
-            k_c,
-            v_c,
-            _arange(kv_lo, kv_hi, q.device),
+        kernel = kernels.FlashKernel(
             geom.allowed if causal else _attend_all(q.device),
-            scale=geom.softmax_scale,
-            block_n=tile,
+            geom.softmax_scale,
+            tile,
             **_vllm_split_args(geom, p, fa3, len(q_pos), math.ceil((kv_hi - kv_lo) / tile)),
         )
+        return kernels.flash_forward(q_rows, q_pos, k_c, v_c, _arange(kv_lo, kv_hi, q.device), kernel)
 
     for start in range(geom.q_start, geom.seq_kv, p["chunk"]):
         stop = min(geom.seq_kv, start + p["chunk"])

@@ -14,15 +14,16 @@ Stdlib only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import BindingReport, Verdict, bind
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
+from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import SIDES
 from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
@@ -54,11 +55,31 @@ DRIFT_METRICS = {
 }
 
 
+@dataclass(frozen=True)
+class RunDescription:
+    """One run as its report sees it, besides the settings.
+
+    ``run_id``: only this run's files are read (None: every file); ``expected``: side ->
+    ``expected_workers.ExpectedSide``, the workers the config starts (missing ones are listed,
+    "k of N workers recorded"; a side with 0 of N is a warning, an error with ``settings.strict``);
+    ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
+    counted as missing; ``collective``: the NCCL collective that reduces the compared tensor,
+    ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1); ``preset``: what
+    ``attention_align.preset`` changed; ``attention_only``: the run's attention-only drift estimate
+    (``drift.estimate``). The last two are ``finalize``'s, kept in the run's report."""
+
+    run_id: str | None = None
+    expected: Mapping[str, ExpectedSide] = field(default_factory=dict)
+    absent_sides: Mapping[str, str] = field(default_factory=dict)
+    collective: str | None = "auto"
+    preset: Mapping[str, Any] | None = None
+    attention_only: Mapping[str, Any] | None = None
+
+
 def _bind_sides(
     by_side: Mapping[str, list[AttentionContract]],
     probes: Mapping[tuple[str, str], DeterminismProbe | None],
-    mandate: Mandate | None,
-    allow_dtype_difference: bool,
+    settings: AlignSettings,
     collective: str | None,
 ) -> BindingReport | None:
     """The first training worker bound to the first rollout worker (None without both sides)."""
@@ -69,7 +90,13 @@ def _bind_sides(
         collective = collective_for(training.known_value("tp_size"), rollout.known_value("tp_size"))
     t_probe, r_probe = probes[("training", training.worker_id)], probes[("rollout", rollout.worker_id)]
     diff = compare(t_probe, r_probe, collective) if t_probe is not None and r_probe is not None else None
-    return bind(training, rollout, mandate, allow_dtype_difference=allow_dtype_difference, determinism=diff)
+    return bind(
+        training,
+        rollout,
+        settings.to_mandate(),
+        allow_dtype_difference=settings.allow_dtype_difference,
+        determinism=diff,
+    )
 
 
 def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete: bool) -> Verdict:
@@ -85,11 +112,11 @@ def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete:
     return binding.verdict
 
 
-def _settings_section(on_mismatch: str, allow_dtype_difference: bool, mandate: Mandate | None) -> dict[str, Any]:
+def _settings_section(settings: AlignSettings) -> dict[str, Any]:
     return {
-        "on_mismatch": on_mismatch,
-        "allow_dtype_difference": allow_dtype_difference,
-        "mandate": mandate.to_dict() if mandate is not None else None,
+        "on_mismatch": settings.on_mismatch,
+        "allow_dtype_difference": settings.allow_dtype_difference,
+        "mandate": settings.to_mandate().to_dict(),
     }
 
 
@@ -101,43 +128,25 @@ def _probes_section(probes: Mapping[tuple[str, str], DeterminismProbe | None]) -
     }
 
 
-def build_report(
-    files: WorkerFiles,
-    *,
-    mandate: Mandate | None,
-    allow_dtype_difference: bool = False,
-    on_mismatch: str = "warn",
-    expected: Iterable[str] = (),
-    collective: str | None = "auto",
-    absent_sides: Mapping[str, str] | None = None,
-    expected_counts: Mapping[str, ExpectedSide] | None = None,
-    strict: bool = False,
-) -> dict[str, Any]:
-    """The report document for the worker files of one run (see docs/report-schema.md).
-
-    ``expected``: worker ids that should have written, besides the ``peers`` the host details
-    name (missing ones are listed); ``collective``: the NCCL collective that reduces the compared
-    tensor, ``None``, or ``auto`` (``allreduce`` when some worker has tp_size > 1);
-    ``absent_sides``: side -> why this run has none (e.g. SFT has no rollout side): stated, not
-    counted as a missing side; ``expected_counts``: side -> ``expected_workers.ExpectedSide``,
-    the workers the config starts: the report says
-    "k of N workers recorded" and a side with 0 of N is a warning (an error when ``strict``; without
-    N, no record on a side stays a warning)."""
-    absent_sides = dict(absent_sides or {})
-    expected_counts = {side: e for side, e in (expected_counts or {}).items() if side not in absent_sides}
+def build_report(files: WorkerFiles, settings: AlignSettings, run: RunDescription = RunDescription()) -> dict[str, Any]:
+    """The report document for the worker files of one run (see docs/report-schema.md): bound with
+    ``settings`` (``to_mandate()``, ``allow_dtype_difference``, ``on_mismatch``, ``strict``), who was
+    expected and why a side is absent from ``run``."""
+    absent_sides = dict(run.absent_sides)
+    expected = {side: e for side, e in run.expected.items() if side not in absent_sides}
     contracts = [record.contract for record in files.records]
     probes = files.probes()
     by_side = {side: files.contracts(side) for side in SIDES}
     found = [c.worker_id for c in contracts]
-    expected_ids = workers.expected_ids(expected, files, expected_counts)
+    expected_ids = workers.expected_ids(files, expected)
     missing = sorted(expected_ids - set(found))
     not_applicable = {side: why for side, why in absent_sides.items() if not by_side.get(side)}
     findings = (
         workers.file_findings(missing, files.unreadable)
-        + workers.side_findings(by_side, not_applicable, expected_counts, strict)
+        + workers.side_findings(by_side, not_applicable, expected, settings.strict)
         + workers.detail_findings(files.details)
     )
-    binding = _bind_sides(by_side, probes, mandate, allow_dtype_difference, collective)
+    binding = _bind_sides(by_side, probes, settings, run.collective)
     verdict = _verdict(binding, findings, bool(missing or files.unreadable))
     binding_dict = binding.to_dict() if binding is not None else None
     return {
@@ -148,8 +157,8 @@ def build_report(
         "run_id": None,
         "verdict": verdict.value,
         "binding_applicable": not not_applicable,
-        "settings": _settings_section(on_mismatch, allow_dtype_difference, mandate),
-        "workers": workers.section(files, expected_ids, found, missing, by_side, expected_counts),
+        "settings": _settings_section(settings),
+        "workers": workers.section(files, expected_ids, found, missing, by_side, expected),
         "contracts": [c.to_dict() for c in contracts],
         "determinism_probes": _probes_section(probes),
         "binding": binding_dict,
@@ -159,11 +168,11 @@ def build_report(
     }
 
 
-def collect(report_dir: PathLike, *, run_id: str | None = None, **options: Any) -> dict[str, Any]:
-    """Read every worker file under ``report_dir`` (of run ``run_id`` only, when given) and build
-    the report document (writes nothing); ``options`` are ``build_report``'s."""
-    doc = build_report(read_worker_files(report_dir, run_id), **options)
-    doc["run_id"] = run_id
+def collect(report_dir: PathLike, settings: AlignSettings, run: RunDescription = RunDescription()) -> dict[str, Any]:
+    """Read every worker file under ``report_dir`` (of ``run.run_id`` only, when given) and build
+    the report document (writes nothing)."""
+    doc = build_report(read_worker_files(report_dir, run.run_id), settings, run)
+    doc["run_id"] = run.run_id
     return doc
 
 

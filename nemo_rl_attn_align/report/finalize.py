@@ -3,22 +3,22 @@
 The driver calls ``finalize``: it collects the worker files, binds the training side to the rollout
 side, writes ``<report_dir>/attention_align_report.json`` (atomically), prints the human summary
 once and, with ``on_mismatch: error``, raises ``AttentionMismatch`` when the verdict is ``fail``.
-Called again later in the run (``previous=`` the earlier document) it keeps the drift figures and
-prints only what changed.
+Called again later in the run (``Collection.previous``: the earlier document) it keeps the drift
+figures and prints only what changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
+from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
-from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
-from nemo_rl_attn_align.report.document import collect, with_logged_drift, write_report
+from nemo_rl_attn_align.report.document import RunDescription, collect, with_logged_drift, write_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
-from nemo_rl_attn_align.report.store import PathLike
 
 
 class AttentionMismatch(RuleViolation):
@@ -57,56 +57,39 @@ def raise_for_mismatch(doc: Mapping[str, Any]) -> None:
         raise AttentionMismatch(errors)
 
 
-def finalize(
-    settings: Any,
-    *,
-    report_dir: PathLike | None = None,
-    expected: Iterable[str] = (),
-    collective: str | None = "auto",
-    printer: Callable[[str], None] = print,
-    absent_sides: Mapping[str, str] | None = None,
-    run_id: str | None = None,
-    previous: Mapping[str, Any] | None = None,
-    point: str = "setup",
-    final: bool = False,
-    enforce: bool = True,
-    preset: Mapping[str, Any] | None = None,
-    expected_counts: Mapping[str, ExpectedSide] | None = None,
-    attention_only: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Driver side: collect, bind, write the report, print what is new, enforce ``on_mismatch``.
+@dataclass(frozen=True)
+class Collection:
+    """One collection of a run's report: the moment it names (``setup``, ``first_step``, ...), the
+    document the run's earlier collection returned (its drift figures and history are kept), and
+    whether it is the run's last."""
 
-    ``settings`` is ``settings.AlignSettings`` (``on_mismatch``, ``allow_dtype_difference``,
-    ``to_mandate()``, ``report_dir``); ``report_dir`` overrides ``settings.report_dir`` (the
-    driver passes the experiment's real log dir); ``run_id`` leaves out files of other runs;
-    ``absent_sides`` as ``build_report``; ``point`` names the moment (``setup``, ``first_step``,
-    ...), ``previous`` is the document an earlier call of this run returned (its drift figures and
-    history are kept); ``final`` marks the run's last collection; ``preset`` is what
-    ``attention_align.preset`` changed, kept under ``settings.preset``; ``expected_counts`` as
-    ``build_report`` (with ``settings.strict``, a side with 0 of N workers is an error finding);
-    ``attention_only`` is the run's attention-only drift estimate (``drift.estimate``).
+    point: str = "setup"
+    previous: Mapping[str, Any] | None = None
+    final: bool = False
+
+
+def finalize(
+    settings: AlignSettings,
+    run: RunDescription = RunDescription(),
+    at: Collection = Collection(),
+    *,
+    printer: Callable[[str], None] = print,
+    enforce: bool = True,
+) -> dict[str, Any]:
+    """Driver side: collect ``settings.report_dir`` (``document.collect``), bind, write the report,
+    print what is new, enforce ``on_mismatch``. The run's ``preset`` is kept under
+    ``settings.preset``, its ``attention_only`` estimate under ``drift``.
 
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
     (``record``: nothing); at the final call, one line with the verdict and the path when nothing
     changed. ``enforce`` and ``on_mismatch: error`` and verdict ``fail``: ``AttentionMismatch``,
     raised after the report is written and printed."""
-    folder = Path(report_dir if report_dir is not None else settings.report_dir)
-    doc = collect(
-        folder,
-        run_id=run_id,
-        mandate=settings.to_mandate(),
-        allow_dtype_difference=settings.allow_dtype_difference,
-        on_mismatch=settings.on_mismatch,
-        expected=expected,
-        collective=collective,
-        absent_sides=absent_sides,
-        expected_counts=expected_counts,
-        strict=bool(getattr(settings, "strict", False)),
-    )
-    _add_run_history(doc, folder, point, previous, preset, attention_only)
+    folder = Path(settings.report_dir)
+    doc = collect(folder, settings, run)
+    _add_run_history(doc, folder, run, at)
     path = write_report(folder, doc)
-    message = _announcement(doc, previous, path, final)
+    message = _announcement(doc, at.previous, path, at.final)
     if message is not None:
         printer(message)
     if enforce:
@@ -114,23 +97,16 @@ def finalize(
     return doc
 
 
-def _add_run_history(
-    doc: dict[str, Any],
-    folder: Path,
-    point: str,
-    previous: Mapping[str, Any] | None,
-    preset: Mapping[str, Any] | None,
-    attention_only: Mapping[str, Any] | None,
-) -> None:
-    """What the run adds to a fresh collection: the moment ``point``, the preset, the drift steps and
-    history of the ``previous`` document, the logged drift, the attention-only estimate, and
-    ``point`` appended to the history."""
-    doc["collected_at"] = point
-    doc["settings"]["preset"] = dict(preset) if preset is not None else None
-    if previous is not None:
-        doc["drift"]["steps"] = list(previous["drift"]["steps"])
-        doc["history"] = list(previous.get("history", []))
+def _add_run_history(doc: dict[str, Any], folder: Path, run: RunDescription, at: Collection) -> None:
+    """What the run adds to a fresh collection: the moment, the preset, the drift steps and history
+    of the previous document, the logged drift, the attention-only estimate, and the moment
+    appended to the history."""
+    doc["collected_at"] = at.point
+    doc["settings"]["preset"] = dict(run.preset) if run.preset is not None else None
+    if at.previous is not None:
+        doc["drift"]["steps"] = list(at.previous["drift"]["steps"])
+        doc["history"] = list(at.previous.get("history", []))
     with_logged_drift(doc, folder)
-    if attention_only is not None:
-        doc["drift"]["attention_only"] = dict(attention_only)
-    doc["history"].append({"point": point, "created_at": doc["created_at"], "verdict": doc["verdict"]})
+    if run.attention_only is not None:
+        doc["drift"]["attention_only"] = dict(run.attention_only)
+    doc["history"].append({"point": at.point, "created_at": doc["created_at"], "verdict": doc["verdict"]})

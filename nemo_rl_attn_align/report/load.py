@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
-from nemo_rl_attn_align.contract.mandate import Mandate
+from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.limits import MAX_REPORT_BYTES, InputRefused, shown_path
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, REPORT_KIND, collect, with_logged_drift
 from nemo_rl_attn_align.report.store import (
@@ -82,7 +82,7 @@ def load_report(path: PathLike) -> dict[str, Any]:
             if (path / REPORT_FILENAME).is_file():
                 path, where = path / REPORT_FILENAME, shown_path(path / REPORT_FILENAME)
             elif (path / WORKERS_DIR).is_dir():
-                doc = collect(path, mandate=Mandate())
+                doc = collect(path, AlignSettings())
                 doc["collected_from_workers"] = True
                 return doc
             else:

@@ -100,10 +100,9 @@ def _side_missing(side: str, expected: ExpectedSide | None, strict: bool) -> Fin
     )
 
 
-def expected_ids(expected: Iterable[str], files: WorkerFiles, expected_counts: Mapping[str, ExpectedSide]) -> set[str]:
-    """The worker ids that should have written: ``expected``, the host details' ``peers`` and the config's ids."""
-    ids = set(expected).union(*files.peers().values())
-    return ids.union(*(e.ids for e in expected_counts.values()))
+def expected_ids(files: WorkerFiles, expected: Mapping[str, ExpectedSide]) -> set[str]:
+    """The worker ids that should have written: the host details' ``peers`` and the config's ids."""
+    return set().union(*files.peers().values(), *(e.ids for e in expected.values()))
 
 
 def file_findings(missing: list[str], unreadable: Iterable[UnreadableFile]) -> list[Finding]:

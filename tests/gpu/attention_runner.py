@@ -66,6 +66,7 @@ def compare(case: dict[str, Any], heads: int, kv_heads: int, head_dim: int, seed
 
     from nemo_rl_attn_align.hosts import te_readback
     from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
+    from nemo_rl_attn_align.reference.causal import Causal
 
     fmt, seqlens = case["format"], case["seqlens"]
     total = sum(seqlens)
@@ -84,9 +85,10 @@ def compare(case: dict[str, Any], heads: int, kv_heads: int, head_dim: int, seed
     with torch.no_grad():
         out_te = from_te(dpa(to_te(q), to_te(k), to_te(v), **kwargs), heads, head_dim).double()
     observed = te_readback.observe([dpa])
-    out_ref, _ = reference_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
-    out_exact, _ = exact_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
-    weights_abs_v, _ = exact_attention(q, k, v.abs(), cu_seqlens_q=cu, cu_seqlens_k=cu)  # A = P·|V|
+    packed = Causal(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    out_ref, _ = reference_attention(q, k, v, packed)
+    out_exact, _ = exact_attention(q, k, v, packed)
+    weights_abs_v, _ = exact_attention(q, k, v.abs(), packed)  # A = P·|V|
     max_v = float(v.abs().max())
     te_ref = (out_te - out_ref.double()).abs()
     te_exact = (out_te - out_exact).abs()

@@ -84,6 +84,7 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
 
     from nemo_rl_attn_align.reference.attention import reference_attention
     from nemo_rl_attn_align.reference.blocks import ReferenceSpec
+    from nemo_rl_attn_align.reference.causal import Causal
     from nemo_rl_attn_align.reference.plans import CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV
 
     spec = ReferenceSpec(block_q=16, block_kv=32) if quick else ReferenceSpec()
@@ -99,9 +100,9 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
     for dname, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         q, k, v = _qkv(seq, heads, kv_heads, dim, dtype, device)
         for window in (None, 127):
-            base = reference_attention(q, k, v, window=window, spec=spec)
+            base = reference_attention(q, k, v, Causal(window), spec=spec)
             for plan in plans:
-                got = reference_attention(q, k, v, window=window, plan=plan, spec=spec)
+                got = reference_attention(q, k, v, Causal(window), plan=plan, spec=spec)
                 rows.append(
                     {
                         "dtype": dname,
@@ -112,8 +113,8 @@ def reference_invariance(device: str, quick: bool) -> list[dict]:
                     }
                 )
             cu = torch.tensor([0, seq // 3, seq], device=device)
-            packed = reference_attention(q, k, v, window=window, spec=spec, cu_seqlens_q=cu, cu_seqlens_k=cu)
-            alone = reference_attention(q[seq // 3 :], k[seq // 3 :], v[seq // 3 :], window=window, spec=spec)
+            packed = reference_attention(q, k, v, Causal(window, cu_seqlens_q=cu, cu_seqlens_k=cu), spec=spec)
+            alone = reference_attention(q[seq // 3 :], k[seq // 3 :], v[seq // 3 :], Causal(window), spec=spec)
             rows.append(
                 {
                     "dtype": dname,

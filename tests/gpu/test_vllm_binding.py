@@ -24,7 +24,8 @@ import pytest
 
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.schema import Tier
-from nemo_rl_attn_align.report.document import collect
+from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
+from nemo_rl_attn_align.report.document import RunDescription, collect
 from tests.conftest import preview_of
 from tests.gpu.cases import CUBLAS, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config, run_case
 
@@ -69,7 +70,16 @@ def test_vllm_rollout_binds_to_the_training_contract(batch_invariant, tmp_path, 
     cfg = master_config(policy, batch_invariant)
     settings = load_settings(cfg)
     preview = preview_of(cfg, settings=settings)
-    doc = collect(report, mandate=settings.to_mandate(), expected=["policy-rank0", rollout["worker_id"]])
+    doc = collect(
+        report,
+        settings,
+        RunDescription(
+            expected={
+                "training": ExpectedSide(None, ("policy-rank0",), "test"),
+                "rollout": ExpectedSide(None, (rollout["worker_id"],), "test"),
+            }
+        ),
+    )
     assert doc["workers"]["missing"] == [] and doc["binding"] is not None, doc["workers"]
     fields = {f["field"]: f for f in doc["binding"]["fields"]}
     record_property("binding_summary", doc["binding"]["summary"])

@@ -53,7 +53,9 @@ def test_setup_exports_settings_every_worker_then_sees(grpo, tmp_path, capsys):
     policy = grpo(master_config(tmp_path, strict=True), None, None, None)[0]
     settings = handoff.worker_settings(policy.worker_group.env_vars)  # what RayWorkerGroup hands each actor
     report_dir = str(tmp_path / "logs" / "exp_001" / "attention_align")
-    assert settings == handoff.WorkerSettings(strict=True, report_dir=report_dir, run_id=driver_report.current.run_id)
+    assert settings == handoff.WorkerSettings(
+        strict=True, report_dir=report_dir, run_id=driver_report.current.run.run_id
+    )
     assert (
         "nemo-rl-attn-align report: verdict INCOMPARABLE" in capsys.readouterr().out
     )  # collected once setup() returned

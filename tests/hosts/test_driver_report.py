@@ -72,7 +72,7 @@ def driver(monkeypatch):
 
 def worker(run, side, worker_id, peers, stage="engine_ready", findings=(), run_id=None, **changes):
     """One worker's two files, as its hook writes them."""
-    run_id = run.run_id if run_id is None else run_id
+    run_id = run.run.run_id if run_id is None else run_id
     contract = full_contract(side, worker_id, **changes)
     write_worker_record(run.settings.report_dir, contract, probe({}, torch_module=False), run_id)
     write_worker_detail(
@@ -137,7 +137,7 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
         "training": {"policy-rank0": "first_forward"},
         "rollout": {"vllm-rank0-worker0": "engine_ready"},
     }
-    assert doc["run_id"] == run.run_id
+    assert doc["run_id"] == run.run.run_id
 
 
 def test_error_stops_at_setup_with_the_report_written(driver, tmp_path):
@@ -282,8 +282,8 @@ def test_megatron_generation_expects_one_engine_per_policy_worker(driver, tmp_pa
     cfg["policy"]["generation"] = {"backend": "megatron", "colocated": {"enabled": True}}
     cfg["cluster"] = {"num_nodes": 1, "gpus_per_node": 2}
     run, _ = driver(cfg)
-    assert run.expected["rollout"].ids == ("megatron-gen-rank0", "megatron-gen-rank1")
-    assert "rollout" not in run.absent
+    assert run.run.expected["rollout"].ids == ("megatron-gen-rank0", "megatron-gen-rank1")
+    assert "rollout" not in run.run.absent_sides
 
 
 @pytest.mark.parametrize(

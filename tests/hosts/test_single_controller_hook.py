@@ -58,7 +58,7 @@ def test_setup_single_controller_is_checked_and_reported_as_grpo(driver, tmp_pat
             _patching.is_wrapped(setup_single_controller) and setup_single_controller is module.setup_single_controller
         )
         args, _ = setup_single_controller(master_config(tmp_path), None)
-        assert handoff.WorkerSettings(**json.loads(args["settings"])).run_id == driver_report.current.run_id
+        assert handoff.WorkerSettings(**json.loads(args["settings"])).run_id == driver_report.current.run.run_id
         assert "nemo-rl-attn-align report: verdict" in capsys.readouterr().out  # collected when setup returned
         with pytest.raises(RuleViolation):  # the pre-flight rules run before the original
             setup_single_controller(master_config(tmp_path, precision="float32"), None)

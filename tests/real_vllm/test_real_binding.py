@@ -10,11 +10,16 @@ import sys
 
 import pytest
 
+from nemo_rl_attn_align.config.settings import AlignSettings
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.report.document import collect
 from nemo_rl_attn_align.report.render import render_summary
 from tests.hosts.conftest import FAKE_NEMO_RL, REPO
 from tests.real_vllm.conftest import HERE
+
+#: No semantic demand (every mandate field None).
+NO_DEMAND = AlignSettings(mandate=Mandate(None, None, None, None, None))
 
 pytestmark = pytest.mark.real_vllm
 
@@ -57,7 +62,7 @@ def bound(engines, tmp_path_factory):
     assert done.returncode == 0 and "TRAIN_SIDE_DONE" in done.stdout, done.stderr[-4000:]
     # No mandate: the CPU stand-in for TE is megatron-core's local attention, one full softmax, which the
     # default mandate (online_softmax_lse) refuses by design; the sides are bound against each other.
-    return collect(report_dir, mandate=None)
+    return collect(report_dir, NO_DEMAND)
 
 
 def test_both_real_contracts_are_bound(bound):

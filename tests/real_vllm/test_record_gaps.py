@@ -24,12 +24,17 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.config.settings import AlignSettings
+from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import predict_rollout
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.document import collect
 from tests.conftest import EXAMPLES
 from tests.real_vllm.conftest import BASE_ARGS, HERE, IN_PROCESS, KV_CACHE_GIB, PROMPT
+
+#: No semantic demand (every mandate field None).
+NO_DEMAND = AlignSettings(mandate=Mandate(None, None, None, None, None))
 
 pytestmark = pytest.mark.real_vllm
 
@@ -156,7 +161,7 @@ def test_engines_one_after_another_in_one_process_keep_one_record_each(in_proces
     assert "is replaced" not in served["stderr"] and "record is lost" not in served["stderr"]
     claims = [json.loads(p.read_text()) for p in sorted((report_dir / "claims").glob("*.json"))]
     assert len({c["writer"] for c in claims}) == 3 and len({c["session"] for c in claims}) == 1
-    report = collect(report_dir, mandate=None)  # the report lists all three
+    report = collect(report_dir, NO_DEMAND)  # the report lists all three
     assert [c["worker_id"] for c in report["contracts"]] == [i.removeprefix("rollout--") for i in IDS]
     assert report["workers"]["missing"] == []
 

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from nemo_rl_attn_align.drift.sweep import ulp_of  # noqa: E402
 from nemo_rl_attn_align.reference.attention import exact_attention, logit_magnitude, reference_attention  # noqa: E402
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec  # noqa: E402
+from nemo_rl_attn_align.reference.causal import Causal  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, make_qkv  # noqa: E402
 
 
@@ -17,8 +18,8 @@ from tests.reference.conftest import DTYPES, SPEC, make_qkv  # noqa: E402
 @pytest.mark.parametrize("spec", [SPEC, ReferenceSpec()])
 def test_within_one_ulp_of_fp64(dtype, window, spec):
     q, k, v = make_qkv(dtype, seq_q=150, seq_kv=170, head_dim=32)
-    out, lse = reference_attention(q, k, v, window=window, spec=spec)
-    out64, lse64 = exact_attention(q, k, v, window=window)
+    out, lse = reference_attention(q, k, v, Causal(window), spec=spec)
+    out64, lse64 = exact_attention(q, k, v, Causal(window))
     bound = ulp_of(out64, dtype) + 2.0**-20 * v.abs().max().double()
     assert ((out.double() - out64).abs() <= bound).all()
     assert ((lse.double() - lse64).abs() <= 2.0**-20 * (1 + lse64.abs())).all()

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from nemo_rl_attn_align.drift.sweep import ulp_of  # noqa: E402
 from nemo_rl_attn_align.reference.attention import reference_attention  # noqa: E402
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec  # noqa: E402
+from nemo_rl_attn_align.reference.causal import Causal  # noqa: E402
 from nemo_rl_attn_align.reference.plans import ChunkedPrefill, ContextParallel, SinglePass, SplitKV  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, assert_same_bits, make_qkv, pack  # noqa: E402
 
@@ -30,7 +31,7 @@ def incoming(q, seed=7):
 def reference_grads(q, k, v, dout, dlse, window=None, plan=None, spec=SPEC, **kw):
     """``(out, lse, dq, dk, dv)`` of the reference for loss ``<out, dout> + <lse, dlse>``."""
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    out, lse = reference_attention(*leaves, window=window, plan=plan, spec=spec, **kw)
+    out, lse = reference_attention(*leaves, Causal(window, **kw), plan=plan, spec=spec)
     loss = (out.float() * dout.float()).sum()
     if dlse is not None:
         loss = loss + (lse * dlse).sum()
@@ -88,13 +89,13 @@ def assert_same_grads(a, b):
 @pytest.mark.parametrize("plan", [None, ContextParallel(4), SplitKV(num_splits=3), ChunkedPrefill(7, 16)])
 def test_differentiable_forward_has_the_plain_forwards_bits(dtype, plan):
     q, k, v = make_qkv(dtype)
-    plain = reference_attention(q, k, v, window=23, plan=plan, spec=SPEC)
+    plain = reference_attention(q, k, v, Causal(23), plan=plan, spec=SPEC)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, lse = reference_attention(*leaves, window=23, plan=plan, spec=SPEC)
+    out, lse = reference_attention(*leaves, Causal(23), plan=plan, spec=SPEC)
     assert out.requires_grad and lse.requires_grad and out.dtype == dtype
     assert_same_bits((out.detach(), lse.detach()), plain)
     with torch.no_grad():
-        off = reference_attention(*leaves, window=23, plan=plan, spec=SPEC)
+        off = reference_attention(*leaves, Causal(23), plan=plan, spec=SPEC)
     assert not off[0].requires_grad
     assert_same_bits(off, plain)
 
@@ -207,7 +208,7 @@ def test_grad_of_one_input_alone():
     dout, dlse = incoming(q)
     every = reference_grads(q, k, v, dout, dlse, 23)
     k_only = k.clone().requires_grad_()
-    out, lse = reference_attention(q, k_only, v, window=23, spec=SPEC)
+    out, lse = reference_attention(q, k_only, v, Causal(23), spec=SPEC)
     ((out.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
     assert torch.equal(k_only.grad, every[3])
 

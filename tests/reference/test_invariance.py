@@ -10,6 +10,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from nemo_rl_attn_align.reference.attention import reference_attention  # noqa: E402
+from nemo_rl_attn_align.reference.causal import Causal  # noqa: E402
 from nemo_rl_attn_align.reference.plans import CP_COMMS, LAYOUTS, ChunkedPrefill, ContextParallel, SplitKV, cp_chunks  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, assert_same_bits, make_qkv  # noqa: E402
 
@@ -17,7 +18,7 @@ WINDOWS = [None, 23]
 
 
 def ref(q, k, v, window, plan=None, **kw):
-    return reference_attention(q, k, v, window=window, plan=plan, spec=SPEC, **kw)
+    return reference_attention(q, k, v, Causal(window, **kw), plan=plan, spec=SPEC)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 from nemo_rl_attn_align.reference import kernels  # noqa: E402
 from nemo_rl_attn_align.reference.attention import reference_attention  # noqa: E402
+from nemo_rl_attn_align.reference.causal import Causal  # noqa: E402
 from nemo_rl_attn_align.reference.materializers import ENGINES, parse_materializer  # noqa: E402
 from tests.reference.conftest import DTYPES, SPEC, assert_same_bits, make_qkv  # noqa: E402
 
@@ -34,7 +35,7 @@ ENGINE_SPECS = [
 def run(spec, dtype, window=None, seq=128):
     q, k, v = make_qkv(dtype, seq_q=seq, head_dim=32)
     return parse_materializer(spec)(q, k, v, window=window, spec=SPEC), reference_attention(
-        q, k, v, window=window, spec=SPEC
+        q, k, v, Causal(window), spec=SPEC
     )
 
 

@@ -6,8 +6,10 @@ import json
 import subprocess
 import sys
 
+from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.report.document import (
     REPORT_FILENAME,
+    RunDescription,
     collect,
     drift_entry,
     write_report,
@@ -49,7 +51,7 @@ def test_a_writer_killed_mid_run_leaves_every_complete_step(tmp_path):
 
 
 def test_report_reads_the_log_while_the_run_goes_on(tmp_path):
-    doc = collect(tmp_path, run_id="run1", mandate=None)
+    doc = collect(tmp_path, AlignSettings(), RunDescription("run1"))
     write_report(tmp_path, doc)  # the report as the setup collection wrote it: no steps
     for step in (1, 2, 3):
         append_step(drift_log_path(tmp_path, "run1"), drift_entry(step, {"token_mult_prob_error": 1 + step / 64}))

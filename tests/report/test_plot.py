@@ -12,9 +12,10 @@ import pytest
 
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.compare.determinism_probe import probe
+from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.mandate import Mandate
-from nemo_rl_attn_align.report.document import add_drift, collect, write_report
+from nemo_rl_attn_align.report.document import RunDescription, add_drift, collect, write_report
 from nemo_rl_attn_align.report.plot import (
     BAND_LABEL,
     FRAMEWORK_THRESHOLD,
@@ -53,7 +54,7 @@ def _report_dir(path, *, steps=40, estimate=ESTIMATED, run_id="run-7", metrics=N
     """A report written as the driver writes it: two worker records, collected, drift steps added."""
     for contract in (full_contract("training", "policy-0"), full_contract("rollout", "vllm-0", **rollout_changes)):
         write_worker_record(path, contract, probe({}, torch_module=False), run_id=run_id)
-    doc = collect(path, mandate=MANDATE, run_id=run_id)
+    doc = collect(path, AlignSettings(mandate=MANDATE), RunDescription(run_id))
     for step in range(1, steps + 1):
         wobble = 0.004 * ((step * 7) % 5) / 5
         figures = {

@@ -17,18 +17,19 @@ from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
-from nemo_rl_attn_align.config.settings import load_settings
+from nemo_rl_attn_align.config.settings import AlignSettings, load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
     REPORT_FILENAME,
+    RunDescription,
     add_drift,
     collect,
     write_report,
 )
-from nemo_rl_attn_align.report.finalize import AttentionMismatch, finalize
+from nemo_rl_attn_align.report.finalize import AttentionMismatch, Collection, finalize
 from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
 from nemo_rl_attn_align.report.store import (
@@ -42,6 +43,20 @@ from nemo_rl_attn_align.report.store import (
 from tests.contract_samples import MANDATE_OF_SAMPLES, full_contract
 
 MANDATE = Mandate(**MANDATE_OF_SAMPLES)
+SETTINGS = AlignSettings(mandate=MANDATE)
+
+
+def expecting(*worker_ids: str) -> RunDescription:
+    """A run that expects these workers (``policy-*``: training, ``vllm-*``: rollout), no count."""
+    sides = {"training": "policy-", "rollout": "vllm-"}
+    return RunDescription(
+        expected={
+            side: ExpectedSide(None, tuple(w for w in worker_ids if w.startswith(p)), "test")
+            for side, p in sides.items()
+        }
+    )
+
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "report-schema.md"
 _CTX = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
 
@@ -55,7 +70,7 @@ def _write_pair(report_dir, **rollout_changes):
 
 def test_records_collect_into_one_report(tmp_path):
     _write_pair(tmp_path)
-    doc = collect(tmp_path, mandate=MANDATE, expected=["policy-0", "vllm-0"])
+    doc = collect(tmp_path, SETTINGS, expecting("policy-0", "vllm-0"))
     assert doc["verdict"] == "pass" and doc["workers"]["missing"] == [] and doc["workers"]["unreadable"] == []
     assert [(c["side"], c["worker_id"]) for c in doc["contracts"]] == [("rollout", "vllm-0"), ("training", "policy-0")]
     assert doc["binding"]["training_worker"] == "policy-0" and doc["binding"]["rollout_worker"] == "vllm-0"
@@ -72,7 +87,7 @@ def test_worker_ids_become_safe_file_names(tmp_path):
 
 def test_the_report_says_why_a_binding_fails(tmp_path):
     _write_pair(tmp_path, reduction_order=FieldValue.configured("split_kv", "vLLM decode split-KV"))
-    doc = collect(tmp_path, mandate=MANDATE)
+    doc = collect(tmp_path, SETTINGS)
     assert doc["verdict"] == "fail"
     (error,) = [f for f in doc["findings"] if f["severity"] == "error"]
     assert error["code"] == Code.ATTN_SEMANTIC_MANDATE.value and "split_kv" in error["message"]
@@ -92,7 +107,7 @@ def _writer(report_dir: str, side: str, worker_id: str, rounds: int) -> None:
 
 def _report_writer(report_dir: str, rounds: int) -> None:
     for i in range(rounds):
-        doc = collect(report_dir, mandate=MANDATE)
+        doc = collect(report_dir, SETTINGS)
         doc["drift"]["steps"] = [{"step": i, "token_mult_prob_error": 1.0}]
         write_report(report_dir, doc)
 
@@ -113,7 +128,7 @@ def test_many_processes_write_at_once_and_every_read_is_whole(tmp_path):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    doc = collect(tmp_path, mandate=MANDATE, expected=[wid for _, wid in workers])
+    doc = collect(tmp_path, SETTINGS, expecting(*(wid for _, wid in workers)))
     assert (
         doc["workers"]["missing"] == []
         and doc["workers"]["unreadable"] == []
@@ -135,7 +150,7 @@ def test_a_worker_that_died_leaves_a_gap_not_a_corrupt_file(tmp_path):
     p.start()
     p.join(60)
     assert p.exitcode == 3
-    doc = collect(tmp_path, mandate=MANDATE, expected=["policy-0", "vllm-0", "vllm-1"])
+    doc = collect(tmp_path, SETTINGS, expecting("policy-0", "vllm-0", "vllm-1"))
     assert doc["workers"]["missing"] == ["vllm-1"]
     assert doc["workers"]["unreadable"] == [] and len(doc["workers"]["incomplete_writes"]) == 1
     assert doc["verdict"] == "incomparable"  # the two that wrote agree, but not every worker was seen
@@ -156,7 +171,7 @@ def test_a_worker_that_died_leaves_a_gap_not_a_corrupt_file(tmp_path):
 def test_a_corrupt_or_foreign_record_is_reported_not_fatal(tmp_path, content):
     _write_pair(tmp_path)
     (tmp_path / "workers" / "rollout--vllm-9.json").write_text(content)
-    doc = collect(tmp_path, mandate=MANDATE)
+    doc = collect(tmp_path, SETTINGS)
     (bad,) = doc["workers"]["unreadable"]
     assert bad["path"].endswith("rollout--vllm-9.json") and bad["error"]
     assert doc["verdict"] == "incomparable" and doc["binding"]["verdict"] == "pass"
@@ -165,7 +180,7 @@ def test_a_corrupt_or_foreign_record_is_reported_not_fatal(tmp_path, content):
 def test_a_worker_that_disagrees_with_its_side_fails_the_report(tmp_path):
     _write_pair(tmp_path)
     write_worker_record(tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(27)))
-    doc = collect(tmp_path, mandate=MANDATE)
+    doc = collect(tmp_path, SETTINGS)
     assert doc["verdict"] == "fail" and doc["binding"]["verdict"] == "pass"
     (f,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_WORKER_DIVERGES.value]
     assert "policy-1" in f["message"] and f["key"] == "contract.identity.num_layers"
@@ -173,7 +188,7 @@ def test_a_worker_that_disagrees_with_its_side_fails_the_report(tmp_path):
 
 def test_a_side_without_records_cannot_be_bound(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-0"))
-    doc = collect(tmp_path, mandate=MANDATE)
+    doc = collect(tmp_path, SETTINGS)
     assert doc["binding"] is None and doc["verdict"] == "incomparable"
     assert Code.REPORT_SIDE_MISSING.value in {f["code"] for f in doc["findings"]}
     assert "verdict INCOMPARABLE" in render_summary(doc)
@@ -184,11 +199,11 @@ def test_determinism_probes_join_the_binding(tmp_path):
     r = full_contract("rollout", "vllm-0", tp_size=FieldValue.observed(2))
     write_worker_record(tmp_path, t, probe(PROFILES["megatron-deterministic"].apply({})[0], torch_module=False))
     write_worker_record(tmp_path, r, probe(PROFILES["vllm-batch-invariant"].apply({})[0], torch_module=False))
-    doc = collect(tmp_path, mandate=MANDATE)  # collective auto: tp_size 2 -> allreduce
+    doc = collect(tmp_path, SETTINGS)  # collective auto: tp_size 2 -> allreduce
     det = doc["binding"]["determinism"]
     assert det["collective"] == "allreduce" and det["blocking"] and doc["verdict"] == "fail"
     assert "NCCL_ALGO" in render_summary(doc)
-    doc_tp1 = collect(tmp_path, mandate=MANDATE, collective=None)
+    doc_tp1 = collect(tmp_path, SETTINGS, RunDescription(collective=None))
     assert doc_tp1["verdict"] == "pass" and doc_tp1["binding"]["determinism"]["collective"] is None
 
 
@@ -227,7 +242,7 @@ def test_finalize_writes_prints_once_and_enforces(tmp_path, on_mismatch):
 def test_finalize_passes_quietly_through_a_passing_run_with_error(tmp_path):
     settings = _settings(tmp_path, "error")
     _write_pair(settings.report_dir)
-    assert finalize(settings, printer=lambda _: None, expected=["policy-0", "vllm-0"])["verdict"] == "pass"
+    assert finalize(settings, expecting("policy-0", "vllm-0"), printer=lambda _: None)["verdict"] == "pass"
 
 
 # --- drift ---------------------------------------------------------------------------------------
@@ -235,7 +250,7 @@ def test_finalize_passes_quietly_through_a_passing_run_with_error(tmp_path):
 
 def test_drift_is_recorded_under_both_frameworks_names(tmp_path):
     _write_pair(tmp_path)
-    doc = collect(tmp_path, mandate=MANDATE)
+    doc = collect(tmp_path, SETTINGS)
     add_drift(doc, 2, {"token_mult_prob_error": 1.0004, "gen_kl_error": 1e-4})
     add_drift(doc, 1, {"training/rollout_probs_diff_max": 0.61, "rollout_probs_diff_mean": 0.002})
     add_drift(doc, 2, {"token_mult_prob_error": 1.0, "rollout_probs_diff_std": 0.0})  # replaces step 2
@@ -300,7 +315,7 @@ def test_unreadable_reports_raise_one_line(tmp_path, setup, match):
 
 def _report_file(tmp_path, **rollout_changes):
     _write_pair(tmp_path, **rollout_changes)
-    return write_report(tmp_path, collect(tmp_path, mandate=MANDATE))
+    return write_report(tmp_path, collect(tmp_path, SETTINGS))
 
 
 def test_report_command_exit_codes(tmp_path, capsys):
@@ -366,7 +381,7 @@ def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
         },
     )
     (tmp_path / "workers" / "rollout--vllm-9.json").write_text("[]")
-    doc = collect(tmp_path, mandate=MANDATE, expected=["policy-0", "policy-7"])
+    doc = collect(tmp_path, SETTINGS, expecting("policy-0", "policy-7"))
     seen = set()
     for f in doc["findings"]:
         code = Code(f["code"])
@@ -382,7 +397,9 @@ def test_every_report_finding_has_the_severity_its_code_registers(tmp_path):
     write_worker_record(tmp_path / "alone", full_contract("training", "policy-0"))
     for strict, severity in ((False, "warning"), (True, "error")):
         doc = collect(
-            tmp_path / "alone", mandate=MANDATE, strict=strict, expected_counts={"rollout": ExpectedSide(2, (), "cfg")}
+            tmp_path / "alone",
+            SETTINGS.replace(strict=strict),
+            RunDescription(expected={"rollout": ExpectedSide(2, (), "cfg")}),
         )
         (f,) = [f for f in doc["findings"] if f["code"] == Code.REPORT_SIDE_MISSING.value]
         assert Code.REPORT_SIDE_MISSING.varies and f["severity"] == severity
@@ -415,7 +432,7 @@ def test_host_details_give_stages_findings_and_the_peers_that_never_wrote(tmp_pa
         '{"kind": "nemo-rl-attn-align/host-detail"}'
     )  # no side
     (tmp_path / "hosts" / ".rollout--vllm-8.json.abc.tmp").write_text("{")  # a writer died mid-write
-    doc = collect(tmp_path, mandate=MANDATE)
+    doc = collect(tmp_path, SETTINGS)
     assert doc["workers"]["missing"] == ["policy-1"] and doc["verdict"] == "incomparable"
     assert doc["workers"]["stages"] == {
         "training": {"policy-0": "first_forward"},
@@ -442,8 +459,8 @@ def test_files_of_another_run_are_stale_not_collected(tmp_path):
     write_worker_record(
         tmp_path, full_contract("training", "policy-1", num_layers=FieldValue.observed(3)), run_id="before"
     )
-    assert collect(tmp_path, mandate=MANDATE)["verdict"] == "fail"  # all files: policy-1 diverges
-    doc = collect(tmp_path, mandate=MANDATE, run_id="now")
+    assert collect(tmp_path, SETTINGS)["verdict"] == "fail"  # all files: policy-1 diverges
+    doc = collect(tmp_path, SETTINGS, RunDescription("now"))
     assert (
         doc["verdict"] == "pass"
         and doc["run_id"] == "now"
@@ -454,7 +471,7 @@ def test_files_of_another_run_are_stale_not_collected(tmp_path):
 
 def test_a_side_absent_by_design_is_stated_not_missing(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "policy-0"))
-    doc = collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "sft starts no generation workers"})
+    doc = collect(tmp_path, SETTINGS, RunDescription(absent_sides={"rollout": "sft starts no generation workers"}))
     assert doc["binding_applicable"] is False and doc["binding"] is None and doc["verdict"] == "incomparable"
     assert [f["code"] for f in doc["findings"]] == [Code.REPORT_SIDE_ABSENT.value]
     assert (
@@ -462,7 +479,7 @@ def test_a_side_absent_by_design_is_stated_not_missing(tmp_path):
         in render_summary(doc)
     )
     _write_pair(tmp_path)  # a rollout record after all: it is bound
-    assert collect(tmp_path, mandate=MANDATE, absent_sides={"rollout": "x"})["binding_applicable"] is True
+    assert collect(tmp_path, SETTINGS, RunDescription(absent_sides={"rollout": "x"}))["binding_applicable"] is True
 
 
 def test_a_later_collection_keeps_drift_and_says_only_what_changed(tmp_path):
@@ -471,10 +488,10 @@ def test_a_later_collection_keeps_drift_and_says_only_what_changed(tmp_path):
     printed = []
     first = finalize(settings, printer=printed.append)
     first = add_drift(first, 1, {"gen_kl_error": 0.5})
-    same = finalize(settings, printer=printed.append, previous=first, point="first_step")
+    same = finalize(settings, at=Collection("first_step", previous=first), printer=printed.append)
     assert render_changes(first, same) == [] and len(printed) == 1  # nothing changed: nothing printed
     write_worker_record(settings.report_dir, full_contract("rollout", "vllm-0", dtype=FieldValue.observed("fp16")))
-    later = finalize(settings, printer=printed.append, previous=same, point="train_end", final=True)
+    later = finalize(settings, at=Collection("train_end", previous=same, final=True), printer=printed.append)
     assert later["drift"]["steps"] == [{"step": 1, "gen_kl_error": 0.5}]
     assert [h["point"] for h in later["history"]] == ["setup", "first_step", "train_end"]
     assert printed[1].splitlines()[:2] == [
@@ -488,7 +505,7 @@ def test_a_later_collection_keeps_drift_and_says_only_what_changed(tmp_path):
 def test_the_same_worker_id_on_both_sides_keeps_both_records(tmp_path):
     write_worker_record(tmp_path, full_contract("training", "w0"), probe({"NCCL_ALGO": "Ring"}, torch_module=False))
     write_worker_record(tmp_path, full_contract("rollout", "w0"), probe({"NCCL_ALGO": "Tree"}, torch_module=False))
-    doc = collect(tmp_path, mandate=MANDATE, collective="allreduce")
+    doc = collect(tmp_path, SETTINGS, RunDescription(collective="allreduce"))
     probes = doc["determinism_probes"]
     assert (
         probes["training"]["w0"]["env"]["NCCL_ALGO"] == "Ring" and probes["rollout"]["w0"]["env"]["NCCL_ALGO"] == "Tree"

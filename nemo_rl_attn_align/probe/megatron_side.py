@@ -1,0 +1,215 @@
+"""The training side: a megatron-core GPTModel's forward over the batch, captured by forward hooks.
+
+``python -m nemo_rl_attn_align.probe.megatron_side SIDE_JSON OUT [REFERENCE]`` writes the capture
+of ``SIDE_JSON`` (``sides.SideSpec``'s fields) to ``OUT``; with ``REFERENCE`` (another side's
+capture) it also runs its own core attention on the reference's query/key/value. The model is
+built from ``model`` (``TransformerConfig`` fields and the ``GPTModel`` arguments of ``GPT_ARGS``)
+with the local layer spec and seeded weights, so two sides with one seed hold the same weights.
+Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``_cpu_forward``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_attn_align.probe import capture as capture_file
+from nemo_rl_attn_align.probe.sides import SideSpec
+
+#: GPTModel arguments (the rest of ``model`` is TransformerConfig's) and their defaults.
+GPT_ARGS = {"vocab_size": 128, "max_sequence_length": 64, "position_embedding_type": "rope", "rotary_base": 10000}
+#: A tiny model: what ``model`` is laid over.
+TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2, "ffn_hidden_size": 128}
+
+
+def _ensure_model_parallel() -> None:
+    """A gloo process group of one and Megatron's model-parallel state, once per process."""
+    import torch
+    from megatron.core import parallel_state
+
+    if not torch.distributed.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def build(spec: SideSpec) -> Any:
+    """The side's GPTModel (local layer spec and backend, weights from ``spec.seed``), in eval mode."""
+    import torch
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    _ensure_model_parallel()
+    settings = {**TINY, **GPT_ARGS, "attention_backend": "local", **spec.model}
+    gpt = {k: settings.pop(k) for k in GPT_ARGS}
+    settings["attention_backend"] = AttnBackend[settings["attention_backend"]]
+    config = TransformerConfig(**{"use_cpu_initialization": not torch.cuda.is_available(), **settings})
+    torch.manual_seed(spec.seed)
+    with _own_nvte_environment():
+        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), **gpt)
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _own_nvte_environment():
+    """Megatron asserts and then sets ``NVTE_*`` for its backend while it builds; the probe leaves
+    its process's environment as it found it (the run it probes, or the next side in a test)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("NVTE_")}
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("NVTE_")]:
+            del os.environ[key]
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _cpu_forward():
+    """Off a GPU: ``torch.cuda.current_device`` answers "cpu" and the CUDA RNG tracker's fork does nothing."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.current_device, tensor_parallel.get_cuda_rng_tracker
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    tensor_parallel.get_cuda_rng_tracker = lambda: types.SimpleNamespace(fork=contextlib.nullcontext)
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, tensor_parallel.get_cuda_rng_tracker = saved
+
+
+class _Hooks:
+    """Forward hooks on every layer, keeping the capture's tensors of the current sequence."""
+
+    def __init__(self, model: Any):
+        self.layers: list[dict[str, Any]] = [{} for _ in model.decoder.layers]
+        self.calls: list[tuple[tuple, dict]] = [((), {}) for _ in model.decoder.layers]
+        self.handles = []
+        for i, layer in enumerate(model.decoder.layers):
+            attn = layer.self_attention
+            self._on(attn.linear_qkv, i, "qkv", output=True)
+            self.handles.append(attn.core_attention.register_forward_pre_hook(self._inputs(i), with_kwargs=True))
+            self._on(attn.core_attention, i, "attention", output=True)
+            self._on(layer.pre_mlp_layernorm, i, "after_attention", output=False)
+            self._on(layer, i, "after_mlp", output=True)
+
+    def _on(self, module: Any, index: int, name: str, output: bool) -> None:
+        def keep(_module, args, out=None):
+            value = out if output else args[0]
+            self.layers[index][name] = (value[0] if isinstance(value, tuple) else value).detach().clone()
+
+        self.handles.append(module.register_forward_hook(keep) if output else module.register_forward_pre_hook(keep))
+
+    def _inputs(self, index: int):
+        def keep(_module, args, kwargs):
+            query, key, value = (t.detach().clone() for t in args[:3])
+            self.layers[index].update(query=query, key=key, value=value)
+            self.calls[index] = (args[3:], kwargs)
+
+        return keep
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _tokens_first(tensor: Any) -> Any:
+    """Megatron's ``[seq, batch, ...]`` (batch 1) as the capture's ``[tokens, ...]``."""
+    return tensor.transpose(0, 1).reshape(-1, *tensor.shape[2:])
+
+
+def _unpacked_qkv(mixed: Any, heads: int, groups: int) -> Any:
+    """Megatron's QKV output (per query group: its queries, one key, one value) as ``[q | k | v]``,
+    the layout vLLM's ``qkv_proj`` and the capture use."""
+    import torch
+
+    tokens = mixed.shape[0]
+    per_group = mixed.view(tokens, groups, heads // groups + 2, -1)
+    query, key, value = per_group[:, :, :-2], per_group[:, :, -2], per_group[:, :, -1]
+    return torch.cat([t.reshape(tokens, -1) for t in (query, key, value)], dim=-1)
+
+
+def _forward_one(
+    model: Any, hooks: _Hooks, ids: list[int], reference: list[dict[str, Any]] | None
+) -> tuple[list, Any, list]:
+    """One sequence: its layers' tensors, its next-token logprobs, its replayed attention per layer."""
+    import torch
+
+    tokens = torch.tensor([ids])
+    positions = torch.arange(len(ids)).unsqueeze(0)
+    causal = torch.triu(torch.ones(1, 1, len(ids), len(ids), dtype=torch.bool), diagonal=1)
+    logits = model(tokens, positions, attention_mask=causal)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)[0, :-1].gather(-1, tokens[0, 1:, None])[:, 0]
+    layers = [{k: _tokens_first(v) for k, v in layer.items()} for layer in hooks.layers]
+    for layer in layers:
+        layer["qkv"] = _unpacked_qkv(layer["qkv"], layer["query"].shape[1], layer["key"].shape[1])
+    replayed = []
+    if reference is not None:
+        for i, layer in enumerate(model.decoder.layers):
+            rest, kwargs = hooks.calls[i]
+            qkv = [reference[i][n].reshape(len(ids), 1, *reference[i][n].shape[1:]) for n in ("query", "key", "value")]
+            replayed.append(_tokens_first(layer.self_attention.core_attention(*qkv, *rest, **kwargs)))
+    return layers, logprobs, replayed
+
+
+def _slice(reference: capture_file.Capture, offset: int, length: int) -> list[dict[str, Any]]:
+    """The reference's layers at one sequence's tokens."""
+    return [{n: t[offset : offset + length] for n, t in layer.items()} for layer in reference.layers]
+
+
+def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> capture_file.Capture:
+    """The capture of ``spec``'s model over ``spec.sequences``."""
+    return capture_model(build(spec), spec, reference)
+
+
+def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | None = None) -> capture_file.Capture:
+    """The capture of ``model`` over ``spec.sequences`` (one forward per sequence)."""
+    import torch
+
+    hooks = _Hooks(model)
+    per_sequence, logprobs, replayed = [], [], []
+    offset = 0
+    try:
+        with _cpu_forward(), torch.no_grad():
+            for ids in spec.sequences:
+                ref = None if reference is None else _slice(reference, offset, len(ids))
+                layers, lp, rep = _forward_one(model, hooks, ids, ref)
+                per_sequence.append(layers)
+                logprobs.append(lp)
+                replayed.append(rep)
+                offset += len(ids)
+    finally:
+        hooks.remove()
+    layers = [
+        {n: torch.cat([seq[i][n] for seq in per_sequence]) for n in capture_file.LAYER_TENSORS}
+        for i in range(len(per_sequence[0]))
+    ]
+    joined = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if reference is not None else []
+    return capture_file.Capture(spec.name, spec.sequences, layers, torch.cat(logprobs), joined, spec.settings())
+
+
+def main(argv: list[str]) -> int:
+    """``SIDE_JSON OUT [REFERENCE]``: write the capture."""
+    spec = SideSpec.read(Path(argv[0]))
+    reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
+    capture_file.save(capture(spec, reference), Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+"""One side of a probe: what it runs (``SideSpec``, read from a JSON file) and its process.
+
+A side file is a JSON object: ``engine`` (``"megatron"``: megatron-core's GPTModel,
+``megatron_side.py``; ``"vllm"``: a vLLM engine, ``vllm_side.py``), ``model`` (the model's
+settings: ``TransformerConfig`` fields and GPTModel arguments, or vLLM's ``LLM(...)`` arguments),
+``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python`` (the
+interpreter of the side's venv, default this one), ``name`` (default the file's stem) and
+``replay`` (the reference materializer that replays its attention for the estimate, ``replay.py``;
+default by engine). Each side runs in its own process and writes a capture file; the driver never
+imports the engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
+
+#: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
+ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side", "vllm": "nemo_rl_attn_align.probe.vllm_side"}
+KEYS = ("engine", "model", "seed", "python", "name", "replay")
+#: The batch when no --prompts is given: two sequences of distinct lengths.
+DEFAULT_SEQUENCES = [[5, 17, 42, 99, 123, 7, 64, 3], [11, 2, 90, 33, 8]]
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """What one side runs, and the batch it runs."""
+
+    name: str
+    engine: str = "megatron"
+    model: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    python: str = sys.executable
+    sequences: list[list[int]] = field(default_factory=lambda: [list(s) for s in DEFAULT_SEQUENCES])
+    replay: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """What the capture records of how it was made."""
+        replay = self.replay or DEFAULT_REPLAYS.get(self.engine)
+        return {"engine": self.engine, "model": self.model, "seed": self.seed, "replay": replay}
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def read(cls, path: Path) -> SideSpec:
+        """A side file (or the JSON ``to_json`` wrote); bad content is a one-line ``UsageError``."""
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UsageError(
+                f"{path}: cannot read the side file ({err}); give a JSON object of {', '.join(KEYS)}"
+            ) from None
+        if not isinstance(raw, dict):
+            raise UsageError(f"{path}: a side file is a JSON object, found {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(KEYS) - {"sequences"})
+        if unknown:
+            raise UsageError(f"{path}: key {unknown[0]!r} is not a side setting; the keys are {', '.join(KEYS)}")
+        engine = raw.get("engine", "megatron")
+        if engine not in ENGINES:
+            raise UsageError(f"{path}: engine={engine!r} cannot be probed yet; use one of {', '.join(ENGINES)}")
+        if not isinstance(raw.get("model", {}), dict):
+            raise UsageError(f"{path}: model={raw['model']!r} is not an object; give the model's settings by name")
+        if raw.get("replay") is not None:
+            check_name(str(raw["replay"]), str(path))
+        return cls(**{"name": path.stem, **raw})
+
+
+def read_prompts(path: Path) -> list[list[int]]:
+    """``--prompts``: a JSON list of token-id lists, each at least two tokens long."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"--prompts {path}: cannot read it ({err}); give a JSON list of token-id lists") from None
+    ok = (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(s, list) and len(s) >= 2 and all(isinstance(t, int) and t >= 0 for t in s) for s in raw)
+    )
+    if not ok:
+        raise UsageError(
+            f"--prompts {path}: expected a JSON list of token-id lists of 2 or more ids, e.g. [[5, 17, 42]]"
+        )
+    return raw
+
+
+def run(spec: SideSpec, workdir: Path, reference: Path | None = None) -> Path:
+    """Run ``spec``'s side in its own process (``spec.python``); the path of the capture it wrote."""
+    side_file, out = workdir / f"{spec.name}.side.json", workdir / f"{spec.name}.capture.pt"
+    side_file.write_text(spec.to_json())
+    command = [spec.python, "-m", ENGINES[spec.engine], str(side_file), str(out)]
+    command += [str(reference)] if reference is not None else []
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _package_root()})
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UsageError(f"side {spec.name} ({spec.python}) failed with exit {done.returncode}: {last}")
+    return out
+
+
+def _package_root() -> str:
+    """This plugin's source root first on the side's path, so every venv runs the same probe."""
+    root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)

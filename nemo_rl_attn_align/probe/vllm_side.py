@@ -1,0 +1,113 @@
+"""The rollout side: a vLLM engine's prefill over the batch, captured by forward hooks on its model.
+
+``python -m nemo_rl_attn_align.probe.vllm_side SIDE_JSON OUT [REFERENCE]``. ``model`` in the side
+file is the engine's ``LLM(...)`` arguments (``model``: the checkpoint directory); the engine runs
+in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), eager, without prefix caching, one sequence
+per ``generate`` with ``max_tokens=1`` and ``prompt_logprobs=0`` (one prefill forward). With a
+reference, each sequence runs a second time with every layer's attention inputs replaced by the
+reference's query/key/value (a forward pre-hook returning them): that forward's attention outputs
+are vLLM's attention on the reference's inputs, which is what attention's share is measured from.
+The model's layers are read as vLLM's Llama-family decoder layers (``self_attn.qkv_proj``,
+``self_attn.attn``, ``post_attention_layernorm`` with the fused residual add).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_attn_align.probe import capture as capture_file
+from nemo_rl_attn_align.probe.sides import SideSpec
+
+#: What the probe sets over the side's ``model``: hooks need eager modules, a replay needs no cached prefix.
+ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "skip_tokenizer_init": True, "seed": 0}
+
+
+class _Hooks:
+    """Hooks on every decoder layer; ``substitute`` (per layer: query, key, value) turns on the replay."""
+
+    def __init__(self, model: Any):
+        self.layers_modules = list(model.model.layers)
+        self.layers: list[dict[str, Any]] = [{} for _ in self.layers_modules]
+        self.substitute: list[tuple[Any, Any, Any]] | None = None
+        for i, layer in enumerate(self.layers_modules):
+            attn = layer.self_attn
+            attn.qkv_proj.register_forward_hook(self._keep(i, "qkv", lambda args, out: out[0]))
+            attn.attn.register_forward_pre_hook(self._inputs(i))
+            attn.attn.register_forward_hook(self._keep(i, "attention", lambda args, out: out))
+            layer.post_attention_layernorm.register_forward_pre_hook(self._residual(i))
+            layer.register_forward_hook(self._keep(i, "after_mlp", lambda args, out: out[0] + out[1]))
+
+    def _keep(self, index: int, name: str, pick):
+        def keep(_module, args, out):
+            self.layers[index][name] = pick(args, out).detach().float().clone()
+
+        return keep
+
+    def _residual(self, index: int):
+        def keep(_module, args):
+            self.layers[index]["after_attention"] = (args[0].float() + args[1].float()).detach().clone()
+
+        return keep
+
+    def _inputs(self, index: int):
+        def keep(module, args):
+            query, key, value = args[:3]
+            tokens = query.shape[0]
+            shaped = [t.reshape(tokens, -1, module.head_size) for t in (query, key, value)]
+            if self.substitute is None:
+                kept = (t.detach().float().clone() for t in shaped)
+                self.layers[index].update(zip(("query", "key", "value"), kept, strict=True))
+                return None
+            replaced = [t.to(query.dtype).reshape(tokens, -1) for t in self.substitute[index]]
+            return (*replaced, *args[3:])
+
+        return keep
+
+
+def _logprobs(output: Any, ids: list[int]) -> list[float]:
+    """Each prompt token's log-probability given the tokens before it (the first has none)."""
+    return [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], ids[1:], strict=True)]
+
+
+def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> capture_file.Capture:
+    """The capture of ``spec``'s engine over ``spec.sequences``."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import vllm
+
+    llm = vllm.LLM(**{**ENGINE_DEFAULTS, **spec.model})
+    [hooks] = llm.apply_model(_Hooks)
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+    per_sequence, logprobs, replayed, offset = [], [], [], 0
+    for ids in spec.sequences:
+        hooks.substitute = None
+        [output] = llm.generate([vllm.TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        per_sequence.append([{n: t[: len(ids)] for n, t in layer.items()} for layer in hooks.layers])
+        logprobs.extend(_logprobs(output, ids))
+        if reference is not None:
+            hooks.substitute = [
+                tuple(layer[n][offset : offset + len(ids)] for n in ("query", "key", "value"))
+                for layer in reference.layers
+            ]
+            llm.generate([vllm.TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+            replayed.append([layer["attention"][: len(ids)] for layer in hooks.layers])
+        offset += len(ids)
+    names = capture_file.LAYER_TENSORS
+    layers = [{n: torch.cat([seq[i][n] for seq in per_sequence]) for n in names} for i in range(len(hooks.layers))]
+    joined = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if replayed else []
+    return capture_file.Capture(spec.name, spec.sequences, layers, torch.tensor(logprobs), joined, spec.settings())
+
+
+def main(argv: list[str]) -> int:
+    """``SIDE_JSON OUT [REFERENCE]``: write the capture."""
+    spec = SideSpec.read(Path(argv[0]))
+    reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
+    capture_file.save(capture(spec, reference), Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
