@@ -16,6 +16,7 @@ import torch
 
 from nemo_rl_attn_align.drift import shape as drift_shape
 from nemo_rl_attn_align.drift import sweep as drift
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
 TARGET_S = 60.0
 
@@ -29,7 +30,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape = drift_shape.resolve_shape(
-        {"policy": {"model_name": "Qwen/Qwen3-8B"}},
+        read_recipe_facts({"policy": {"model_name": "Qwen/Qwen3-8B"}}),
         {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": args.seq_len},
     )
     training = drift.parse_materializers(list(drift_shape.DEFAULT_TRAINING), "--training")

@@ -30,7 +30,7 @@ def classify(path: Path) -> tuple[str, str]:
     try:
         cfg = load_config(path, ["++attention_align.preset=aligned"])
         settings = load_settings(cfg)
-        alignment = align(cfg, lambda c: preview_binding(read_recipe_facts(c, {}), settings, {}))
+        alignment = align(cfg, lambda c: read_recipe_facts(c, {}), lambda facts: preview_binding(facts, settings, {}))
     except UsageError as err:
         return "unloadable", str(err)[:120]
     if alignment.preview.binding is None:

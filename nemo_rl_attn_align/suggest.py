@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +18,8 @@ def did_you_mean(value: str, choices: Sequence[str], aliases: Mapping[str, str] 
             or (len(lowered) >= 3 and name.lower().startswith(lowered))
         ):
             return name
+    import difflib  # here: only a misspelt value needs it
+
     close = difflib.get_close_matches(lowered, [c.lower() for c in choices], n=1, cutoff=0.6)
     if not close:
         return None

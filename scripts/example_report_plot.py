@@ -51,17 +51,15 @@ def example_report() -> dict:
     rng = random.Random(SEED)
     for step in range(1, STEPS + 1):
         add_drift(doc, step, step_metrics(step, rng))
+    shape = "shape: 32 heads, 8 kv heads, head_dim 128, no window (model config.json); seq len 1024"
     doc["drift"]["attention_only"] = result(
         ESTIMATED,
         WHY_ESTIMATED,
-        training="flash",
-        rollout="vllm-fa3",
-        dtype="bf16",
-        figures={
+        {"training": "flash", "rollout": "vllm-fa3", "dtype": "bf16", "assumes": [shape]},
+        {
             "token_mult_prob_error": {"value": 1.0019, "low": 1.0012, "high": 1.0028},
             "gen_kl_error": {"value": 2.1e-6, "low": 1.4e-6, "high": 3.2e-6},
         },
-        assumes=["shape: 32 heads, 8 kv heads, head_dim 128, no window (model config.json); seq len 1024"],
     )
     return doc
 

@@ -122,8 +122,8 @@ def _kernels(example: str, overrides: list[str], gpu: str, side: str, version: s
     from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
     from nemo_rl_attn_align.preflight.kernels import KernelOptions
 
-    options = KernelOptions(**{"te" if side == "training" else "vllm": version})
-    return evaluate(EXAMPLES_DIR / example, overrides, environ={}, gpu=gpu, kernel_options=options)["kernels"][side]
+    options = KernelOptions(gpu=gpu, **{"te" if side == "training" else "vllm": version})
+    return evaluate(EXAMPLES_DIR / example, overrides, environ={}, kernel_options=options)["kernels"][side]
 
 
 def kernel_rows() -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from nemo_rl_attn_align.cli.check import evaluate
 from nemo_rl_attn_align.preflight import architectures
+from nemo_rl_attn_align.preflight.kernels import KernelOptions
 from tests.conftest import EXAMPLES, REPO, write_transformers_config
 
 transformers = pytest.importorskip("transformers", reason="the test models are made with transformers' classes")
@@ -39,7 +40,12 @@ def _model(tmp_path, model_type: str, folder: str = "results/step_100/hf", **kwa
 
 
 def _check(model, *overrides: str, gpu: str = "sm90") -> dict:
-    return evaluate(GRPO, [f"policy.model_name={model}", "policy.tokenizer.name=null", *overrides], environ={}, gpu=gpu)
+    return evaluate(
+        GRPO,
+        [f"policy.model_name={model}", "policy.tokenizer.name=null", *overrides],
+        environ={},
+        kernel_options=KernelOptions(gpu=gpu),
+    )
 
 
 def test_gpt_oss_under_flash_stops_with_tes_reason_in_a_directory_of_any_name(tmp_path):
@@ -103,7 +109,7 @@ def test_a_provider_that_lays_out_its_own_layers_is_not_understood_with_the_reas
 
 
 def test_a_model_not_on_this_machine_says_which_file_was_looked_for_and_how_to_fetch_it():
-    result = evaluate(GRPO, ["policy.model_name=acme/absent-8B"], environ={}, gpu="sm90")
+    result = evaluate(GRPO, ["policy.model_name=acme/absent-8B"], environ={}, kernel_options=KernelOptions(gpu="sm90"))
     (training,) = result["kernels"]["training"]
     assert "hf download acme/absent-8B config.json" in training["pending"]
     assert result["kernels"]["model"]["not_found"].startswith("policy.model_name='acme/absent-8B': no config.json")

@@ -28,6 +28,7 @@ from nemo_rl_attn_align.preflight.kernels import (
     predict_rollout,
     predict_training,
 )
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
 from .test_cli_check_gpu import GPT_OSS, GRPO, check_json
 
@@ -160,7 +161,7 @@ def _driver_preset(monkeypatch, installed_vllm: str | None) -> tuple[dict, dict]
     """The driver's preset on the shipped GRPO example: (the master config after it, the preset's record)."""
     monkeypatch.setattr(kernels, "_installed", lambda distribution: installed_vllm if distribution == "vllm" else None)
     cfg = load_config(Path(GRPO), [])
-    return cfg, nemo_rl_driver.apply_preset(cfg, dict(cfg), load_settings(cfg))
+    return cfg, nemo_rl_driver.apply_preset(cfg, read_recipe_facts(cfg), load_settings(cfg))[0]
 
 
 def _vllm_kwargs(cfg: dict) -> dict:

@@ -13,6 +13,7 @@ from nemo_rl_attn_align.errors import Severity, UsageError
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from nemo_rl_attn_align.preflight.facts import PRECISIONS
 from nemo_rl_attn_align.preflight.plan import build_plan
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
 from .conftest import EXAMPLES
 
@@ -40,7 +41,7 @@ def _plan_with(backend=..., precision=...):
     if precision is not ...:
         cfg["policy"]["precision"] = precision
         cfg["policy"]["megatron_cfg"]["pipeline_dtype"] = "bfloat16"
-    return build_plan(cfg, {})
+    return build_plan(read_recipe_facts(cfg, {}))
 
 
 def _keys(plan, severity=None):
@@ -83,7 +84,7 @@ def test_values_written_to_real_yaml_files(tmp_path_factory, value):
     except Exception:  # a value OmegaConf itself cannot hold (e.g. odd keys): nothing to test
         return
     try:
-        plan = build_plan(load_config(path), {})
+        plan = build_plan(read_recipe_facts(load_config(path), {}))
     except UsageError:
         return  # e.g. a string that is an interpolation which cannot resolve
     loaded = load_config(path)["policy"]["megatron_cfg"]["attention_backend"]
@@ -105,10 +106,12 @@ def _assert_verdict(plan, value):
 def test_any_override_text_is_usage_error_or_checked(text):
     try:
         plan = build_plan(
-            load_config(
-                EXAMPLES / "grpo_math_1B_megatron_flash.yaml", [f"++policy.megatron_cfg.attention_backend={text}"]
-            ),
-            {},
+            read_recipe_facts(
+                load_config(
+                    EXAMPLES / "grpo_math_1B_megatron_flash.yaml", [f"++policy.megatron_cfg.attention_backend={text}"]
+                ),
+                {},
+            )
         )
     except UsageError as err:
         assert "\n" not in str(err)

@@ -89,15 +89,14 @@ def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
 def evaluate(
     config_path: Path,
     overrides: list[str],
-    environ=None,
+    environ: Mapping[str, str] | None = None,
     full: bool = False,
     fix: bool = False,
-    gpu: str | None = None,
     kernel_options: KernelOptions | None = None,
 ) -> dict[str, Any]:
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
-    ``fix``, also the overrides that make the preview pass; the kernels on ``gpu`` (default this
-    machine's), asked as ``kernel_options`` say. The JSON-ready dict ``--json`` prints."""
+    ``fix``, also the overrides that make the preview pass; the kernels asked as ``kernel_options``
+    say (on its ``gpu``, default this machine's). The JSON-ready dict ``--json`` prints."""
     from nemo_rl_attn_align.compare.kernel_choice import kernel_step
     from nemo_rl_attn_align.compare.preset import align
     from nemo_rl_attn_align.compare.preview import preview_binding
@@ -109,28 +108,28 @@ def evaluate(
 
     environ = os.environ if environ is None else environ
     cfg = load_config(config_path, overrides)
-    plan = build_plan(cfg, environ)
+    facts = read_recipe_facts(cfg, environ)
+    plan = build_plan(facts)
     settings = load_settings(cfg)
-    chosen, source, options = _gpu(gpu, kernel_options)
+    chosen, source, options = _gpu(kernel_options)
 
-    def preview_of(config):
-        return preview_binding(read_recipe_facts(config, environ), settings, environ)
-
+    read = functools.partial(read_recipe_facts, environ=environ, files=facts.files)  # the rounds: the same files
+    preview_of = functools.partial(preview_binding, settings=settings, environ=environ)
     step = functools.partial(kernel_step, gpu=chosen, environ=environ, options=options)
-    alignment = align(cfg, preview_of, kernels=step) if settings.preset == "aligned" else None
-    aligned = alignment.config if alignment is not None else cfg
-    final = read_recipe_facts(aligned, environ)
+    alignment = align(cfg, read, preview_of, kernels=step) if settings.preset == "aligned" else None
+    final = alignment.facts if alignment is not None else facts
     kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
     kernels["findings"] += _kernel_step_findings(alignment)
     predicted = _rollout_backends(kernel_plan)  # the preset and --fix search with vLLM's choice assumed
     if predicted is not None:
         preview = preview_binding(final, settings, environ, predicted)
     else:
-        preview = alignment.preview if alignment is not None else preview_of(cfg)
+        preview = alignment.preview if alignment is not None else preview_of(facts)
     preview_dict = preview.to_dict()
     stops_at_start = settings.on_mismatch == "error" and preview_dict["verdict"] == "fail"
     kernel_errors = any(f["severity"] == "error" for f in kernels["findings"])
     ok = plan.ok and not stops_at_start and not kernel_errors
+    aligned = alignment.config if alignment is not None else cfg
     return {
         "config": str(config_path),
         "overrides": overrides,
@@ -141,22 +140,23 @@ def evaluate(
             **preview_dict,
             "preset": alignment.to_dict() if alignment is not None else None,
         },
-        "fix": _fix(aligned, preview_of, functools.partial(step, alter_ok=True), environ) if fix else None,
+        "fix": _fix(aligned, read, preview_of, functools.partial(step, alter_ok=True)) if fix else None,
         "preview_text": render_preview(preview) if full else _short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
 
 
-def _gpu(gpu: str | None, options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]:
-    """The GPU the kernels are predicted for (``--gpu``, else this machine's), how it was chosen, and
-    ``options`` with ``live`` set when it is this machine's."""
+def _gpu(options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]:
+    """The GPU the kernels are predicted for (``options.gpu``, ``--gpu``, else this machine's), how it
+    was chosen, and ``options`` with ``live`` set when it is this machine's."""
     from nemo_rl_attn_align.preflight import gpu as gpus
     from nemo_rl_attn_align.preflight.kernels import KernelOptions
 
+    options = options or KernelOptions()
     local, local_source = gpus.local_gpu()
-    chosen, source = (gpus.parse_gpu(gpu), "--gpu") if gpu is not None else (local, local_source)
-    return chosen, source, replace(options or KernelOptions(), live=chosen is not None and chosen == local)
+    chosen, source = (gpus.parse_gpu(options.gpu), "--gpu") if options.gpu is not None else (local, local_source)
+    return chosen, source, replace(options, live=chosen is not None and chosen == local)
 
 
 def _kernels(
@@ -184,13 +184,13 @@ def _rollout_backends(plan: KernelPlan) -> tuple[str, ...] | None:
     return tuple(str(k.kernel) for k in kernels)
 
 
-def _fix(cfg: Mapping[str, Any], preview_of, kernels, environ: Mapping[str, str]) -> dict[str, Any]:
+def _fix(cfg: Mapping[str, Any], read, preview_of, kernels) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass,
     and the kernel step's (one flash-attn generation on both sides, on the GPU known)."""
     from nemo_rl_attn_align.compare.fix import minimal
     from nemo_rl_attn_align.compare.preset import align
 
-    alignment = align(cfg, preview_of, alter_ok=True, kernels=kernels)
+    alignment = align(cfg, read, preview_of, alter_ok=True, kernels=kernels)
     if alignment.preview.binding is None:
         return {
             "overrides": [],
@@ -200,7 +200,7 @@ def _fix(cfg: Mapping[str, Any], preview_of, kernels, environ: Mapping[str, str]
         }
     if alignment.refusal is not None:
         return {"overrides": [], "changes": [], "none_because": alignment.refusal.line(), "kernels": None}
-    changes = minimal(cfg, alignment, preview_of, environ)
+    changes = minimal(cfg, alignment, read, preview_of)
     return {
         "overrides": [c.override() for c in changes],
         "changes": [c.to_dict() for c in changes],
@@ -366,13 +366,11 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.preflight.kernels import KernelOptions
     from nemo_rl_attn_align.preflight.model_facts import hosts_read_here
 
-    options = KernelOptions(flash_attn_3=args.fa3, te=args.te, vllm=args.vllm)
+    options = KernelOptions(flash_attn_3=args.fa3, te=args.te, vllm=args.vllm, gpu=args.gpu)
     try:
         config_path, overrides = split_config_and_overrides(args.args)
         with hosts_read_here():  # an architecture the table lacks: read by the host where it is installed
-            result = evaluate(
-                config_path, overrides, full=args.full, fix=args.fix, gpu=args.gpu, kernel_options=options
-            )
+            result = evaluate(config_path, overrides, full=args.full, fix=args.fix, kernel_options=options)
     except UsageError as err:
         message = shown_text(str(err), 2000)
         if args.json:

@@ -138,7 +138,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any]]:
     shape = drift_shape.resolve_shape(facts, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
     gpu = parse_gpu(args.gpu)
-    default_training, default_rollout, notes = drift_shape.default_engines(facts, gpu, shape)
+    predicted_training, predicted_rollout = drift_shape.default_engines(facts, gpu, shape)
+    notes = [*predicted_rollout.notes(), *predicted_training.notes()]
     if importlib.util.find_spec("torch") is None:
         raise UsageError(
             "drift needs torch, which is not installed. Fix: pip install torch "
@@ -146,8 +147,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any]]:
         )
     from nemo_rl_attn_align.drift import sweep as drift
 
-    training = drift.parse_materializers(args.training or default_training, "--training")
-    rollout = drift.parse_materializers(args.rollout or default_rollout, "--rollout")
+    training = drift.parse_materializers(args.training or list(predicted_training.specs), "--training")
+    rollout = drift.parse_materializers(args.rollout or list(predicted_rollout.specs), "--rollout")
     drift.check_materializers([*training, *rollout], shape, gpu)
     if args.vocab < 2:
         raise UsageError(f"--vocab {args.vocab}: the LM head needs at least 2 tokens. Fix: pass --vocab 512.")

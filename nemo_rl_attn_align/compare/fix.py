@@ -14,18 +14,20 @@ from typing import Any
 from nemo_rl_attn_align.compare.change import Change
 from nemo_rl_attn_align.compare.preset import Alignment, blocking_causes, set_key
 from nemo_rl_attn_align.preflight.plan import build_plan
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 
 def minimal(
     cfg: Mapping[str, Any],
     alignment: Alignment,
-    preview_of: Callable[[Mapping[str, Any]], Any],
-    environ: Mapping[str, str],
+    read: Callable[[Mapping[str, Any]], RecipeFacts],
+    preview_of: Callable[[RecipeFacts], Any],
 ) -> tuple[Change, ...]:
     """The smallest subset of ``alignment.changes`` after which the preview still has no blocking
     cause and the pre-flight rules find no error the whole set does not (each change is dropped in
     turn when the rest suffice: batch-invariant mode without its flash-attn pin would not start; the
-    kernel step's changes are kept). The rules see ``environ``, the driver environment ``check`` was given."""
+    kernel step's changes are kept). ``read`` reads a config's facts (with the driver environment
+    ``check`` was given), once per trial; ``preview_of`` previews them."""
 
     def changed(changes: list[Change]) -> dict[str, Any]:
         work = copy.deepcopy(dict(cfg))
@@ -33,15 +35,15 @@ def minimal(
             set_key(work, c.key, c.value)
         return work
 
-    def rule_errors(work: Mapping[str, Any]) -> set[str]:
-        return {f.code.value for f in build_plan(work, environ).errors}
+    def rule_errors(facts: RecipeFacts) -> set[str]:
+        return {f.code.value for f in build_plan(facts).errors}
 
     kept = list(alignment.changes)
     chosen = alignment.kernels.changes if alignment.kernels is not None else ()
-    allowed = rule_errors(changed(kept))
+    allowed = rule_errors(alignment.facts)  # the facts of every change applied
     for change in [c for c in kept if c not in chosen]:  # the kernel step's changes are its fewest already
         trial = [c for c in kept if c is not change]
-        work = changed(trial)
-        if not blocking_causes(preview_of(work)) and rule_errors(work) <= allowed:
+        facts = read(changed(trial))
+        if not blocking_causes(preview_of(facts)) and rule_errors(facts) <= allowed:
             kept = trial
     return tuple(kept)

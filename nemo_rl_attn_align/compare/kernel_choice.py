@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.change import Change
@@ -44,6 +44,9 @@ from nemo_rl_attn_align.preflight.kernels import (
     predict_rollout,
     predict_training,
 )
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 _TE_ENV = "policy.megatron_cfg.env_vars"
 _VLLM_KWARGS = "policy.generation.vllm_kwargs"
@@ -224,18 +227,15 @@ def _split(plan: KernelPlan, training: str, rollout: str, changes: tuple[Change,
 
 
 def kernel_step(
-    cfg: Mapping[str, Any],
+    facts: RecipeFacts,
     gpu: str | None,
     environ: Mapping[str, str],
     options: KernelOptions = KernelOptions(),
     alter_ok: bool = False,
 ) -> KernelChoice | None:
-    """``choose`` for a config on ``gpu`` (None: no GPU is known, nothing is chosen)."""
-    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
-
+    """``choose`` for a recipe on ``gpu`` (None: no GPU is known, nothing is chosen)."""
     if gpu is None:
         return None
-    facts = read_recipe_facts(cfg, environ)
     plan = plan_kernels(facts, gpu, "the preset's GPU", environ, options)
     generation = facts.megatron_generation
     invariant = generation is not None and generation.model.model_overrides.get("batch_invariant_mode") is True

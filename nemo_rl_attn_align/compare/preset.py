@@ -40,6 +40,7 @@ from nemo_rl_attn_align.errors import Finding, finding
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.kernel_choice import KernelChoice
+    from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 #: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.
 CUBLAS_DETERMINISTIC = ":4096:8"
@@ -57,12 +58,14 @@ Remedy = list[Change] | Finding
 class Alignment:
     """What ``align`` did: the changes, the preview after them, why it stopped short (``None`` when
     the semantic and determinism tiers pass, or when the config has no two sides to bind), the
-    changed config, and the kernel step's choice (``kernel_choice``; None: no GPU to choose for)."""
+    changed config and its facts, and the kernel step's choice (``kernel_choice``; None: no GPU to
+    choose for)."""
 
     changes: tuple[Change, ...]
     preview: Any  # preview.BindingPreview after the changes
     refusal: Finding | None
     config: Mapping[str, Any]  # a copy of the config with the changes applied
+    facts: RecipeFacts  # ``config`` read
     kernels: KernelChoice | None = None
 
     @property
@@ -291,22 +294,25 @@ def _field_fix(name: str) -> str:
 
 def align(
     cfg: Mapping[str, Any],
-    preview_of: Callable[[Mapping[str, Any]], Any],
+    read: Callable[[Mapping[str, Any]], RecipeFacts],
+    preview_of: Callable[[RecipeFacts], Any],
     *,
     alter_ok: bool = False,
-    kernels: Callable[[Mapping[str, Any]], KernelChoice | None] | None = None,
+    kernels: Callable[[RecipeFacts], KernelChoice | None] | None = None,
 ) -> Alignment:
-    """Apply the settings that make the semantic and determinism tiers of ``preview_of(cfg)`` pass,
-    then ``kernels``' choice (``kernel_choice.kernel_step`` on the GPU known; None: no kernel step).
+    """Apply the settings that make the semantic and determinism tiers of ``preview_of(read(cfg))``
+    pass, then ``kernels``' choice (``kernel_choice.kernel_step`` on the GPU known; None: no kernel step).
 
-    ``preview_of`` previews a config (``preview.preview_binding`` with fixed settings and
-    environment). ``alter_ok`` lets parallel sizes change (``check --fix``); the preset keeps them.
-    ``cfg`` is not modified: the changes are applied to a copy.
+    ``read`` reads a config's facts (once per round); ``preview_of`` previews them
+    (``preview.preview_binding`` with fixed settings and environment). ``alter_ok`` lets parallel
+    sizes change (``check --fix``); the preset keeps them. ``cfg`` is not modified: the changes are
+    applied to a copy.
     """
     work = copy.deepcopy(dict(cfg))
     changes: list[Change] = []
     refusals: dict[str, Finding] = {}  # by key: NCCL_ALGO and NCCL_PROTO share one cause
-    preview = preview_of(work)
+    facts = read(work)
+    preview = preview_of(facts)
     for _ in range(MAX_ROUNDS):
         fresh: list[Change] = []
         for kind, name, result in blocking_causes(preview):
@@ -334,32 +340,36 @@ def align(
         for change in fresh:
             set_key(work, change.key, change.value)
         changes.extend(fresh)
-        preview = preview_of(work)
+        facts = read(work)
+        preview = preview_of(facts)
     left = blocking_causes(preview)
     if not left:
-        return _with_kernels(Alignment(tuple(changes), preview, None, work), preview_of, kernels)
+        return _with_kernels(Alignment(tuple(changes), preview, None, work, facts), read, preview_of, kernels)
     refusal = next(iter(refusals.values()), None) or _refuse(
         left[0][1],
         None,
         f"{left[0][1]} still fails after {', '.join(c.key for c in changes) or 'no change'}",
         "report this as a bug of nemo-rl-attn-align",
     )
-    return Alignment(tuple(changes), preview, refusal, work)
+    return Alignment(tuple(changes), preview, refusal, work, facts)
 
 
 def _with_kernels(
     alignment: Alignment,
-    preview_of: Callable[[Mapping[str, Any]], Any],
-    kernels: Callable[[Mapping[str, Any]], KernelChoice | None] | None,
+    read: Callable[[Mapping[str, Any]], RecipeFacts],
+    preview_of: Callable[[RecipeFacts], Any],
+    kernels: Callable[[RecipeFacts], KernelChoice | None] | None,
 ) -> Alignment:
     """``alignment`` (whose tiers pass) with the kernel step's choice applied and previewed again."""
-    work = alignment.config
-    choice = kernels(work) if kernels is not None else None
+    work, facts, preview = alignment.config, alignment.facts, alignment.preview
+    choice = kernels(facts) if kernels is not None else None
     applied = tuple(c for c in choice.changes if blocked_parent(work, c.key) is None) if choice else ()
     for change in applied:
         set_key(work, change.key, change.value)
-    preview = preview_of(work) if applied else alignment.preview
-    return Alignment(alignment.changes + applied, preview, None, work, choice)
+    if applied:
+        facts = read(work)
+        preview = preview_of(facts)
+    return Alignment(alignment.changes + applied, preview, None, work, facts, choice)
 
 
 def apply_changes(master_config: Any, changes: tuple[Change, ...]) -> None:

@@ -19,8 +19,8 @@ from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
-from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
-from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.config.settings import AlignSettings
@@ -30,7 +30,7 @@ _VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
 
 
 def predict_determinism(
-    cfg: Mapping[str, Any] | RecipeFacts,
+    facts: RecipeFacts,
     environ: Mapping[str, str] | None = None,
     training: AttentionContract | None = None,
     rollout: AttentionContract | None = None,
@@ -38,7 +38,6 @@ def predict_determinism(
     """The determinism diff the workers would report, from the config and ``environ``, with the
     problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
     environ = os.environ if environ is None else environ
-    facts = as_facts(cfg, environ)
     t_env = worker_env(facts, "training", environ)
     problems: list[str] = []
     if facts.policy is not None and facts.policy.model_overrides.get("deterministic_mode"):
@@ -83,7 +82,7 @@ def preview_binding(
     with ``environ``, the driver environment the workers inherit (as ``plan.build_plan`` reads it);
     ``rollout_backends``, the backends vLLM's selector picks on the GPU ``check --gpu`` predicts for."""
     model = facts.model
-    training = predict_training(facts, environ)
+    training = predict_training(facts)
     rollout = predict_rollout(facts, environ, rollout_backends)
     notes = [f"no {side} contract: {why}" for side, why in absent_sides(facts).items()]
     if model.config is not None:

@@ -10,8 +10,7 @@ over the driver's).
 
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
-The config is read once into ``preflight.recipe_facts.RecipeFacts``; every public function here takes
-either the config or those facts.
+Every public function here takes the recipe read once (``preflight.recipe_facts.RecipeFacts``).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import identity_fields
 from nemo_rl_attn_align.contract.kinds import dtype_or_none
-from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
 from nemo_rl_attn_align.contract.schema import (
     NotBound,
@@ -33,10 +31,9 @@ from nemo_rl_attn_align.contract.schema import (
     fields_of,
 )
 from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
-from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
-from nemo_rl_attn_align.preflight.facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.model_config import HFModelConfig
-from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.
@@ -67,9 +64,9 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
                 configured_from(b, name, value, source)
     model_identity(b, model.side(side), "configured")
     b.configured("causal", True, "decoder-only LM: causal mask")
-    tokenizer = facts.tokenizer
-    if isinstance(tokenizer, str) and tokenizer:
-        identity, how = tokenizer_identity(tokenizer)  # the workers' rule: local files by content
+    files = facts.files
+    if isinstance(files.tokenizer_name, str) and files.tokenizer_name:
+        identity, how = files.tokenizer  # the workers' rule: local files by content
         b.configured(
             "tokenizer",
             identity,
@@ -85,12 +82,12 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
         b.pending("batch_size", "known when the first rollout batch is scored")
 
 
-def absent_sides(cfg: Mapping[str, Any] | RecipeFacts) -> dict[str, str]:
+def absent_sides(facts: RecipeFacts) -> dict[str, str]:
     """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
     the Megatron hook records training only where NeMo-RL enables Megatron (a truthy
     ``policy.megatron_cfg.enabled``); rollout is recorded only with ``policy.generation.backend``
     vllm or megatron (``BOUND_GENERATION_BACKENDS``)."""
-    facts, absent = as_facts(cfg), {}
+    absent = {}
     if not facts.megatron_enabled:
         absent["training"] = "policy.megatron_cfg.enabled is not truthy (the contract covers Megatron training)"
     backend = facts.generation.backend
@@ -104,12 +101,9 @@ def absent_sides(cfg: Mapping[str, Any] | RecipeFacts) -> dict[str, str]:
     return absent
 
 
-def predict_training(
-    cfg: Mapping[str, Any] | RecipeFacts, environ: Mapping[str, str] | None = None
-) -> AttentionContract | None:
+def predict_training(recipe: RecipeFacts) -> AttentionContract | None:
     """The training contract a Megatron policy worker would record, or ``None`` when
     ``policy.megatron_cfg.enabled`` is not truthy."""
-    recipe = as_facts(cfg, environ)
     facts = recipe.require_policy()
     if "training" in absent_sides(recipe):
         return None
@@ -212,7 +206,7 @@ def _vllm_backends(
 
 
 def predict_rollout(
-    cfg: Mapping[str, Any] | RecipeFacts,
+    recipe: RecipeFacts,
     environ: Mapping[str, str] | None = None,
     predicted_backends: Collection[str] | None = None,
 ) -> AttentionContract | None:
@@ -220,10 +214,11 @@ def predict_rollout(
     ``policy.generation.backend`` is not vllm. ``predicted_backends``: what vLLM's selector picks for
     the attention layers on the GPU ``check --gpu`` predicts for (None: no prediction; vLLM's
     choice is assumed)."""
-    recipe = as_facts(cfg, environ)
     if "rollout" in absent_sides(recipe):
         return None
     if recipe.megatron_generation is not None:
+        from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout  # its engine only
+
         b = ContractBuilder("rollout", "preview-rollout")
         _identity(b, recipe, "training")  # the policy's own Megatron model generates
         return predict_megatron_rollout(b, recipe.megatron_generation)

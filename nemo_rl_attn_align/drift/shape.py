@@ -6,7 +6,7 @@ it (``RecipeFacts.model``: the hosts' own reading of its local ``config.json``, 
 ``hf_config_overrides`` and ``model_overrides`` applied; the kind covering the most layers).
 ``kv_heads`` defaults to ``heads`` (MHA) and ``window`` to none (full causal), as in Megatron and
 Hugging Face. A kind the replays do not model (softmax sinks, multi-latent attention's separate v
-head dim) is said so, never swept as plain attention. The public functions take the config or
+head dim) is said so, never swept as plain attention. The public functions take the recipe's
 ``RecipeFacts``.
 """
 
@@ -19,14 +19,15 @@ from typing import Any
 
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.architectures import NotRead
+from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET
 from nemo_rl_attn_align.preflight.gpu import capability
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan
+from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan
 from nemo_rl_attn_align.preflight.model_attention import LayerKind
-from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
-#: dtypes the sweep runs (``sweep.DTYPES`` maps them to torch).
-DTYPE_NAMES = ("bf16", "fp16", "fp32")
+#: dtypes the sweep runs (``sweep.DTYPES`` maps them to torch): ``policy.precision``'s, by their short names.
+DTYPE_NAMES = tuple(DTYPE_OF_PRECISION.values())
 DEFAULT_DTYPES = DTYPE_NAMES
 #: The GPU plans are selected for when ``--gpu`` names none (any of ``preflight.gpu.GPUS``); NeMo-RL's
 #: recipes target Hopper.
@@ -110,9 +111,8 @@ def _positive_int(name: str, value: Any, where: str, allow_zero: bool = False) -
     return value
 
 
-def resolve_shape(cfg: dict | RecipeFacts | None, flags: dict[str, Any]) -> Shape:
+def resolve_shape(facts: RecipeFacts, flags: dict[str, Any]) -> Shape:
     """Attention shape for the sweep: flags > the ``attention_align.drift`` block > the model's main kind."""
-    facts = as_facts(cfg)
     layers = [("flags", {k: v for k, v in flags.items() if v is not None}), *_sources(facts)]
     picked: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -199,67 +199,103 @@ def _rollout_engine(kernel: Kernel | None, gpu: str) -> str | None:
     return ROLLOUT_REPLAYS.get((kernel.version or "", gpu))
 
 
-#: What a side is assumed to run when its selector cannot answer (a shape outside the tables):
-#: TE's preference per attention_backend (auto: cuDNN from sm90 on, flash-attn before), vLLM's FA build
-#: (FA3 on sm90 only).
-ASSUMED_TRAINING = {"flash": "FlashAttention", "fused": "FusedAttention", "unfused": "UnfusedDotProductAttention"}
+@dataclass(frozen=True)
+class EnginePrediction:
+    """One side's engines for drift: the specs swept (the reference first), the kernel they follow
+    (None: not chosen by a kernel prediction), whether it was assumed and why (the selector's source,
+    or why its answer is pending), and, where no materializer replays it, what is not replayed
+    (None then: no backend at all)."""
+
+    side: str
+    specs: tuple[str, ...]
+    kernel: Kernel | None = None
+    assumed: bool = False
+    why: str = ""
+    unreplayed: str | None = None
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The specs beside the reference."""
+        return tuple(spec for spec in self.specs if spec != "reference")
+
+    @property
+    def label(self) -> str:
+        """The kernel in one phrase (``Kernel.label``)."""
+        return self.kernel.label if self.kernel is not None else "unknown kernel"
+
+    @property
+    def assumption(self) -> str:
+        """What was assumed and why (for an assumed kernel)."""
+        return f"assumed {self.label}: the selector's answer is pending ({self.why})"
+
+    def notes(self) -> list[str]:
+        """The lines ``drift`` prints: where the kernel came from, and a side left to the reference."""
+        notes = []
+        if self.kernel is not None:
+            notes.append(
+                f"{self.side} kernel {self.assumption}"
+                if self.assumed
+                else f"{self.side} kernel: {self.label} ({self.why})"
+            )
+        if not self.engines:
+            replayed = self.unreplayed or "a missing backend"
+            notes.append(f"no materializer replays {replayed}: the {self.side} side is the reference only")
+        return notes
 
 
 def _assumed_rollout(gpu: str) -> Kernel:
+    """vLLM's FLASH_ATTN build where its selector cannot answer (a shape outside the tables): FA3 on sm90 only."""
     return Kernel("rollout", "FLASH_ATTN", "FA3" if gpu == "sm90" else "FA2")
 
 
-def _predicted(plan: KernelPlan, side: str, assumed: Kernel, notes: list[str]) -> Kernel:
-    """``plan``'s kernel for ``side``'s main layer kind when a selector answered; else ``assumed``,
-    with a note saying why."""
+def _assumed_training(backend: str, gpu: str) -> Kernel:
+    """TE's class for ``backend`` where its selector cannot answer (auto: cuDNN from sm90 on, flash-attn before)."""
+    fallback = "FusedAttention" if capability(gpu) >= (9, 0) else "FlashAttention"
+    return Kernel("training", TE_CLASS_BY_BACKEND.get(backend, fallback))
+
+
+def _predicted(plan: KernelPlan, side: str, assumed: Kernel) -> tuple[Kernel, bool, str]:
+    """``plan``'s kernel for ``side``'s main layer kind when a selector answered (and its source), else
+    ``assumed`` and why."""
     main = plan.main(side)
     kernel = main.kernel if main is not None else None
     if kernel is not None and kernel.known:
-        notes.append(f"{side} kernel: {kernel.label} ({kernel.source})")
-        return kernel
-    why = kernel.pending if kernel is not None else "; ".join(n for n in plan.notes if f" {side} " in n)
-    notes.append(f"{side} kernel assumed {assumed.label}: the selector's answer is pending ({why})")
-    return assumed
+        return kernel, False, kernel.source
+    why = str(kernel.pending) if kernel is not None else "; ".join(n for n in plan.notes if f" {side} " in n)
+    return assumed, True, why
 
 
 def default_engines(
-    cfg: dict | RecipeFacts | None, gpu: str, shape: Shape, environ: Mapping[str, str] | None = None
-) -> tuple[list[str], list[str], list[str]]:
-    """``(training, rollout, notes)``: the engine specs the config runs on ``gpu`` (torch-free).
+    facts: RecipeFacts, gpu: str, shape: Shape, environ: Mapping[str, str] | None = None
+) -> tuple[EnginePrediction, EnginePrediction]:
+    """``(training, rollout)``: the engines the recipe runs on ``gpu`` (torch-free).
 
     They follow the kernels ``check --gpu`` predicts (``preflight.kernels``, from TE's and vLLM's own
     selectors): FlashAttention -> ``flash`` (the CP rings with ``context_parallel_size > 1``),
     FusedAttention -> ``te-fused``, ``transformer_impl: local`` -> Megatron's own attention; vLLM
     FLASH_ATTN FA3 on sm90 -> ``vllm-fa3``, FA2 on sm80 -> ``vllm`` (``ROLLOUT_REPLAYS``). Where a
-    selector cannot answer (a shape outside the tables) assumptions stand in, and ``notes`` says so; a kernel no
-    materializer replays leaves its side to the reference. A config without ``megatron_cfg``
-    sweeps ``DEFAULT_TRAINING`` against vLLM's kernel.
+    selector cannot answer (a shape outside the tables) assumptions stand in, and the prediction says
+    so; a kernel no materializer replays leaves its side to the reference. A config without
+    ``megatron_cfg`` sweeps ``DEFAULT_TRAINING`` against vLLM's kernel.
     """
     from nemo_rl_attn_align.preflight.kernels import plan_kernels
 
-    facts = as_facts(cfg)
     policy = facts.policy
     plan = plan_kernels(facts, gpu, "--gpu", os.environ if environ is None else environ)
-    notes: list[str] = []
-    rollout_kernel = _predicted(plan, "rollout", _assumed_rollout(gpu), notes)
-    engine = _rollout_engine(rollout_kernel, gpu)
-    if engine is None:
-        notes.append(f"no materializer replays {rollout_kernel.label} on {gpu}: the rollout side is the reference only")
-    rollout = default_rollout(engine, shape.seq_len, shape.window)
+    kernel, assumed, why = _predicted(plan, "rollout", _assumed_rollout(gpu))
+    engine = _rollout_engine(kernel, gpu)
+    specs = tuple(default_rollout(engine, shape.seq_len, shape.window))
+    rollout = EnginePrediction("rollout", specs, kernel, assumed, why, f"{kernel.label} on {gpu}")
     # An absent ``enabled`` counts as Megatron here: drift replays the engines the section names.
     if policy is None or not policy.has_megatron_cfg or not (policy.enabled_raw is UNSET or policy.enabled_raw):
-        return [t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t)], rollout, notes
+        specs = tuple(t for t in DEFAULT_TRAINING if not (shape.window is not None and "p2p" in t))
+        return EnginePrediction("training", specs), rollout
     if policy.transformer_impl == "local" or policy.effective_backend == "local":
-        return ["reference", "megatron-local"], rollout, notes
-    backend = policy.effective_backend or "auto"
-    preferred = ASSUMED_TRAINING.get(backend, "FusedAttention" if capability(gpu) >= (9, 0) else "FlashAttention")
-    kernel = _predicted(plan, "training", Kernel("training", preferred), notes).kernel
-    training = _training_engines(kernel, policy.context_parallel_size, shape.window)
-    if not training:
-        notes.append(
-            f"no materializer replays {kernel or 'a missing backend'}: the training side is the reference only"
-        )
-    return ["reference", *training], rollout, notes
+        return EnginePrediction("training", ("reference", "megatron-local")), rollout
+    assumption = _assumed_training(policy.effective_backend or "auto", gpu)
+    kernel, assumed, why = _predicted(plan, "training", assumption)
+    specs = ("reference", *_training_engines(kernel.kernel, policy.context_parallel_size, shape.window))
+    return EnginePrediction("training", specs, kernel, assumed, why, kernel.kernel), rollout
 
 
 def parse_dtypes(text: str) -> list[str]:

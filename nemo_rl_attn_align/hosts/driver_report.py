@@ -44,6 +44,7 @@ from nemo_rl_attn_align.hosts import _patching
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.config.settings import AlignSettings
+    from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
     from nemo_rl_attn_align.report.document import RunDescription
 
 log = logging.getLogger("nemo_rl_attn_align")
@@ -89,13 +90,13 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
     return os.path.normpath(os.path.join(log_dir, relative))
 
 
-def absent_sides(cfg: Mapping[str, Any], algorithm: str) -> dict[str, str]:
-    """The sides this run has no workers for, with the reason the report states."""
+def absent_sides(cfg: Mapping[str, Any], facts: RecipeFacts, algorithm: str) -> dict[str, str]:
+    """The sides this run has no workers for (``facts``: ``cfg`` read), with the reason the report states."""
     from nemo_rl_attn_align.contract.preview import absent_sides as absent_in_config
     from nemo_rl_attn_align.contract.schema import NotBound
     from nemo_rl_attn_align.preflight.expected_workers import generation_gpus
 
-    sides = absent_in_config(cfg)
+    sides = absent_in_config(facts)
     if algorithm in NO_ROLLOUT:
         sides["rollout"] = f"{algorithm} trains on a fixed dataset and starts no generation workers"
     elif isinstance(sides.get("rollout"), NotBound):

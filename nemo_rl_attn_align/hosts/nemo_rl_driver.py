@@ -44,9 +44,13 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, versions
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.config.settings import AlignSettings
+    from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft", "xtoken_off_policy_distillation")
 SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
@@ -90,33 +94,39 @@ def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunRep
     collected yet; None when starting it failed, which is a warning unless strict)."""
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.plan import build_plan
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     cfg = as_dict(master_config)
     settings = load_settings(cfg)
-    preset = apply_preset(master_config, cfg, settings) if settings.preset == "aligned" else None
-    cfg = as_dict(master_config) if preset is not None else cfg
-    plan = build_plan(cfg, os.environ)
+    facts = read_recipe_facts(cfg, os.environ)
+    if settings.preset == "aligned":
+        preset, facts = apply_preset(master_config, facts, settings)
+        cfg = as_dict(master_config)
+    else:
+        preset = None
+    plan = build_plan(facts)
     for finding in plan.warnings:
         log.warning("nemo-rl-attn-align: %s", finding.line())
     plan.raise_for_errors()
     return _patching.guarded(
-        "starting the attention report", lambda: _start_run(cfg, settings, algorithm, preset), settings.strict
+        "starting the attention report", lambda: _start_run(cfg, facts, settings, algorithm, preset), settings.strict
     )
 
 
-def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
+def apply_preset(master_config: Any, facts: RecipeFacts, settings: AlignSettings) -> tuple[dict, RecipeFacts]:
     """``attention_align.preset: aligned``: write the settings that align both sides into the master
     config before any worker group exists (NeMo-RL builds every worker's environment from it), log
     each change and, where a cause needs a layout change, the one finding that says so. Returns the
-    alignment (``preset.Alignment.to_dict()``) for the report."""
+    alignment (``preset.Alignment.to_dict()``) for the report, and the aligned config's facts."""
     from nemo_rl_attn_align.compare.preset import align, apply_changes
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     kernels, no_kernels = _kernel_step()
     alignment = align(
-        cfg,
-        lambda config: preview_binding(read_recipe_facts(config, os.environ), settings, os.environ),
+        as_dict(master_config),
+        lambda config: read_recipe_facts(config, os.environ, facts.files),
+        lambda recipe: preview_binding(recipe, settings, os.environ),
         kernels=kernels,
     )
     apply_changes(master_config, alignment.changes)
@@ -128,7 +138,7 @@ def apply_preset(master_config: Any, cfg: dict, settings: Any) -> dict:
         log.warning("nemo-rl-attn-align: preset aligned: %s", alignment.kernels.finding.line())
     if no_kernels is not None:
         log.warning("nemo-rl-attn-align: preset aligned chooses no kernels: %s", no_kernels)
-    return alignment.to_dict()
+    return alignment.to_dict(), alignment.facts
 
 
 def _kernel_step() -> tuple[Any, str | None]:
@@ -152,7 +162,9 @@ def _kernel_step() -> tuple[Any, str | None]:
     return functools.partial(kernel_step, gpu=gpu, environ=os.environ, options=options), None
 
 
-def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = None) -> driver_report.RunReport:
+def _start_run(
+    cfg: dict, facts: RecipeFacts, settings: AlignSettings, algorithm: str, preset: dict | None = None
+) -> driver_report.RunReport:
     run_id = uuid.uuid4().hex
     # Absolute: Ray workers do not run in the driver's working directory.
     report_dir = os.path.abspath(driver_report.report_dir_for(cfg, settings.report_dir))
@@ -162,19 +174,19 @@ def _start_run(cfg: dict, settings: Any, algorithm: str, preset: dict | None = N
     from nemo_rl_attn_align.preflight.expected_workers import expected_workers
     from nemo_rl_attn_align.report.document import RunDescription
 
-    absent = driver_report.absent_sides(cfg, algorithm)
+    absent = driver_report.absent_sides(cfg, facts, algorithm)
     run = RunDescription(run_id, expected=expected_workers(cfg, absent), absent_sides=absent, preset=preset)
-    report = driver_report.RunReport(settings, run, estimate=functools.partial(_attention_estimate, cfg))
+    report = driver_report.RunReport(settings, run, estimate=functools.partial(_attention_estimate, facts))
     return driver_report.start(report)
 
 
-def _attention_estimate(cfg: dict, reported: driver_report.ReportedGpu | None) -> dict:
+def _attention_estimate(facts: RecipeFacts, reported: driver_report.ReportedGpu | None) -> dict:
     """The estimate on the GPU the workers recorded, else the driver node's."""
     from nemo_rl_attn_align.drift.estimate import attention_only_estimate
 
     if reported is None:
-        return attention_only_estimate(cfg)
-    estimate = attention_only_estimate(cfg, gpu=reported[0])
+        return attention_only_estimate(facts)
+    estimate = attention_only_estimate(facts, gpu=reported[0])
     return {**estimate, "assumes": [f"GPU {reported[0]}: {reported[1]}", *estimate.get("assumes", [])]}
 
 

@@ -1,18 +1,11 @@
-"""The recipe, read once: typed, frozen facts that the rules, the preview and drift consume.
+"""The policy's facts: ``PolicyFacts``, what the pre-flight rules and the training preview need.
 
-``recipe_facts.read_recipe_facts(cfg, environ)`` reads a resolved NeMo-RL config (a plain dict, as
-``config.loader.load_config`` returns it) into ``recipe_facts.RecipeFacts``: ``policy`` (``PolicyFacts``, what the
-pre-flight rules and the training preview need, with the NVTE variables the Megatron worker will
-see; read here), ``generation`` (``GenerationFacts``, the vLLM rollout settings, read in
-``generation_facts``) and ``shape`` (``ShapeFacts``, the attention-shape layers drift resolves a
-shape from, read in ``shape_facts``). ``read_policy_facts`` reads a ``policy`` section alone, which
-is what a Megatron policy worker receives. The lookups every reader shares (``Fact``, ``UNSET``)
-are in ``config_lookup``.
-
-A value the host cannot use is kept as written where a consumer reports it (``PolicyFacts.raw``);
-elsewhere a section that is not a mapping reads as empty, as NeMo-RL's own ``.get`` chains do, so
-the rules, not the readers, say what is wrong. A ``Fact`` keeps the dotted config key it came from.
-Stdlib only.
+``read_policy_facts`` reads a resolved ``policy`` section (what a Megatron policy worker receives)
+and the NVTE variables the worker will see; ``recipe_facts.read_recipe_facts`` reads it with the
+rest of the recipe. A value the host cannot use is kept as written where a consumer reports it
+(``PolicyFacts.raw``); elsewhere a section that is not a mapping reads as empty, as NeMo-RL's own
+``.get`` chains do, so the rules, not the readers, say what is wrong. A ``Fact`` keeps the dotted
+config key it came from (``config_lookup``). Stdlib only.
 """
 
 from __future__ import annotations
@@ -34,9 +27,6 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     positive_int,
     value_at,
 )
-
-# contract/preview.py and compare/preview.py import it from here
-from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant as vllm_batch_invariant
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
@@ -182,8 +172,11 @@ def policy_not_a_mapping(policy_cfg: Any) -> UsageError:
     )
 
 
-def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None) -> PolicyFacts:
-    """Read what the rules need from a resolved ``policy`` section and the worker's environment."""
+def read_policy_facts(
+    policy_cfg: Any, environ: Mapping[str, str] | None = None, model_config: Any = UNSET
+) -> PolicyFacts:
+    """Read what the rules need from a resolved ``policy`` section and the worker's environment;
+    ``model_config``: the model's ``config.json`` already read (``UNSET``: read it here)."""
     if not isinstance(policy_cfg, dict):
         raise policy_not_a_mapping(policy_cfg)
     environ = os.environ if environ is None else environ
@@ -230,6 +223,7 @@ def read_policy_facts(policy_cfg: Any, environ: Mapping[str, str] | None = None)
         ),
         model=read_model_facts(
             model_name,
+            model_config,
             training_overrides=policy_cfg.get("hf_config_overrides"),
             rollout_overrides=value_at(policy_cfg, "generation.vllm_kwargs.hf_overrides"),
             model_overrides=overrides if isinstance(overrides, dict) else None,

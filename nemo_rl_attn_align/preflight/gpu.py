@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,10 +86,14 @@ def parse_gpu(text: str, flag: str = "--gpu") -> str:
     return gpu
 
 
-def local_gpu(run: Callable = subprocess.run) -> tuple[str | None, str]:
-    """(this machine's GPU generation, how it was found), or (None, why there is none)."""
+def local_gpu(run: Callable | None = None) -> tuple[str | None, str]:
+    """(this machine's GPU generation, how it was found), or (None, why there is none); ``run``:
+    ``subprocess.run`` unless given."""
     if shutil.which("nvidia-smi") is None:
         return None, "no GPU on this machine (no nvidia-smi); --gpu NAME (sm90, H100, B200, ...) predicts for one"
+    import subprocess  # here: a machine without nvidia-smi (most that run check) never needs it
+
+    run = subprocess.run if run is None else run
     try:
         done = run(
             ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],

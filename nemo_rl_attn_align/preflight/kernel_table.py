@@ -14,13 +14,10 @@ Stdlib only.
 from __future__ import annotations
 
 import array
-import base64
 import functools
-import gzip
 import itertools
 import json
 import sys
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +241,9 @@ class Table:
 def _pack(cells: list[int]) -> str:
     """Cell -> result index, as base64 of zlib-compressed little-endian uint16 (a list of ints parses
     10x slower)."""
+    import base64
+    import zlib
+
     packed = array.array("H", cells)
     if sys.byteorder == "big":
         packed.byteswap()
@@ -251,6 +251,9 @@ def _pack(cells: list[int]) -> str:
 
 
 def _unpack(text: str) -> array.array:
+    import base64
+    import zlib
+
     cells = array.array("H")
     cells.frombytes(zlib.decompress(base64.b64decode(text)))
     if sys.byteorder == "big":
@@ -285,6 +288,8 @@ def path(side: str, version: str, directory: Path = TABLE_DIR) -> Path:
 def write(side: str, version: str, table: Mapping[str, Any], directory: Path = TABLE_DIR) -> Path:
     """Write one host version's encoded table, byte-for-byte reproducibly."""
     out_path = path(side, version, directory)
+    import gzip
+
     text = json.dumps({"schema": SCHEMA, "side": side, "version": version, "table": table}, sort_keys=True)
     with open(out_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:
         out.write(text.encode())
@@ -305,6 +310,8 @@ def versions(side: str, directory: Path = TABLE_DIR) -> tuple[str, ...]:
 @functools.cache
 def table(side: str, version: str, directory: Path = TABLE_DIR) -> Table | None:
     """``side``'s table at host ``version`` (None: no file, another schema, or another grid)."""
+    import gzip  # here: check without a GPU to predict for reads no table
+
     try:
         with gzip.open(path(side, version, directory), "rt", encoding="utf-8") as handle:
             data = json.load(handle)

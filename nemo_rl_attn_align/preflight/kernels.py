@@ -60,13 +60,15 @@ DSA_SOURCE = "megatron-core's sparse attention (Transformer Engine selects nothi
 @dataclass(frozen=True)
 class KernelOptions:
     """How the kernels are asked for: flash-attn 3 installed beside flash-attn 2 (``--fa3``), the TE and
-    vLLM versions whose tables answer (``--te`` / ``--vllm``; None: ``table_version`` chooses), and
-    whether the selectors may run in this process (the GPU asked about is this machine's)."""
+    vLLM versions whose tables answer (``--te`` / ``--vllm``; None: ``table_version`` chooses), the GPU
+    ``check --gpu`` names (None: this machine's), and whether the selectors may run in this process
+    (the GPU asked about is this machine's)."""
 
     flash_attn_3: bool = False
     te: str | None = None
     vllm: str | None = None
     live: bool = False
+    gpu: str | None = None
 
 
 def _tp(facts: RecipeFacts) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.preflight.facts import Fact, PolicyFacts, read_policy_facts
+from nemo_rl_attn_align.preflight.facts import UNSET, Fact, PolicyFacts, read_policy_facts
 
 _GEN = "policy.generation.mcore_generation_config"
 #: The layout keys ``dedicated_inference_megatron_cfg`` compares (NeMo-RL indexes them directly).
@@ -77,16 +77,17 @@ def generation_model_config(policy_cfg: Any) -> tuple[dict[str, Any], bool, str]
 
 
 def read_megatron_generation_facts(
-    policy_cfg: Any, environ: Mapping[str, str] | None = None
+    policy_cfg: Any, environ: Mapping[str, str] | None = None, model_config: Any = UNSET
 ) -> MegatronGenerationFacts | None:
-    """The facts of a ``policy`` section whose generation backend is megatron, else None."""
+    """The facts of a ``policy`` section whose generation backend is megatron, else None
+    (``model_config``: the model's ``config.json`` already read, as ``read_policy_facts`` takes it)."""
     found = generation_model_config(policy_cfg)
     if found is None:
         return None
     model_cfg, dedicated, model_key = found
     generation = _section(policy_cfg, "generation")
     megatron_cfg, engine_cfg = _section(policy_cfg, "megatron_cfg"), _section(generation, "mcore_generation_config")
-    model = read_policy_facts({**policy_cfg, "megatron_cfg": model_cfg}, environ)
+    model = read_policy_facts({**policy_cfg, "megatron_cfg": model_cfg}, environ, model_config)
     overridden = tuple(sorted(k for k in engine_cfg if k in megatron_cfg and engine_cfg[k] != megatron_cfg[k]))
     return MegatronGenerationFacts(
         colocated=_section(generation, "colocated").get("enabled") is not False,

@@ -25,6 +25,7 @@ from typing import Any
 
 from nemo_rl_attn_align.preflight import architectures
 from nemo_rl_attn_align.preflight.architectures import NotRead
+from nemo_rl_attn_align.preflight.config_lookup import UNSET
 from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, HostModel, megatron_model, vllm_model
 from nemo_rl_attn_align.preflight.model_config import HFModelConfig, load_model_config, not_found_line
 
@@ -174,14 +175,15 @@ def _rollout(config: Mapping[str, Any], architecture: str) -> HostModel | NotRea
 
 def read_model_facts(
     model_name: Any,
+    config: HFModelConfig | Any | None = UNSET,
     *,
     training_overrides: Any = None,
     rollout_overrides: Any = None,
     model_overrides: Mapping[str, Any] | None = None,
 ) -> ModelFacts:
     """The attention both sides build for ``policy.model_name``: its config.json on this machine (the
-    Hugging Face cache this process's environment names) and the overrides."""
-    model = load_model_config(model_name)
+    Hugging Face cache this process's environment names; ``config``, when already read) and the overrides."""
+    model = load_model_config(model_name) if config is UNSET else config
     if model is None:
         line = not_found_line(model_name)
         return ModelFacts(None, line, NotRead(line), NotRead(line))

@@ -1,10 +1,10 @@
 """The backend plan: what Megatron will do with the attention settings, and whether it can work.
 
-``build_plan(cfg)`` takes a whole resolved NeMo-RL config (as ``config.loader.load_config`` returns it);
-``build_plan_for_policy(policy_cfg)`` takes only its ``policy`` section, which is what a Megatron
-policy worker receives. Both read the environment the worker will see: the process environment
-overlaid with ``policy.megatron_cfg.env_vars`` (NeMo-RL gives env_vars precedence over the driver's
-environment). The policy is read once into ``facts.PolicyFacts``, which the rules evaluate.
+``build_plan(facts)`` takes a whole recipe's ``RecipeFacts``; ``build_plan_for_policy(policy_cfg)``
+takes only a ``policy`` section, which is what a Megatron policy worker receives. Both see the
+environment the worker will see: the process environment overlaid with
+``policy.megatron_cfg.env_vars`` (NeMo-RL gives env_vars precedence over the driver's environment).
+The policy is read once into ``facts.PolicyFacts``, which the rules evaluate.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, UsageError, json_value
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
-from nemo_rl_attn_align.preflight.facts import UNSET, read_policy_facts
+from nemo_rl_attn_align.preflight.facts import UNSET, PolicyFacts, read_policy_facts
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.preflight.rules import evaluate
 
 
@@ -76,7 +77,10 @@ class BackendPlan:
 
 def build_plan_for_policy(policy_cfg: Any, environ: Mapping[str, str] | None = None) -> BackendPlan:
     """Plan and rule verdicts for one resolved ``policy`` section (what a Megatron worker receives)."""
-    facts = read_policy_facts(policy_cfg, environ)
+    return _plan(read_policy_facts(policy_cfg, environ))
+
+
+def _plan(facts: PolicyFacts) -> BackendPlan:
     effective = facts.effective_backend if facts.megatron_enabled else None
     return BackendPlan(
         megatron_enabled=facts.megatron_enabled,
@@ -89,10 +93,10 @@ def build_plan_for_policy(policy_cfg: Any, environ: Mapping[str, str] | None = N
     )
 
 
-def build_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> BackendPlan:
-    """Plan and rule verdicts for a whole resolved NeMo-RL config."""
-    if not isinstance(cfg, dict) or "policy" not in cfg:
+def build_plan(facts: RecipeFacts) -> BackendPlan:
+    """Plan and rule verdicts for a whole recipe."""
+    if facts.policy_raw is UNSET:
         raise UsageError(
             "the config has no `policy:` section. Fix: pass a NeMo-RL recipe config (GRPO, SFT, DPO, ...)."
         )
-    return build_plan_for_policy(cfg["policy"], environ)
+    return _plan(facts.require_policy())

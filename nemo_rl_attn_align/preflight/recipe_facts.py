@@ -5,7 +5,9 @@
 training preview), ``generation`` (``generation_facts``: the vLLM rollout settings), ``shape``
 (``shape_facts``: the layers drift resolves a shape from) and ``megatron_generation``
 (``megatron_generation``: the generation model and engine when NeMo-RL generates with Megatron).
-The rules, the preview and drift read only these.
+The model's ``config.json`` and the tokenizer's identity are read once (``LocalFiles``) and kept
+across the configs an entry point reads (the preset's rounds pass them on). The rules, the preview
+and drift read only these.
 """
 
 from __future__ import annotations
@@ -14,12 +16,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import positive_int, value_at
+from nemo_rl_attn_align.preflight.config_lookup import UNSET, positive_int, value_at
 from nemo_rl_attn_align.preflight.facts import PolicyFacts, policy_not_a_mapping, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts, read_generation_facts
 from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts, read_megatron_generation_facts
+from nemo_rl_attn_align.preflight.model_config import HFModelConfig, load_model_config
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts
 from nemo_rl_attn_align.preflight.shape_facts import ShapeFacts, read_shape_facts
+from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """The recipe's files on this machine: the model's ``config.json`` (None: not here) and the
+    tokenizer's ``(identity, how)``, each with the name it was read for."""
+
+    model_name: Any
+    model_config: HFModelConfig | None
+    tokenizer_name: Any
+    tokenizer: tuple[str | None, str]
+
+
+def read_local_files(model_name: Any, tokenizer_name: Any, known: LocalFiles | None = None) -> LocalFiles:
+    """The files of ``model_name`` and ``tokenizer_name``, reusing ``known``'s where the names are the same."""
+    if known is None or known.model_name != model_name or known.tokenizer_name != tokenizer_name:
+        return LocalFiles(model_name, load_model_config(model_name), tokenizer_name, tokenizer_identity(tokenizer_name))
+    return known
 
 
 @dataclass(frozen=True)
@@ -30,14 +52,12 @@ class RecipeFacts:
     policy: PolicyFacts | None
     generation: GenerationFacts
     shape: ShapeFacts
-    #: ``policy.model_name`` as written (None when unset), which ``hf_model`` looks up locally.
-    model_name: Any = None
-    #: ``policy.tokenizer.name``, else ``policy.model_name`` (falsy when neither is set).
-    tokenizer: Any = None
+    #: ``policy.model_name``'s config.json and ``policy.tokenizer.name`` (else ``policy.model_name``)'s identity.
+    files: LocalFiles
     #: ``grpo.num_prompts_per_step`` x ``grpo.num_generations_per_prompt`` when both are positive ints.
     rollout_batch_size: int | None = None
-    #: the ``policy`` section as written (for the error ``require_policy`` raises).
-    policy_raw: Any = None
+    #: the ``policy`` section as written (``UNSET`` when absent; for the errors a missing policy raises).
+    policy_raw: Any = UNSET
     #: ``policy.generation.backend: megatron``: the generation model and engine (else None).
     megatron_generation: MegatronGenerationFacts | None = None
 
@@ -54,30 +74,31 @@ class RecipeFacts:
     def require_policy(self) -> PolicyFacts:
         """``policy``, or the ``UsageError`` for a ``policy`` section that is not a mapping."""
         if self.policy is None:
-            raise policy_not_a_mapping(self.policy_raw)
+            raise policy_not_a_mapping(None if self.policy_raw is UNSET else self.policy_raw)
         return self.policy
 
 
-def read_recipe_facts(cfg: Any, environ: Mapping[str, str] | None = None) -> RecipeFacts:
+def read_recipe_facts(
+    cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None, files: LocalFiles | None = None
+) -> RecipeFacts:
     """Read a resolved NeMo-RL config once; ``environ`` (default ``os.environ``) is the driver
-    environment the workers inherit."""
-    policy_raw = cfg.get("policy") if isinstance(cfg, Mapping) else None
-    policy = read_policy_facts(policy_raw, environ) if isinstance(policy_raw, dict) else None
+    environment the workers inherit; ``files``, those an earlier reading of the recipe read."""
+    policy_raw = cfg.get("policy", UNSET) if isinstance(cfg, Mapping) else UNSET
+    local = read_local_files(
+        value_at(cfg, "policy.model_name"),
+        value_at(cfg, "policy.tokenizer.name") or value_at(cfg, "policy.model_name"),
+        files,
+    )
+    model_config = local.model_config
+    policy = read_policy_facts(policy_raw, environ, model_config) if isinstance(policy_raw, dict) else None
     prompts = positive_int(value_at(cfg, "grpo.num_prompts_per_step"))
     generations = positive_int(value_at(cfg, "grpo.num_generations_per_prompt"))
     return RecipeFacts(
         policy=policy,
         generation=read_generation_facts(cfg),
         shape=read_shape_facts(cfg),
-        model_name=value_at(cfg, "policy.model_name"),
-        tokenizer=value_at(cfg, "policy.tokenizer.name") or value_at(cfg, "policy.model_name"),
+        files=local,
         rollout_batch_size=prompts * generations if prompts and generations else None,
         policy_raw=policy_raw,
-        megatron_generation=read_megatron_generation_facts(policy_raw, environ),
+        megatron_generation=read_megatron_generation_facts(policy_raw, environ, model_config),
     )
-
-
-def as_facts(cfg: Any, environ: Mapping[str, str] | None = None) -> RecipeFacts:
-    """``cfg`` when it already is ``RecipeFacts``, else ``read_recipe_facts(cfg, environ)``: the public
-    functions of the preview and drift take either, so a caller reads the recipe once."""
-    return cfg if isinstance(cfg, RecipeFacts) else read_recipe_facts(cfg, environ)

@@ -9,6 +9,7 @@ from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, Infer
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
 from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from tests.conftest import preview_of
 
 MODEL = ModelConfigSnapshot(
@@ -86,8 +87,8 @@ def test_the_preview_binds_megatron_generation():
     recipe = _recipe(
         mcore_generation_config={"block_size_tokens": 128, "max_tokens": 4096, "enable_chunked_prefill": False}
     )
-    assert absent_sides(recipe) == {}
-    values = _values(predict_rollout(recipe, environ={}))
+    assert absent_sides(read_recipe_facts(recipe)) == {}
+    values = _values(predict_rollout(read_recipe_facts(recipe, {}), environ={}))
     assert values["engine"] == ENGINE
     assert (values["kv_page_size"], values["chunked_prefill_chunk"], values["mode"]) == (128, None, "prefill+decode")
     assert values["tp_size"] == 2 and values["kv_cache_dtype"] == "bf16"
@@ -96,7 +97,7 @@ def test_the_preview_binds_megatron_generation():
 
 def test_the_generation_model_of_a_non_colocated_recipe_is_the_merge():
     recipe = _recipe(colocated={"enabled": False}, mcore_generation_config={"tensor_model_parallel_size": 1})
-    rollout = predict_rollout(recipe, environ={})
+    rollout = predict_rollout(read_recipe_facts(recipe, {}), environ={})
     assert rollout.fields["tp_size"].value == 1
     assert "merged with policy.generation.mcore_generation_config" in rollout.fields["tp_size"].source
 
@@ -105,5 +106,5 @@ def test_the_generation_model_of_a_non_colocated_recipe_is_the_merge():
 def test_other_rollout_backends_are_absent_with_the_reason(backend):
     recipe = _recipe()
     recipe["policy"]["generation"]["backend"] = backend
-    assert predict_rollout(recipe, environ={}) is None
-    assert f"policy.generation.backend {backend!r}" in absent_sides(recipe)["rollout"]
+    assert predict_rollout(read_recipe_facts(recipe, {}), environ={}) is None
+    assert f"policy.generation.backend {backend!r}" in absent_sides(read_recipe_facts(recipe))["rollout"]

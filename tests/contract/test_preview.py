@@ -17,6 +17,7 @@ from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance, Tier, fields_of
 from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.render import render_preview
 from tests.conftest import EXAMPLES, preview_of
 
@@ -65,7 +66,7 @@ def test_a_model_not_on_this_machine_leaves_its_identity_pending_and_says_how_to
 
 def test_predicted_contracts_are_whole_and_valid():
     cfg = load_config(GRPO)
-    for contract in (predict_training(cfg, {}), predict_rollout(cfg, {})):
+    for contract in (predict_training(read_recipe_facts(cfg, {})), predict_rollout(read_recipe_facts(cfg, {}), {})):
         assert isinstance(contract, AttentionContract) and list(contract.fields) == list(FIELD_NAMES)
         assert {fv.provenance for _, fv in contract} <= {Provenance.CONFIGURED, Provenance.PENDING}
         assert AttentionContract.from_json(contract.to_json()) == contract
@@ -165,11 +166,14 @@ def test_a_config_without_vllm_or_megatron_has_nothing_to_bind():
 
 
 def test_absent_sides_name_the_key_that_decides():
-    assert absent_sides(load_config(EXAMPLES / "sft_megatron_flash.yaml")) == {
+    assert absent_sides(read_recipe_facts(load_config(EXAMPLES / "sft_megatron_flash.yaml"))) == {
         "rollout": "policy.generation.backend is not set (no generation workers to bind)"
     }
-    assert absent_sides(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")) == {}
-    assert set(absent_sides({"policy": {"megatron_cfg": None, "generation": None}})) == {"training", "rollout"}
+    assert absent_sides(read_recipe_facts(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml"))) == {}
+    assert set(absent_sides(read_recipe_facts({"policy": {"megatron_cfg": None, "generation": None}}))) == {
+        "training",
+        "rollout",
+    }
 
 
 def test_an_invalid_backend_leaves_the_semantic_tier_pending():
@@ -271,10 +275,10 @@ def test_a_source_names_the_key_its_value_came_from():
     the source says which key was read."""
     cfg = load_config(GRPO)
     del cfg["policy"]["logprob_batch_size"], cfg["policy"]["generation"]["vllm_cfg"]["precision"]
-    training, rollout = predict_training(cfg, {}), predict_rollout(cfg, {})
+    training, rollout = predict_training(read_recipe_facts(cfg, {})), predict_rollout(read_recipe_facts(cfg, {}), {})
     assert training["physical_batch"].source == "policy.train_micro_batch_size"
     assert training["physical_batch"].value == cfg["policy"]["train_micro_batch_size"]
     assert rollout["dtype"].source == "policy.precision"
     cfg = load_config(GRPO)
-    assert predict_training(cfg, {})["physical_batch"].source == "policy.logprob_batch_size"
-    assert predict_rollout(cfg, {})["dtype"].source == "policy.generation.vllm_cfg.precision"
+    assert predict_training(read_recipe_facts(cfg, {}))["physical_batch"].source == "policy.logprob_batch_size"
+    assert predict_rollout(read_recipe_facts(cfg, {}), {})["dtype"].source == "policy.generation.vllm_cfg.precision"

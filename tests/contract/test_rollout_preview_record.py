@@ -11,8 +11,9 @@ import pytest
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.preview import predict_rollout, predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
-from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 from tests.conftest import EXAMPLES
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
@@ -20,13 +21,13 @@ KV = "++policy.generation.vllm_cfg.kv_cache_dtype"
 
 
 def _rollout(*overrides):
-    return predict_rollout(load_config(GRPO, list(overrides)), {})
+    return predict_rollout(read_recipe_facts(load_config(GRPO, list(overrides)), {}), {})
 
 
 def test_a_local_tokenizer_is_previewed_by_its_content_as_both_records_name_it(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
     rollout = _rollout(f"policy.tokenizer.name={tmp_path}")
-    training = predict_training(load_config(GRPO, [f"policy.tokenizer.name={tmp_path}"]), {})
+    training = predict_training(read_recipe_facts(load_config(GRPO, [f"policy.tokenizer.name={tmp_path}"]), {}))
     expected, how = tokenizer_identity(str(tmp_path))
     assert expected.startswith("sha256:")
     record = rollout_contract(VllmSnapshot(tokenizer=str(tmp_path)), "vllm-rank0-worker0")

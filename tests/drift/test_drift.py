@@ -15,12 +15,13 @@ from nemo_rl_attn_align.cli import main  # noqa: E402
 from nemo_rl_attn_align.drift import shape as drift_shape  # noqa: E402
 from nemo_rl_attn_align.drift import sweep as drift  # noqa: E402
 from nemo_rl_attn_align.errors import UsageError  # noqa: E402
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts  # noqa: E402
 
 NO_FLAGS = {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": None}
 
 
 def shape_of(cfg, **flags):
-    return drift_shape.resolve_shape(cfg, {**NO_FLAGS, **flags})
+    return drift_shape.resolve_shape(read_recipe_facts(cfg), {**NO_FLAGS, **flags})
 
 
 def test_the_shape_is_the_models_as_megatron_builds_it_from_its_config_json():
@@ -313,7 +314,9 @@ def _default_engines(mc, gpu="sm90", head_dim=128, generation=None, model="Qwen/
             "generation": {"backend": "vllm", "vllm_cfg": {"precision": "bfloat16"}, **(generation or {})},
         }
     }
-    return drift_shape.default_engines(cfg, gpu, drift_shape.Shape(16, 8, head_dim, None, 1024), environ={})
+    shape = drift_shape.Shape(16, 8, head_dim, None, 1024)
+    training, rollout = drift_shape.default_engines(read_recipe_facts(cfg, {}), gpu, shape, environ={})
+    return list(training.specs), list(rollout.specs), [*rollout.notes(), *training.notes()]
 
 
 def test_default_engines_follow_the_predicted_kernels():
@@ -346,6 +349,20 @@ def test_default_engines_say_when_a_side_is_not_replayed_or_assumed():
     training, rollout, notes = _default_engines({"attention_backend": "auto"}, "sm80", model="acme/absent")
     assert training == ["reference", "flash"] and rollout[1] == "vllm:chunk=256"
     assert any(n.startswith("training kernel assumed FlashAttention: the selector's answer is pending") for n in notes)
+
+
+def test_the_engine_prediction_is_a_structure_not_notes_to_parse():
+    cfg = {"policy": {"model_name": "acme/absent", "precision": "bfloat16", "megatron_cfg": {"enabled": True}}}
+    cfg["policy"]["generation"] = {"backend": "vllm", "vllm_cfg": {"precision": "bfloat16"}}
+    shape = drift_shape.Shape(16, 8, 128, None, 1024)
+    training, rollout = drift_shape.default_engines(read_recipe_facts(cfg, {}), "sm80", shape, environ={})
+    assert (training.side, training.engines, training.assumed) == ("training", ("flash",), True)
+    assert training.kernel is not None and training.kernel.kernel == "FlashAttention"  # TE's preference on sm80
+    assert "acme/absent" in training.why and training.unreplayed == "FlashAttention"
+    assert (rollout.side, rollout.assumed, rollout.unreplayed) == ("rollout", True, "FLASH_ATTN FA2 on sm80")
+    cfg["policy"]["megatron_cfg"]["attention_backend"] = "unfused"
+    training, _ = drift_shape.default_engines(read_recipe_facts(cfg, {}), "sm80", shape, environ={})
+    assert training.engines == () and training.kernel.kernel == "UnfusedDotProductAttention"
 
 
 def test_not_replayable_engine_is_listed_without_figures(capsys, tmp_path):

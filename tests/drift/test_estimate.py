@@ -15,8 +15,14 @@ torch = pytest.importorskip("torch")
 from nemo_rl_attn_align.config.loader import load_config  # noqa: E402
 from nemo_rl_attn_align.drift import estimate  # noqa: E402
 from nemo_rl_attn_align.drift import sweep as drift  # noqa: E402
-from nemo_rl_attn_align.drift.estimate import attention_only_estimate, estimate_engines  # noqa: E402
+from nemo_rl_attn_align.drift.estimate import (  # noqa: E402
+    Engines,
+    EstimateRequest,
+    attention_only_estimate,
+    estimate_engines,
+)
 from nemo_rl_attn_align.drift.shape import Shape  # noqa: E402
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, read_recipe_facts  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
@@ -24,8 +30,8 @@ KEYS = {"status", "training_engine", "rollout_engine", "dtype", "figures", "assu
 SMALL = Shape(4, 2, 32, None, 128)
 
 
-def grpo(*overrides: str) -> dict:
-    return load_config(GRPO, list(overrides))
+def grpo(*overrides: str) -> RecipeFacts:
+    return read_recipe_facts(load_config(GRPO, list(overrides)))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +98,7 @@ def test_gpu_selects_the_rollout_replay():
     ],
 )
 def test_same_reduction_both_sides_is_zero_by_construction(training, rollout):
-    result = estimate_engines(SMALL, "bf16", training, rollout)
+    result = estimate_engines(Engines(SMALL, "bf16", training, rollout))
     assert set(result) == KEYS and result["status"] == "zero_by_construction"
     assert result["figures"] == {
         "token_mult_prob_error": {"value": 1.0, "low": 1.0, "high": 1.0},
@@ -113,7 +119,9 @@ def test_zero_by_construction_is_what_the_replays_measure():
 
 
 def test_different_engines_are_not_zero():
-    assert estimate_engines(SMALL, "bf16", "flash", "flash:splits=2", seeds=1)["status"] == "estimated"
+    assert estimate_engines(Engines(SMALL, "bf16", "flash", "flash:splits=2"), EstimateRequest(seeds=1))["status"] == (
+        "estimated"
+    )
 
 
 def unavailable(result: dict) -> str:
@@ -128,7 +136,7 @@ def test_fp32_recipe_is_unavailable_with_the_reason():
     assert result["dtype"] == "fp32"
     why = unavailable(result)
     assert "no training attention backend" in why and "fp32 on sm90" in why
-    assert "does not run in fp32" in unavailable(estimate_engines(SMALL, "fp32", "flash", "reference"))
+    assert "does not run in fp32" in unavailable(estimate_engines(Engines(SMALL, "fp32", "flash", "reference")))
 
 
 def test_engine_that_cannot_be_replayed_is_unavailable_with_the_reason():
@@ -141,20 +149,24 @@ def test_engine_that_cannot_be_replayed_is_unavailable_with_the_reason():
 
 
 @pytest.mark.parametrize(
-    "cfg, kwargs, message",
+    "read, kwargs, message",
     [
-        (None, {}, "policy is NoneType, not a mapping"),
-        (grpo(), {"gpu": "sm70"}, "no kernel prediction for this GPU"),
-        (grpo(), {"seeds": 0}, "seeds=0 must be an integer >= 1"),
-        (grpo(), {"max_seq_len": 0}, "max_seq_len=0 is not a positive integer"),
-        (grpo("policy.megatron_cfg.enabled=false"), {}, "policy.megatron_cfg is not enabled"),
-        (load_config(EXAMPLES / "sft_megatron_flash.yaml"), {}, "no vLLM rollout side"),
-        (grpo("policy.generation.vllm_cfg.precision=float16"), {}, "differs from policy.precision='bfloat16'"),
-        (grpo("policy.model_name=acme/unknown"), {}, "attention shape unknown"),
+        (lambda: read_recipe_facts({}), {}, "policy is NoneType, not a mapping"),
+        (grpo, {"gpu": "sm70"}, "no kernel prediction for this GPU"),
+        (grpo, {"seeds": 0}, "seeds=0 must be an integer >= 1"),
+        (grpo, {"max_seq_len": 0}, "max_seq_len=0 is not a positive integer"),
+        (lambda: grpo("policy.megatron_cfg.enabled=false"), {}, "policy.megatron_cfg is not enabled"),
+        (lambda: read_recipe_facts(load_config(EXAMPLES / "sft_megatron_flash.yaml")), {}, "no vLLM rollout side"),
+        (
+            lambda: grpo("policy.generation.vllm_cfg.precision=float16"),
+            {},
+            "differs from policy.precision='bfloat16'",
+        ),
+        (lambda: grpo("policy.model_name=acme/unknown"), {}, "attention shape unknown"),
     ],
 )
-def test_bad_input_is_unavailable_never_raised(cfg, kwargs, message):
-    assert message in unavailable(attention_only_estimate(cfg, **kwargs))
+def test_bad_input_is_unavailable_never_raised(read, kwargs, message):
+    assert message in unavailable(attention_only_estimate(read(), **kwargs))
 
 
 def test_a_failure_inside_the_replays_is_one_line(monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND, NVTE_VARIABLES, TE_CLASS_BY_BACKEND
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.store import read_worker_files
 from tests.gpu.cases import BACKEND_CASES, TINY_GPT, policy_config, run_case
 
@@ -79,7 +80,9 @@ def test_backend_runs_and_te_selected_what_was_asked(backend, impl, tmp_path, re
     )
     assert probe is not None and probe.torch_status == "probed"
     # The semantic tier recorded for what TE ran is what `check` previews for that backend.
-    predicted = predict_training({"policy": policy_config(BACKEND_BY_CLASS[observed["backend"]], impl=impl)})
+    predicted = predict_training(
+        read_recipe_facts({"policy": policy_config(BACKEND_BY_CLASS[observed["backend"]], impl=impl)})
+    )
     semantic = fields_of(Tier.SEMANTIC)
     assert {n: contract.value(n) for n in semantic} == {n: predicted.value(n) for n in semantic}
 

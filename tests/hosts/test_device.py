@@ -76,10 +76,13 @@ def test_the_reported_gpu_is_the_one_most_workers_record(tmp_path):
 
 def test_the_estimate_runs_on_the_reported_gpu_and_says_so():
     from nemo_rl_attn_align.config.loader import load_config
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     from .. import conftest
 
     cfg = load_config(conftest.EXAMPLES / "grpo_math_1B_megatron_flash.yaml", [])
-    ampere = nemo_rl_driver._attention_estimate(cfg, ("sm80", "recorded by 2 of 2 workers (torch.cuda)"))
+    ampere = nemo_rl_driver._attention_estimate(
+        read_recipe_facts(cfg), ("sm80", "recorded by 2 of 2 workers (torch.cuda)")
+    )
     assert ampere["assumes"][0] == "GPU sm80: recorded by 2 of 2 workers (torch.cuda)"
     assert ampere["rollout_engine"].startswith("vllm:")  # FA2's replay on Ampere

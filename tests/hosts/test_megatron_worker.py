@@ -24,6 +24,7 @@ from nemo_rl_attn_align.errors import RuleViolation
 from nemo_rl_attn_align.hosts import _patching, megatron_worker
 from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.store import read_worker_files
 from tests.fake_nemo_rl.configs import policy_config
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
@@ -100,7 +101,7 @@ def test_v06_records_the_finished_config_and_nvte_match_the_plan(hooked, tmp_pat
     assert {name: contract.value(name) for name in expected} == expected
     assert contract["backend"].provenance.value == "observed"
     assert probe is not None and probe.torch_status == "probed"
-    predicted = predict_training({"policy": cfg})  # what `check` previews for the same config
+    predicted = predict_training(read_recipe_facts({"policy": cfg}))  # what `check` previews for the same config
     semantic = ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")
     assert {n: contract.value(n) for n in semantic} == {n: predicted.value(n) for n in semantic}
     seen = detail(tmp_path)

@@ -21,6 +21,7 @@ from nemo_rl_attn_align.contract.training import training_contract
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.hosts import versions
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from tests.fake_nemo_rl.configs import policy_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "report-schema.md"
@@ -114,7 +115,7 @@ def test_the_training_record_derives_what_check_previews(backend, precision, cp,
     """One rule (``semantics.te_semantics``): the same semantic tier, reduction_engine, split-KV and KV-cache fields."""
     policy = policy_config(backend, precision=precision, impl="transformer_engine")
     policy["megatron_cfg"].update(context_parallel_size=cp, model_overrides={"cp_comm_type": comm})
-    predicted = predict_training({"policy": policy}, {})
+    predicted = predict_training(read_recipe_facts({"policy": policy}, {}))
     snapshot = ModelConfigSnapshot(
         attention_backend=backend, params_dtype=precision, context_parallel_size=cp, cp_comm_type=comm
     )

@@ -251,7 +251,7 @@ def test_softcapping_kv_cache_dtype_and_context_parallel_sizes():
 
 
 def test_the_tokenizer_is_compared_by_content(tmp_path):
-    from nemo_rl_attn_align.contract.tokenizer import tokenizer_identity
+    from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 
     a, b, c = tmp_path / "a", tmp_path / "copy", tmp_path / "other"
     for folder, text in ((a, "{}"), (b, "{}"), (c, '{"x": 1}')):
@@ -287,13 +287,16 @@ def test_the_preview_predicts_what_the_worker_records(fake_vllm, tmp_path, monke
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.contract.preview import predict_rollout
     from nemo_rl_attn_align.contract.semantics import VLLM_DERIVED
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
     from tests.conftest import EXAMPLES
 
     if invariant:
         monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     recorded = _record(fake_vllm, tmp_path, fake_vllm.standin_vllm_config(backend, (backend, backend)))
     overrides = [f"++policy.generation.vllm_kwargs.attention_backend={backend}"]
-    predicted = predict_rollout(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml", overrides), dict(os.environ))
+    predicted = predict_rollout(
+        read_recipe_facts(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml", overrides)), dict(os.environ)
+    )
     assert {n: predicted.value(n) for n in VLLM_DERIVED} == {n: recorded.value(n) for n in VLLM_DERIVED}
     for name in VLLM_DERIVED:  # what the rule cannot know is pending in the preview, unobservable in the record
         known = recorded[name].provenance.value == "configured"

@@ -7,6 +7,7 @@ import pytest
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.hosts.driver_report import absent_sides
 from nemo_rl_attn_align.preflight.expected_workers import expected_workers
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from tests.conftest import EXAMPLES
 
 GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
@@ -14,7 +15,7 @@ GRPO = EXAMPLES / "grpo_math_1B_megatron_flash.yaml"
 
 def counts(path, overrides, algorithm="grpo"):
     cfg = load_config(path, overrides)
-    expected = expected_workers(cfg, absent_sides(cfg, algorithm))
+    expected = expected_workers(cfg, absent_sides(cfg, read_recipe_facts(cfg), algorithm))
     return {side: e.count for side, e in expected.items()}, expected
 
 

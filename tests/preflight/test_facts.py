@@ -13,7 +13,7 @@ from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.facts import UNSET, Fact, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts
-from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts, as_facts, read_recipe_facts
+from nemo_rl_attn_align.preflight.recipe_facts import LocalFiles, RecipeFacts, read_recipe_facts
 from tests.conftest import EXAMPLES
 
 
@@ -33,7 +33,7 @@ def test_a_packaged_recipe_reads_into_facts_with_their_keys():
     assert gen.precision == Fact(
         cfg["policy"]["generation"]["vllm_cfg"]["precision"], "policy.generation.vllm_cfg.precision"
     )
-    assert facts.model_name == cfg["policy"]["model_name"]
+    assert facts.files.model_name == cfg["policy"]["model_name"]
     grpo = cfg["grpo"]
     assert facts.rollout_batch_size == grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"]
     assert facts.shape.seq_len == Fact(cfg["policy"]["max_total_sequence_length"], "policy.max_total_sequence_length")
@@ -42,7 +42,7 @@ def test_a_packaged_recipe_reads_into_facts_with_their_keys():
 def test_facts_are_frozen():
     facts = read_recipe_facts({"policy": {"model_name": "m"}}, {})
     with pytest.raises(dataclasses.FrozenInstanceError):
-        facts.model_name = "other"  # type: ignore[misc]
+        facts.rollout_batch_size = 3  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         facts.generation.backend = "vllm"  # type: ignore[misc]
 
@@ -60,8 +60,9 @@ def test_a_policy_that_is_not_a_mapping_is_reported_when_required(policy):
 @pytest.mark.parametrize("cfg", [None, {}, [], "x"])
 def test_a_config_that_is_no_mapping_reads_as_empty(cfg):
     facts = read_recipe_facts(cfg, {})
-    assert facts == RecipeFacts(None, GenerationFacts(), facts.shape, policy_raw=None)
-    assert facts.shape.layers == () and facts.shape.seq_len is None and facts.tokenizer is None
+    no_files = LocalFiles(None, None, None, (None, "no tokenizer name"))
+    assert facts == RecipeFacts(None, GenerationFacts(), facts.shape, no_files)
+    assert facts.shape.layers == () and facts.shape.seq_len is None
 
 
 @pytest.mark.parametrize("megatron_cfg", [None, "flash", 1, [], {"enabled": 0}])
@@ -189,13 +190,17 @@ def test_tokenizer_and_batch_size_fall_back_or_stay_unset():
         },
         {},
     )
-    assert facts.tokenizer == "m" and facts.rollout_batch_size is None
+    assert facts.files.tokenizer_name == "m" and facts.rollout_batch_size is None
+    assert facts.files.tokenizer == ("m", "compared by name (not a local directory)")
 
 
-def test_as_facts_reads_a_config_once_and_passes_facts_through():
-    facts = read_recipe_facts({"policy": {}}, {})
-    assert as_facts(facts) is facts
-    assert as_facts({"policy": {"model_name": "m"}}, {}).model_name == "m"
+def test_a_second_reading_keeps_the_files_the_first_read():
+    first = read_recipe_facts({"policy": {"model_name": "Qwen/Qwen3-8B"}}, {})
+    assert first.files.model_config is not None  # the test session's Hugging Face cache
+    again = read_recipe_facts({"policy": {"model_name": "Qwen/Qwen3-8B", "precision": "float16"}}, {}, first.files)
+    assert again.files is first.files and again.require_policy().precision == "float16"
+    other = read_recipe_facts({"policy": {"model_name": "m"}}, {}, first.files)
+    assert other.files.model_name == "m" and other.files.model_config is None
 
 
 def test_the_facts_module_imports_only_stdlib_and_plugin_leaves():

@@ -14,7 +14,8 @@ from nemo_rl_attn_align.compare.fix import minimal
 from nemo_rl_attn_align.compare.preset import align, blocking_causes, set_key
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
-from tests.conftest import EXAMPLES, REPO, preview_of
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from tests.conftest import EXAMPLES, REPO
 
 #: The stock recipe (no preset): the shipped mismatch example.
 GRPO = str(EXAMPLES / "grpo_math_1B_megatron_flash_mismatch.yaml")
@@ -35,13 +36,20 @@ def check(*args):
 
 
 def aligned(*overrides, alter_ok=False, environ=None):
+    """The config, its alignment, and the reader and previewer ``align`` was given (as ``check``'s)."""
+    from nemo_rl_attn_align.compare.preview import preview_binding
+
     cfg = load_config(GRPO, list(overrides))
     settings = load_settings(cfg)
+    environ = {} if environ is None else environ
 
-    def preview(c):
-        return preview_of(c, environ, settings)
+    def read(c):
+        return read_recipe_facts(c, environ)
 
-    return cfg, align(cfg, preview, alter_ok=alter_ok), preview
+    def preview(facts):
+        return preview_binding(facts, settings, environ)
+
+    return cfg, align(cfg, read, preview, alter_ok=alter_ok), (read, preview)
 
 
 def test_stock_grpo_is_aligned_by_two_environment_variables():
@@ -80,25 +88,28 @@ def test_the_preset_keeps_the_layout_and_refuses_with_one_finding(overrides, key
 
 
 def test_fix_may_change_the_layout_and_is_minimal():
-    cfg, result, preview_of = aligned(
+    cfg, result, (read, preview) = aligned(
         "policy.megatron_cfg.context_parallel_size=2",
         "++policy.generation.vllm_cfg.env_vars.VLLM_BATCH_INVARIANT='1'",
         alter_ok=True,
     )
     assert result.aligned
-    keys = [c.key for c in minimal(cfg, result, preview_of, {})]
+    keys = [c.key for c in minimal(cfg, result, read, preview)]
     assert keys == ["policy.megatron_cfg.context_parallel_size", CUBLAS]  # BI is already set
 
 
 def test_fix_checks_the_rules_in_the_environment_it_was_given(monkeypatch):
     from nemo_rl_attn_align.compare import fix
 
-    cfg, result, preview_of = aligned("policy.megatron_cfg.context_parallel_size=2", alter_ok=True)
+    environ = {"NVTE_FLASH_ATTN": "0"}
+    cfg, result, (read, preview) = aligned(
+        "policy.megatron_cfg.context_parallel_size=2", alter_ok=True, environ=environ
+    )
     seen = []
     real = fix.build_plan
-    monkeypatch.setattr(fix, "build_plan", lambda work, environ: seen.append(environ) or real(work, environ))
-    minimal(cfg, result, preview_of, {"NVTE_FLASH_ATTN": "0"})
-    assert seen and all(environ == {"NVTE_FLASH_ATTN": "0"} for environ in seen)
+    monkeypatch.setattr(fix, "build_plan", lambda facts: seen.append(facts.policy.nvte_env) or real(facts))
+    minimal(cfg, result, read, preview)
+    assert seen and all(nvte["NVTE_FLASH_ATTN"] == ("0", "environment NVTE_FLASH_ATTN") for nvte in seen)
 
 
 @pytest.mark.parametrize("extra", [[], ["policy.megatron_cfg.context_parallel_size=2"]])

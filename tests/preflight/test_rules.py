@@ -14,6 +14,7 @@ from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
 from nemo_rl_attn_align.preflight.facts import MEGATRON_INDEXED_KEYS, read_policy_facts
 from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.preflight.rules.registry import RULES, rule
 from tests.conftest import EXAMPLES
 
@@ -409,9 +410,9 @@ def test_fp16_flash_is_accepted():
 
 def test_build_plan_needs_a_policy_section():
     with pytest.raises(UsageError, match="policy"):
-        build_plan({"grpo": {}})
+        build_plan(read_recipe_facts({"grpo": {}}))
     with pytest.raises(UsageError, match="policy"):
-        build_plan({"policy": "x"})
+        build_plan(read_recipe_facts({"policy": "x"}))
 
 
 @pytest.mark.parametrize("value, on", [(1, True), ("false", True), ("no", True), (0, False), ("", False), ([], False)])

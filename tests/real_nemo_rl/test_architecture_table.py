@@ -138,13 +138,14 @@ def test_the_worker_record_of_megatron_bridges_provider_is_what_the_preview_pred
     from nemo_rl_attn_align.contract.megatron_snapshot import read_model_config
     from nemo_rl_attn_align.contract.preview import predict_training
     from nemo_rl_attn_align.contract.training import training_contract
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     model = _config_dir(tmp_path, model_type)
     provider = AutoBridge.from_hf_config(AutoConfig.from_pretrained(model)).to_megatron_provider(load_weights=False)
     provider.finalize()
     record = training_contract(read_model_config(provider), "policy-rank0")
     policy = {"model_name": str(model), "precision": "bfloat16", "megatron_cfg": {"enabled": True}}
-    preview = predict_training({"policy": policy}, {})
+    preview = predict_training(read_recipe_facts({"policy": policy}, {}))
     for name in FIELDS:  # known on both sides alike (gpt-oss: sliding_window differs per layer on both)
         assert record[name].known == preview[name].known, (name, record[name], preview[name])
         assert record.value(name) == preview.value(name), name

@@ -21,6 +21,7 @@ import pytest
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.preview import predict_rollout
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from tests.conftest import preview_of
 
 from .conftest import snapshot
@@ -116,7 +117,7 @@ def test_the_preview_predicts_what_the_engine_records(case, tmp_path_factory):
             },
         }
     }
-    predicted = predict_rollout(cfg, environ={})
+    predicted = predict_rollout(read_recipe_facts(cfg, {}), environ={})
     configured = {name: fv.value for name, fv in predicted.fields.items() if fv.provenance == Provenance.CONFIGURED}
     assert len(configured) >= 20
     differ = {name: (value, recorded[name]) for name, value in configured.items() if recorded[name] != value}
@@ -211,7 +212,7 @@ def test_the_shipped_sglang_recipe_is_reported_as_not_bound():
     from nemo_rl_attn_align.hosts.driver_report import absent_sides
 
     cfg = load_config(tree / "examples/configs/recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1-sglang.yaml")
-    why = absent_sides(cfg, "grpo")["rollout"]
+    why = absent_sides(cfg, read_recipe_facts(cfg), "grpo")["rollout"]
     assert isinstance(why, NotBound)
     assert why.startswith("policy.generation.backend 'sglang': its workers record nothing")
     assert "8 generation GPUs" in why

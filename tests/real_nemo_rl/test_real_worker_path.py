@@ -37,6 +37,7 @@ from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
 from nemo_rl_attn_align.hosts import megatron_worker, nemo_rl_driver
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from tests.gpu.cases import model_runner_policies
 
 from .conftest import REFS, SEAM_TEST_REFS, VALIDATION_REFS, snapshot
@@ -175,7 +176,9 @@ def test_bf16_flash_is_mapped_once_by_upstream_and_recorded(ref, tmp_path_factor
         "flash",
     )  # not read back yet
     assert contract.value("versions")["megatron-core"] == metadata.version("megatron-core")
-    predicted = predict_training({"policy": run["policy"]})  # what `check` previews for the same policy
+    predicted = predict_training(
+        read_recipe_facts({"policy": run["policy"]})
+    )  # what `check` previews for the same policy
     assert {n: contract.value(n) for n in fields_of(Tier.SEMANTIC)} == {
         n: predicted.value(n) for n in fields_of(Tier.SEMANTIC)
     }

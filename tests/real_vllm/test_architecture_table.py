@@ -55,11 +55,12 @@ def test_a_real_gpt_oss_engine_records_the_attention_the_preview_predicts(engine
     from nemo_rl_attn_align.contract.attention_identity import FIELDS
     from nemo_rl_attn_align.contract.contract import AttentionContract
     from nemo_rl_attn_align.contract.preview import predict_rollout
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     engine = engines("gpt-oss")
     record = AttentionContract.from_dict(engine.record()["contract"])
     policy = {"model_name": str(engine.model), "precision": "bfloat16", "generation": {"backend": "vllm"}}
-    preview = predict_rollout({"policy": policy}, {})
+    preview = predict_rollout(read_recipe_facts({"policy": policy}, {}), {})
     for name in FIELDS:
         assert record[name].provenance.value == "observed", (name, record[name])
         assert record.value(name) == preview.value(name), (name, record.value(name), preview.value(name))

@@ -28,6 +28,7 @@ from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import predict_rollout
 from nemo_rl_attn_align.contract.schema import Tier, fields_of
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.document import collect
 from tests.conftest import EXAMPLES
 from tests.real_vllm.conftest import BASE_ARGS, HERE, IN_PROCESS, KV_CACHE_GIB, PROMPT
@@ -188,7 +189,7 @@ def test_the_preview_reports_the_tokenizer_and_kv_cache_format_as_the_record_doe
             f"++policy.generation.vllm_cfg.kv_cache_dtype={args.get('kv_cache_dtype', 'auto')}",
         ]
         cfg = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml", overrides)
-        predicted = predict_rollout(cfg, {})
+        predicted = predict_rollout(read_recipe_facts(cfg, {}), {})
         fields = records(report_dir)[worker_id]["contract"]["fields"]
         for field in ("tokenizer", "kv_cache_dtype", "dtype"):
             assert predicted[field].provenance.value == "configured", (name, field)

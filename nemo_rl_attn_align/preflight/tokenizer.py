@@ -10,7 +10,6 @@ with such files stays the name, and the source says so.
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 #: The files hashed, in order of preference: the first group found wins.
@@ -32,6 +31,8 @@ def tokenizer_identity(name: str | None) -> tuple[str | None, str]:
     for group in TOKENIZER_FILES:
         paths = [os.path.join(name, file) for file in group]
         if all(os.path.isfile(path) for path in paths):
+            import hashlib  # here: check imports this module for every recipe, most name no local files
+
             digest = hashlib.sha256()
             for file, path in zip(group, paths, strict=True):
                 digest.update(file.encode() + b"\0")
