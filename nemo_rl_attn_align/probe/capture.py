@@ -15,6 +15,7 @@ measured from.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,27 @@ class Capture:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, **self.__dict__}
+
+
+def joined(spec: Any, per_sequence: list[list[dict[str, Any]]], logprobs: Any, replayed: list[list[Any]]) -> Capture:
+    """The capture of ``spec`` (a ``sides.SideSpec``) from its sequences' per-layer tensors, joined
+    along the tokens; ``replayed``: per sequence, the attention each layer ran on the reference's
+    inputs (empty without a reference)."""
+    import torch
+
+    count = len(per_sequence[0])
+    layers = [{n: torch.cat([seq[i][n] for seq in per_sequence]) for n in LAYER_TENSORS} for i in range(count)]
+    joined_replays = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if replayed else []
+    return Capture(spec.name, spec.sequences, layers, logprobs, joined_replays, spec.settings())
+
+
+def side_main(capture: Callable[[Any, Capture | None], Capture], argv: list[str]) -> int:
+    """A side's process: ``SIDE_JSON OUT [REFERENCE]``, the capture of ``capture`` written to OUT."""
+    from nemo_rl_attn_align.probe.sides import SideSpec
+
+    reference = load(Path(argv[2])) if len(argv) > 2 else None
+    save(capture(SideSpec.read(Path(argv[0])), reference), Path(argv[1]))
+    return 0
 
 
 def save(capture: Capture, path: Path) -> None:

@@ -15,7 +15,6 @@ import os
 import socket
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.probe import capture as capture_file
@@ -195,21 +194,8 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
                 offset += len(ids)
     finally:
         hooks.remove()
-    layers = [
-        {n: torch.cat([seq[i][n] for seq in per_sequence]) for n in capture_file.LAYER_TENSORS}
-        for i in range(len(per_sequence[0]))
-    ]
-    joined = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if reference is not None else []
-    return capture_file.Capture(spec.name, spec.sequences, layers, torch.cat(logprobs), joined, spec.settings())
-
-
-def main(argv: list[str]) -> int:
-    """``SIDE_JSON OUT [REFERENCE]``: write the capture."""
-    spec = SideSpec.read(Path(argv[0]))
-    reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
-    capture_file.save(capture(spec, reference), Path(argv[1]))
-    return 0
+    return capture_file.joined(spec, per_sequence, torch.cat(logprobs), replayed if reference is not None else [])
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(capture_file.side_main(capture, sys.argv[1:]))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.probe import capture as capture_file
@@ -95,19 +94,8 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
             llm.generate([vllm.TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
             replayed.append([layer["attention"][: len(ids)] for layer in hooks.layers])
         offset += len(ids)
-    names = capture_file.LAYER_TENSORS
-    layers = [{n: torch.cat([seq[i][n] for seq in per_sequence]) for n in names} for i in range(len(hooks.layers))]
-    joined = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if replayed else []
-    return capture_file.Capture(spec.name, spec.sequences, layers, torch.tensor(logprobs), joined, spec.settings())
-
-
-def main(argv: list[str]) -> int:
-    """``SIDE_JSON OUT [REFERENCE]``: write the capture."""
-    spec = SideSpec.read(Path(argv[0]))
-    reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
-    capture_file.save(capture(spec, reference), Path(argv[1]))
-    return 0
+    return capture_file.joined(spec, per_sequence, torch.tensor(logprobs), replayed)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(capture_file.side_main(capture, sys.argv[1:]))
