@@ -136,13 +136,5 @@ def _wrap_initialize(original: Callable, seam: Seam) -> Callable:
 
 
 _seams = hooks.Hook("megatron_generation")
-
-
-def attach() -> None:
-    """Wrap the generation seam now or when NeMo-RL's Megatron generation module is imported (idempotent)."""
-    _seams.attach()
-
-
-def detach() -> None:
-    """Restore the wrapped seam and stop watching."""
-    _seams.detach()
+#: Wrap the generation seam now or when its module is imported (idempotent); restore it, stop watching.
+attach, detach = _seams.attach, _seams.detach

@@ -235,13 +235,5 @@ def _patch(module) -> None:
 
 
 _seams = hooks.Hook("megatron_worker", _patch)
-
-
-def attach() -> None:
-    """Patch the Megatron worker seams now or when NeMo-RL's modules are imported (idempotent)."""
-    _seams.attach()
-
-
-def detach() -> None:
-    """Restore every wrapped seam and stop watching."""
-    _seams.detach()
+#: Patch the Megatron worker seams now or when NeMo-RL's modules are imported (idempotent); restore them.
+attach, detach = _seams.attach, _seams.detach

@@ -49,8 +49,10 @@ _TRAIN = {
 }
 #: GRPO's single-controller setup (7ea279a), wrapped where it is defined and where the package re-exports it.
 SINGLE_CONTROLLER = _ALGORITHMS + "single_controller_utils"
-_MEGATRON_SETUP = "nemo_rl.models.megatron.setup"
-_MEGATRON_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
+_POLICY_SETUP = "nemo_rl.models.megatron.setup"
+_POLICY_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
+#: The Megatron worker's layouts: ``setup-module`` (>= 0.6.0), ``worker-inline`` (0.5.x).
+_SETUP_MODULE, _WORKER_INLINE = "setup-module", "worker-inline"
 
 HOOKS = {
     "nemo_rl_driver": HookSeams(
@@ -73,35 +75,35 @@ HOOKS = {
         ("NeMo-RL", "megatron-core"),
         (
             Seam(
-                _MEGATRON_SETUP,
+                _POLICY_SETUP,
                 "_apply_performance_config",
                 ("model_cfg", "config"),
                 "_wrap_performance_config",
-                "setup-module",
+                _SETUP_MODULE,
             ),
             Seam(
-                _MEGATRON_WORKER,
+                _POLICY_WORKER,
                 "validate_and_set_config",
                 ("config", "rank"),
                 "_wrap_validate_and_set_config",
-                "setup-module",
+                _SETUP_MODULE,
             ),
             Seam(
-                _MEGATRON_WORKER,
+                _POLICY_WORKER,
                 "setup_model_and_optimizer",
                 ("policy_cfg", "megatron_cfg"),
                 "_wrap_setup_model_and_optimizer",
-                "setup-module",
+                _SETUP_MODULE,
             ),
             Seam(
-                _MEGATRON_WORKER,
+                _POLICY_WORKER,
                 "setup_megatron_model",
                 ("policy_cfg", "cfg"),
                 "_wrap_setup_megatron_model",
-                "worker-inline",
+                _WORKER_INLINE,
             ),
         ),
-        {"setup-module": ">=0.6.0", "worker-inline": ">=0.5.0,<0.6.0"},
+        {_SETUP_MODULE: ">=0.6.0", _WORKER_INLINE: ">=0.5.0,<0.6.0"},
     ),
     "megatron_generation": HookSeams(
         "NeMo-RL",

@@ -118,16 +118,8 @@ def _recording(original: Callable, seam: Seam) -> Callable:
 
 
 _seams = hooks.Hook("te_readback")
-
-
-def attach() -> None:
-    """Record TE's backend selections from now on (when TE's utils module is imported)."""
-    _seams.attach()
-
-
-def detach() -> None:
-    """Stop recording and restore ``get_attention_backend``."""
-    _seams.detach()
+#: Record TE's backend selections from now on (when TE's utils module is imported); stop, restore.
+attach, detach = _seams.attach, _seams.detach
 
 
 def _attention_module_kinds(modules: Iterable[Any]) -> tuple[set[str], set[str]]:
