@@ -19,7 +19,7 @@ class Seam:
 
     __slots__ = ("group", "module", "params", "path", "wrapper")
 
-    def __init__(self, module: str, path: str, params: tuple = (), wrapper: str = "", group: str | None = None):
+    def __init__(self, module: str, path: str, params: tuple, wrapper: str, group: str | None = None):
         self.module, self.path, self.params, self.wrapper, self.group = module, path, params, wrapper, group
 
 
