@@ -1,6 +1,6 @@
 """NeMo-RL driver hook: check the config before any worker exists, then keep the run's report.
 
-Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
+Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0; declared in ``seams.HOOKS``):
 
 * ``nemo_rl.algorithms.<algorithm>.setup(master_config, ...)`` (grpo, sft, dpo, distillation, rm;
   ppo and xtoken_off_policy_distillation since 0.7.0), called by ``examples/run_<algo>.py`` after
