@@ -8,8 +8,8 @@ ours it leaves that layer in place and turns ours into a pass-through to the ori
 module attributes (functions called through a module global, or names another module imported by
 name) and methods on classes. A class attribute is looked up through ``vars()`` along the MRO, as
 wrapt's ``resolve_path`` does, so a ``classmethod`` or ``staticmethod`` is wrapped as the function it
-holds and goes back in as the same kind of descriptor (calls bind as before). ``Seams`` is one
-host's ``attach()`` / ``detach()``: the modules it watches and everything it wrapped in them.
+holds and goes back in as the same kind of descriptor (calls bind as before). ``hooks.Hook`` wraps
+a host's declared seams with it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
-
-from nemo_rl_attn_align.hosts import bootstrap
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -182,34 +180,6 @@ def unwrap(owner: Any, name: str) -> bool:
     return True
 
 
-class Seams:
-    """The modules one host patches (``targets``), its ``patch(module)`` callback, and what it wrapped."""
-
-    def __init__(self, targets: Iterable[str], patch: Callable[[Any], None]):
-        self.targets = tuple(targets)
-        self.patch = patch
-        self._wrapped: list[tuple[Any, str]] = []
-
-    def attach(self) -> None:
-        """Patch each target now if imported, else right after its import (idempotent)."""
-        for name in self.targets:
-            bootstrap.watch(name, self.patch)
-
-    def detach(self) -> None:
-        """Stop watching and put back everything ``wrap`` replaced."""
-        for name in self.targets:
-            bootstrap.unwatch(name, self.patch)
-        while self._wrapped:
-            unwrap(*self._wrapped.pop())
-
-    def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
-        """``wrap`` and remember it for ``detach``."""
-        done = wrap(owner, name, make_wrapper)
-        if done:
-            self._wrapped.append((owner, name))
-        return done
-
-
 def guarded(step: str, action: Callable[[], Any], strict: bool) -> Any:
     """Run one step of the plugin's own observability: its failure is one warning (the run goes on)
     unless ``strict`` or the exception carries ``stops_run`` (then it propagates)."""
@@ -220,20 +190,3 @@ def guarded(step: str, action: Callable[[], Any], strict: bool) -> Any:
             raise
         log.warning("nemo-rl-attn-align: %s failed (%s: %s); the run goes on unrecorded", step, type(exc).__name__, exc)
         return None
-
-
-_warned: set[str] = set()
-
-
-def unsupported(host: str, version: str | None, missing: str, strict: bool) -> None:
-    """One clear warning (once per host and seam) for a layout we do not recognise; an error if strict."""
-    message = f"{host} {version or '(version unknown)'}: {missing}."
-    if strict:
-        raise HostLayoutError(
-            f"{message} attention_align.strict is true, so the run stops here. "
-            "Fix: use a supported version, or set attention_align.strict: false to run unrecorded."
-        )
-    key = f"{host}:{missing}"
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("nemo-rl-attn-align: %s The plugin leaves it untouched and records nothing for it.", message)

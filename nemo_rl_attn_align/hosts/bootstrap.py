@@ -20,9 +20,10 @@ itself changes no environment variable, so pip, pytest or a notebook in the plug
 pass nothing new to the processes they start.
 
 ``activate()`` imports no host library. It installs one ``sys.meta_path`` finder that wraps the
-loader of the few modules in ``WATCHED``; when such a module has finished executing, the host
-module that patches it is imported and attached. ``NEMO_RL_ATTN_ALIGN=0`` turns all of it off.
-The callback table is guarded by one lock (as wrapt's post-import hooks are); callbacks run outside it.
+loader of the few modules in ``WATCHED`` (those of the hooks' seams, ``seams.HOOKS``); when such a
+module has finished executing, the host module that patches it is imported and attached.
+``NEMO_RL_ATTN_ALIGN=0`` turns all of it off. The callback table is guarded by one lock (as wrapt's
+post-import hooks are); callbacks run outside it.
 """
 
 # No ``from __future__ import annotations`` here: importing ``__future__`` alone costs ~0.2 ms at
@@ -30,6 +31,8 @@ The callback table is guarded by one lock (as wrapt's post-import hooks are); ca
 import _thread
 import os
 import sys
+
+from nemo_rl_attn_align.hosts.seams import HOOKS
 
 #: Master switch: ``0`` / ``false`` / ``no`` / ``off`` (any case) turn the plugin off everywhere.
 SWITCH = "NEMO_RL_ATTN_ALIGN"
@@ -39,25 +42,7 @@ _OFF_VALUES = frozenset({"0", "false", "no", "off"})
 SHIM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_shim")
 
 #: Host modules (under ``nemo_rl_attn_align.hosts``) keyed by the module each one patches.
-#: ``tests/hosts/test_bootstrap.py`` checks that this equals the union of the hosts' ``TARGETS``.
-WATCHED = {
-    "nemo_rl.algorithms.distillation": "nemo_rl_driver",
-    "nemo_rl.algorithms.dpo": "nemo_rl_driver",
-    "nemo_rl.algorithms.grpo": "nemo_rl_driver",
-    "nemo_rl.algorithms.grpo_sync": "nemo_rl_driver",
-    "nemo_rl.algorithms.ppo": "nemo_rl_driver",
-    "nemo_rl.algorithms.rm": "nemo_rl_driver",
-    "nemo_rl.algorithms.sft": "nemo_rl_driver",
-    "nemo_rl.algorithms.single_controller_utils": "nemo_rl_driver",
-    "nemo_rl.algorithms.single_controller_utils.setup": "nemo_rl_driver",
-    "nemo_rl.algorithms.xtoken_off_policy_distillation": "nemo_rl_driver",
-    "nemo_rl.models.generation.megatron.megatron_worker": "megatron_generation",
-    "nemo_rl.models.megatron.setup": "megatron_worker",
-    "nemo_rl.models.policy.workers.megatron_policy_worker": "megatron_worker",
-    "nemo_rl.utils.logger": "nemo_rl_driver",
-    "transformer_engine.pytorch.attention.dot_product_attention.utils": "te_readback",
-    "vllm.v1.worker.gpu_worker": "vllm_worker",
-}
+WATCHED = dict(sorted({seam.module: hook for hook, declared in HOOKS.items() for seam in declared.seams}.items()))
 
 #: module name -> callbacks run with the module once it has executed (or at once if it already has).
 _callbacks: dict[str, list] = {}

@@ -17,25 +17,20 @@ A NeMo-RL without the seam gets one warning naming it (strict mode: an error) an
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import _patching, handoff, versions
+from nemo_rl_attn_align.hosts import hooks, versions
+from nemo_rl_attn_align.hosts.seams import Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
 from nemo_rl_attn_align.report.worker_ids import megatron_generation_peers, megatron_generation_worker_id
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.megatron_snapshot import InferenceSnapshot
 
-MODULE = "nemo_rl.models.generation.megatron.megatron_worker"
-TARGETS = (MODULE,)
-MIXIN = "MegatronGenerationMixin"
-METHOD = "_initialize_inference_engine"
-PARAMS = ("self", "mcore_generation_config")
 #: Keys only ``mcore_generation_config`` has (``MCoreGenerationSpecificArgs``): found in a worker's
 #: ``megatron_cfg``, they say NeMo-RL merged the generation config over it (a dedicated inference policy).
 GENERATION_ONLY_KEYS = ("buffer_size_gb", "block_size_tokens", "kv_cache_management_mode")
@@ -76,7 +71,7 @@ class GenerationRecord(HostRecord):
         return megatron_inference_contract(self.snapshot, self.worker_id, versions.library_versions(VERSIONED))
 
     def detail(self) -> dict[str, Any]:
-        return {"nemo_rl": versions.host_version("nemo_rl", "nemo-rl"), "inference_engine": self.snapshot.to_dict()}
+        return {"nemo_rl": versions.installed_version("NeMo-RL"), "inference_engine": self.snapshot.to_dict()}
 
 
 #: The record of this worker's engine (None until the engine is initialized).
@@ -129,7 +124,7 @@ def record_engine(worker: Any) -> GenerationRecord:
     return record
 
 
-def _wrap_initialize(original: Callable) -> Callable:
+def _wrap_initialize(original: Callable, seam: Seam) -> Callable:
     def _initialize_inference_engine(self, mcore_generation_config, *args, **kwargs):
         already = getattr(self, "_inference_engine_initialized", False)
         result = original(self, mcore_generation_config, *args, **kwargs)
@@ -140,37 +135,6 @@ def _wrap_initialize(original: Callable) -> Callable:
     return _initialize_inference_engine
 
 
-def _fits(mixin: Any) -> bool:
-    method = vars(mixin).get(METHOD) if isinstance(mixin, type) else None
-    if not callable(method):
-        return False
-    try:
-        return tuple(inspect.signature(method).parameters)[: len(PARAMS)] == PARAMS
-    except (TypeError, ValueError):
-        return False
-
-
-def _patch(module) -> None:
-    mixin = getattr(module, MIXIN, None)
-    if _fits(mixin):
-        _seams.wrap(mixin, METHOD, _wrap_initialize)
-        return
-    _patching.unsupported(
-        "NeMo-RL",
-        versions.host_version("nemo_rl", "nemo-rl"),
-        f"{MODULE} has no {MIXIN}.{METHOD}{PARAMS}",
-        handoff.worker_settings().strict,
-    )
-
-
-_seams = _patching.Seams(TARGETS, _patch)
-
-
-def attach() -> None:
-    """Wrap the generation seam now or when NeMo-RL's Megatron generation module is imported (idempotent)."""
-    _seams.attach()
-
-
-def detach() -> None:
-    """Restore the wrapped seam and stop watching."""
-    _seams.detach()
+_seams = hooks.Hook("megatron_generation")
+#: Wrap the generation seam now or when its module is imported (idempotent); restore it, stop watching.
+attach, detach = _seams.attach, _seams.detach

@@ -19,78 +19,27 @@ Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
 global of ``megatron_policy_worker``) builds the model from ``cfg.model``. There is no
 ``attention_backend`` key upstream, so the mapping is applied to ``cfg.model`` here, before.
 
-Any other layout gets one warning naming the NeMo-RL version and the missing seam and runs
-untouched; ``attention_align.strict: true`` makes it an error.
+The seams are declared in ``seams.HOOKS``. Any other layout gets one warning naming the NeMo-RL
+version and the missing seams and runs untouched; ``attention_align.strict: true`` makes it an error.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.hosts import _patching, handoff, versions
+from nemo_rl_attn_align.hosts import hooks, versions
+from nemo_rl_attn_align.hosts.seams import Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
 from nemo_rl_attn_align.report.worker_ids import training_peers, training_worker_id
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
 
-SETUP_MODULE = "nemo_rl.models.megatron.setup"
-WORKER_MODULE = "nemo_rl.models.policy.workers.megatron_policy_worker"
-TARGETS = (SETUP_MODULE, WORKER_MODULE)
-
-
-@dataclass(frozen=True)
-class Seam:
-    """A function the hook wraps, and the leading parameters it relies on."""
-
-    module: str
-    name: str
-    params: tuple[str, ...]
-
-
-#: Layouts the hook recognises, with the NeMo-RL versions that have them.
-LAYOUTS = {
-    "setup-module": (
-        ">=0.6.0",
-        (
-            Seam(SETUP_MODULE, "_apply_performance_config", ("model_cfg", "config")),
-            Seam(WORKER_MODULE, "validate_and_set_config", ("config", "rank")),
-            Seam(WORKER_MODULE, "setup_model_and_optimizer", ("policy_cfg", "megatron_cfg")),
-        ),
-    ),
-    "worker-inline": (">=0.5.0,<0.6.0", (Seam(WORKER_MODULE, "setup_megatron_model", ("policy_cfg", "cfg")),)),
-}
-
 log = logging.getLogger("nemo_rl_attn_align")
-
-
-def _fits(seam: Seam) -> bool:
-    func = getattr(sys.modules.get(seam.module), seam.name, None)
-    if not callable(func):
-        return False
-    try:
-        names = tuple(inspect.signature(func).parameters)
-    except (TypeError, ValueError):
-        return False
-    return names[: len(seam.params)] == seam.params
-
-
-def _layout() -> str | None:
-    """The layout whose seams are all present in the imported modules, or None."""
-    for name, (_, seams) in LAYOUTS.items():
-        if all(_fits(seam) for seam in seams):
-            return name
-    return None
-
-
-# --- what the hook does around each seam ---------------------------------------------------------
 
 
 class TrainingRecord(HostRecord):
@@ -135,7 +84,7 @@ class TrainingRecord(HostRecord):
     def detail(self) -> dict[str, Any]:
         return {
             "layout": self.layout,
-            "nemo_rl": versions.host_version("nemo_rl", "nemo-rl"),
+            "nemo_rl": versions.installed_version("NeMo-RL"),
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "backend_mapped_by": self.backend_mapped_by,
             "model_config": self.snapshot.to_dict() if self.snapshot is not None else None,
@@ -236,7 +185,7 @@ def _record_model_config(model_cfg: Any) -> None:
     record.write("model_config")
 
 
-def _wrap_performance_config(original: Callable) -> Callable:
+def _wrap_performance_config(original: Callable, seam: Seam) -> Callable:
     def _apply_performance_config(model_cfg, config, *args, **kwargs):
         check_policy(config)
         result = original(model_cfg, config, *args, **kwargs)
@@ -246,7 +195,7 @@ def _wrap_performance_config(original: Callable) -> Callable:
     return _apply_performance_config
 
 
-def _wrap_validate_and_set_config(original: Callable) -> Callable:
+def _wrap_validate_and_set_config(original: Callable, seam: Seam) -> Callable:
     def validate_and_set_config(config, rank, *args, **kwargs):
         record.rank = int(rank)
         record.policy_cfg = config if isinstance(config, dict) else record.policy_cfg
@@ -257,7 +206,7 @@ def _wrap_validate_and_set_config(original: Callable) -> Callable:
     return validate_and_set_config
 
 
-def _wrap_setup_model_and_optimizer(original: Callable) -> Callable:
+def _wrap_setup_model_and_optimizer(original: Callable, seam: Seam) -> Callable:
     def setup_model_and_optimizer(policy_cfg, megatron_cfg, *args, **kwargs):
         state = original(policy_cfg, megatron_cfg, *args, **kwargs)
         record.guarded("reading the built model", lambda: _after_model_built(state.model))
@@ -266,7 +215,7 @@ def _wrap_setup_model_and_optimizer(original: Callable) -> Callable:
     return setup_model_and_optimizer
 
 
-def _wrap_setup_megatron_model(original: Callable) -> Callable:
+def _wrap_setup_megatron_model(original: Callable, seam: Seam) -> Callable:
     def setup_megatron_model(policy_cfg, cfg, *args, **kwargs):
         check_policy(policy_cfg, "worker-inline")
         _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)")
@@ -278,54 +227,13 @@ def _wrap_setup_megatron_model(original: Callable) -> Callable:
     return setup_megatron_model
 
 
-_WRAPPERS = {
-    "_apply_performance_config": _wrap_performance_config,
-    "validate_and_set_config": _wrap_validate_and_set_config,
-    "setup_model_and_optimizer": _wrap_setup_model_and_optimizer,
-    "setup_megatron_model": _wrap_setup_megatron_model,
-}
-
-
 def _patch(module) -> None:
-    """Wrap the seams of the module that has just been imported (each one once); the host versions
-    are checked against ``versions.SUPPORTED`` once per process, at the first attach."""
-    strict = handoff.worker_settings().strict
-    versions.check_supported("NeMo-RL", strict)
-    versions.check_supported("megatron-core", strict)
-    if module.__name__ == SETUP_MODULE:
-        seam = LAYOUTS["setup-module"][1][0]
-        if _fits(seam):
-            _seams.wrap(module, seam.name, _WRAPPERS[seam.name])
-        else:
-            _unsupported(f"{SETUP_MODULE} has no {seam.name}{seam.params}")
-        return
-    layout = _layout()
-    if layout is None:
-        seams = "; ".join(
-            f"{name} ({versions}): " + ", ".join(f"{s.module}.{s.name}{s.params}" for s in seams)
-            for name, (versions, seams) in LAYOUTS.items()
-        )
-        _unsupported(f"no known Megatron worker seam; looked for {seams}")
-        return
-    record.layout = layout
-    for seam in LAYOUTS[layout][1]:
-        _seams.wrap(sys.modules[seam.module], seam.name, _WRAPPERS[seam.name])
+    """Wrap the seams of the module that has just been imported; note the layout found."""
+    layout = _seams.patch(module)
+    if layout is not None:
+        record.layout = layout
 
 
-def _unsupported(missing: str) -> None:
-    _patching.unsupported(
-        "NeMo-RL", versions.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
-    )
-
-
-_seams = _patching.Seams(TARGETS, _patch)
-
-
-def attach() -> None:
-    """Patch the Megatron worker seams now or when NeMo-RL's modules are imported (idempotent)."""
-    _seams.attach()
-
-
-def detach() -> None:
-    """Restore every wrapped seam and stop watching."""
-    _seams.detach()
+_seams = hooks.Hook("megatron_worker", _patch)
+#: Patch the Megatron worker seams now or when NeMo-RL's modules are imported (idempotent); restore them.
+attach, detach = _seams.attach, _seams.detach

@@ -1,6 +1,6 @@
 """NeMo-RL driver hook: check the config before any worker exists, then keep the run's report.
 
-Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0):
+Seams (NVIDIA-NeMo/RL, read at 7ea279a, v0.7.0, v0.6.0 and v0.5.0; declared in ``seams.HOOKS``):
 
 * ``nemo_rl.algorithms.<algorithm>.setup(master_config, ...)`` (grpo, sft, dpo, distillation, rm;
   ppo and xtoken_off_policy_distillation since 0.7.0), called by ``examples/run_<algo>.py`` after
@@ -39,45 +39,21 @@ with ``extra="allow"`` (0.7), so the top-level ``attention_align:`` block is the
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, versions
+from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, hooks
+from nemo_rl_attn_align.hosts.seams import SINGLE_CONTROLLER, Seam
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
-ALGORITHMS = ("distillation", "dpo", "grpo", "ppo", "rm", "sft", "xtoken_off_policy_distillation")
-SETUP_MODULES = tuple(f"nemo_rl.algorithms.{name}" for name in ALGORITHMS)
-#: Setup functions of other names: module -> (function, the parameters it starts with, algorithm).
-#: The package re-exports the function; both names are wrapped (one wrapper: whichever is patched
-#: first wraps the function, the other finds it wrapped).
-_SINGLE_CONTROLLER = ("setup_single_controller", ("master_config", "tokenizer"), "grpo")
-NAMED_SETUPS = {
-    "nemo_rl.algorithms.single_controller_utils.setup": _SINGLE_CONTROLLER,
-    "nemo_rl.algorithms.single_controller_utils": _SINGLE_CONTROLLER,
-}
-#: Train functions by module; a NeMo-RL version may lack some of them.
-TRAIN_FUNCTIONS = {
-    "nemo_rl.algorithms.distillation": ("distillation_train",),
-    "nemo_rl.algorithms.dpo": ("dpo_train",),
-    "nemo_rl.algorithms.grpo": ("grpo_train", "async_grpo_train"),
-    "nemo_rl.algorithms.grpo_sync": ("grpo_train_sync",),
-    "nemo_rl.algorithms.ppo": ("ppo_train", "async_ppo_train"),
-    "nemo_rl.algorithms.rm": ("rm_train",),
-    "nemo_rl.algorithms.sft": ("sft_train",),
-    "nemo_rl.algorithms.xtoken_off_policy_distillation": ("xtoken_off_policy_distillation_train",),
-}
-LOGGER_MODULE = "nemo_rl.utils.logger"
-LOG_METRICS_PARAMS = ("self", "metrics", "step", "prefix")
 #: The prefix of the numbers the report logs (``report.tracker_metrics.PREFIX``).
 TRACKER_PREFIX = "attention_align"
-TARGETS = tuple(sorted({*SETUP_MODULES, *NAMED_SETUPS, *TRAIN_FUNCTIONS, LOGGER_MODULE}))
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -190,7 +166,10 @@ def _attention_estimate(facts: RecipeFacts, reported: driver_report.ReportedGpu 
     return {**estimate, "assumes": [f"GPU {reported[0]}: {reported[1]}", *estimate.get("assumes", [])]}
 
 
-def _wrap_setup(original: Callable, algorithm: str) -> Callable:
+def _wrap_setup(original: Callable, seam: Seam) -> Callable:
+    # GRPO's single-controller setup, else nemo_rl.algorithms.<algorithm>.setup
+    algorithm = "grpo" if seam.module.startswith(SINGLE_CONTROLLER) else seam.module.rsplit(".", 1)[1]
+
     def setup(master_config, *args, **kwargs):
         run = prepare(master_config, algorithm)
         try:
@@ -206,7 +185,7 @@ def _wrap_setup(original: Callable, algorithm: str) -> Callable:
     return setup
 
 
-def _wrap_train(original: Callable) -> Callable:
+def _wrap_train(original: Callable, seam: Seam) -> Callable:
     def train(*args, **kwargs):
         try:
             return original(*args, **kwargs)
@@ -216,7 +195,7 @@ def _wrap_train(original: Callable) -> Callable:
     return train
 
 
-def _wrap_log_metrics(original: Callable) -> Callable:
+def _wrap_log_metrics(original: Callable, seam: Seam) -> Callable:
     def log_metrics(self, metrics, step, *args, **kwargs):
         result = original(self, metrics, step, *args, **kwargs)
         prefix = kwargs.get("prefix", args[0] if args else "")
@@ -230,69 +209,7 @@ def _wrap_log_metrics(original: Callable) -> Callable:
     return log_metrics
 
 
-def _unsupported(missing: str) -> None:
-    _patching.unsupported(
-        "NeMo-RL", versions.host_version("nemo_rl", "nemo-rl"), missing, handoff.worker_settings().strict
-    )
-
-
-def _patch_logger(module) -> None:
-    logger_cls = getattr(module, "Logger", None)
-    method = getattr(logger_cls, "log_metrics", None)
-    try:
-        fits = (
-            method is not None
-            and tuple(inspect.signature(method).parameters)[: len(LOG_METRICS_PARAMS)] == LOG_METRICS_PARAMS
-        )
-    except (TypeError, ValueError):
-        fits = False
-    if not fits:
-        _unsupported(
-            f"{LOGGER_MODULE}.Logger.log_metrics{LOG_METRICS_PARAMS} not found (no drift figures, no first-step "
-            f"collection)"
-        )
-        return
-    _seams.wrap(logger_cls, "log_metrics", _wrap_log_metrics)
-
-
-def _starts_with(function: Any, params: tuple[str, ...]) -> bool:
-    try:
-        return tuple(inspect.signature(function).parameters)[: len(params)] == params
-    except (TypeError, ValueError):
-        return False
-
-
-def _patch_named_setup(module) -> None:
-    function, params, algorithm = NAMED_SETUPS[module.__name__]
-    found = getattr(module, function, None)
-    if found is not None and _patching.is_wrapped(found):  # the package's name for the wrapped function
-        return
-    if not callable(found) or not _starts_with(found, params):
-        _unsupported(f"{module.__name__}.{function}({', '.join(params)}, ...) not found (this run is not checked)")
-        return
-    _seams.wrap(module, function, functools.partial(_wrap_setup, algorithm=algorithm))
-
-
-def _patch(module) -> None:
-    versions.check_supported("NeMo-RL", handoff.worker_settings().strict)  # once per process
-    name = module.__name__
-    if name == LOGGER_MODULE:
-        _patch_logger(module)
-        return
-    if name in NAMED_SETUPS:
-        _patch_named_setup(module)
-        return
-    if name in SETUP_MODULES:
-        if callable(getattr(module, "setup", None)):
-            _seams.wrap(module, "setup", functools.partial(_wrap_setup, algorithm=name.rsplit(".", 1)[1]))
-        else:
-            _unsupported(f"{name} has no setup()")
-    for function in TRAIN_FUNCTIONS.get(name, ()):
-        if callable(getattr(module, function, None)):
-            _seams.wrap(module, function, _wrap_train)
-
-
-_seams = _patching.Seams(TARGETS, _patch)
+_seams = hooks.Hook("nemo_rl_driver")
 #: Whether attaching put the shim on PYTHONPATH (None: not attached since the last detach).
 _exported_shim: bool | None = None
 

@@ -25,13 +25,13 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching, versions
+from nemo_rl_attn_align.hosts import _patching, hooks
+from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.kernel_query import substantive
 
-UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
+UTILS_MODULE = HOOKS["te_readback"].seams[0].module  # where get_attention_backend is
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
-TARGETS = (UTILS_MODULE,)
 
 LOCAL_ATTENTION_CLASS = ("megatron.core.transformer.dot_product_attention", "DotProductAttention")
 TE_LOGGER = "DotProductAttention"
@@ -108,7 +108,7 @@ def _record_selection(result: Any, reasons: list[str]) -> None:
         selections.append(selection)
 
 
-def _recording(original: Callable) -> Callable:
+def _recording(original: Callable, seam: Seam) -> Callable:
     def get_attention_backend(*args, **kwargs):
         result, reasons = call_collecting_reasons(original, args, kwargs)
         _record_selection(result, reasons)
@@ -117,32 +117,9 @@ def _recording(original: Callable) -> Callable:
     return get_attention_backend
 
 
-def _patch(utils) -> None:
-    from nemo_rl_attn_align.hosts import handoff
-
-    versions.check_supported("Transformer Engine", handoff.worker_settings().strict)  # once per process
-    if not _seams.wrap(utils, "get_attention_backend", _recording) and not _patching.is_wrapped(
-        getattr(utils, "get_attention_backend", None)
-    ):
-        _patching.unsupported(
-            "Transformer Engine",
-            versions.distribution_version("transformer-engine"),
-            f"{UTILS_MODULE} has no get_attention_backend",
-            handoff.worker_settings().strict,
-        )
-
-
-_seams = _patching.Seams(TARGETS, _patch)
-
-
-def attach() -> None:
-    """Record TE's backend selections from now on (when TE's utils module is imported)."""
-    _seams.attach()
-
-
-def detach() -> None:
-    """Stop recording and restore ``get_attention_backend``."""
-    _seams.detach()
+_seams = hooks.Hook("te_readback")
+#: Record TE's backend selections from now on (when TE's utils module is imported); stop, restore.
+attach, detach = _seams.attach, _seams.detach
 
 
 def _attention_module_kinds(modules: Iterable[Any]) -> tuple[set[str], set[str]]:

@@ -42,12 +42,6 @@ SUPPORTED: dict[str, HostRange] = {
 }
 
 
-def host_version(module: str, distribution: str) -> str | None:
-    """Version of a host library: ``<module>.__version__`` if imported (NeMo-RL is not on PyPI),
-    else the installed distribution's, else None."""
-    return getattr(sys.modules.get(module), "__version__", None) or distribution_version(distribution)
-
-
 @functools.cache
 def distribution_version(name: str) -> str | None:
     """Installed version of distribution ``name``, or None (looked up once per process: each

@@ -32,6 +32,7 @@ replaces, since nothing tells whether it was this run's.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
@@ -41,17 +42,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
+from nemo_rl_attn_align.hosts import _patching, bootstrap, hooks, versions
+from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, log, world_size
 from nemo_rl_attn_align.report.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 
-WORKER_MODULE = "vllm.v1.worker.gpu_worker"
-TARGETS = (WORKER_MODULE,)
-#: The base worker class and the method run once the engine is up (wrapped on every class defining it).
-SEAM = ("Worker", "compile_or_warm_up_model")
+#: The base worker's method run once the engine is up (wrapped on every class defining it).
+WARM_UP = HOOKS["vllm_worker"].seams[0]
 #: Shared by a user process and the processes it starts: "one run" where no driver gave a run id.
 SESSION_ENV = "NEMO_RL_ATTN_ALIGN_SESSION"
 #: Engines recorded under one worker id in one run at most (``-engine1`` ... ``-engine{N-1}``).
@@ -195,7 +195,7 @@ def record_engine(worker: Any) -> RolloutRecord:
 _warming = threading.local()
 
 
-def _wrap_warm_up(original: Callable) -> Callable:
+def _wrap_warm_up(original: Callable, seam: Seam) -> Callable:
     def compile_or_warm_up_model(self, *args, **kwargs):
         # A subclass override calling super() runs two wrappers: only the outermost records.
         depth = getattr(_warming, "depth", 0)
@@ -211,30 +211,23 @@ def _wrap_warm_up(original: Callable) -> Callable:
     return compile_or_warm_up_model
 
 
-def _strict() -> bool:
-    return handoff.worker_settings().strict
-
-
 def cover(worker_class: type) -> bool:
     """Wrap ``compile_or_warm_up_model`` on the class in ``worker_class``'s MRO that defines it;
     False (one warning naming the class, an error in strict mode) when it cannot be wrapped."""
-    method = SEAM[1]
+    method = WARM_UP.path.rsplit(".", 1)[1]
     definer = next((klass for klass in worker_class.__mro__ if method in vars(klass)), None)
     function = vars(definer).get(method) if definer is not None else None
     if function is not None and _patching.is_wrapped(function):
         return True
     if not inspect.isfunction(function):
         what = "has no" if definer is None else f"defines {method} as a {type(function).__name__}, not a plain"
-        _patching.unsupported(
+        hooks.unsupported(
             "vLLM",
-            versions.installed_version("vLLM"),
-            f"worker class {worker_class.__module__}.{worker_class.__qualname__} {what} method {method} the plugin can "
-            f"wrap, "
-            "so its engine is not recorded",
-            _strict(),
+            f"worker class {worker_class.__module__}.{worker_class.__qualname__} {what} method {method} the plugin "
+            "can wrap, so its engine is not recorded",
         )
         return False
-    return _seams.wrap(definer, method, _wrap_warm_up)
+    return _seams.wrap(definer, method, functools.partial(_wrap_warm_up, seam=WARM_UP))
 
 
 def _wrap_init(original: Callable) -> Callable:
@@ -255,20 +248,17 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def _patch(module) -> None:
-    strict = _strict()
-    versions.check_supported("vLLM", strict)
-    cls = getattr(module, SEAM[0], None)
-    if not isinstance(cls, type) or not callable(getattr(cls, SEAM[1], None)):
-        _patching.unsupported(
-            "vLLM", versions.installed_version("vLLM"), f"{WORKER_MODULE}.{SEAM[0]}.{SEAM[1]} not found", strict
-        )
-        return
-    for worker_class in (cls, *_subclasses(cls)):  # subclasses defined later are covered at __init__
-        cover(worker_class)
-    _seams.wrap(cls, "__init__", _wrap_init)
+    """Wrap the base worker's seam, then cover its subclasses: those defined so far now, later ones
+    at their ``__init__``."""
+    _seams.patch(module)
+    if hooks.fits(WARM_UP, module):
+        worker = getattr(module, WARM_UP.path.split(".")[0])
+        for worker_class in _subclasses(worker):
+            cover(worker_class)
+        _seams.wrap(worker, "__init__", _wrap_init)
 
 
-_seams = _patching.Seams(TARGETS, _patch)
+_seams = hooks.Hook("vllm_worker", _patch)
 
 
 def attach() -> None:

@@ -72,8 +72,13 @@ def test_pth_activates_every_interpreter_lazily(plugin_venv):
     assert seen["origin"] == "pth"
     assert seen["pythonpath"] == ""  # activation exports nothing: children of pip or pytest stay as they were
     assert seen["finders"].count("_PostImportFinder") == 1
-    # only the bootstrap ran: no host module, no host library
-    assert seen["modules"] == ["nemo_rl_attn_align", "nemo_rl_attn_align.hosts", "nemo_rl_attn_align.hosts.bootstrap"]
+    # only the bootstrap and the seams it watches ran: no host module, no host library
+    assert seen["modules"] == [
+        "nemo_rl_attn_align",
+        "nemo_rl_attn_align.hosts",
+        "nemo_rl_attn_align.hosts.bootstrap",
+        "nemo_rl_attn_align.hosts.seams",
+    ]
     assert seen["heavy"] == []
 
 
@@ -236,14 +241,17 @@ def test_vllm_entry_point_resolves_from_the_installed_package(plugin_venv):
     assert out.stdout.split() == ["1", "nemo_rl_attn_align.hosts.vllm_worker:register", "True", "1"]
 
 
-def test_watched_modules_are_exactly_the_hosts_targets():
+def test_every_declared_seam_has_its_wrapper_and_its_hook_watches_it():
     import importlib
 
-    targets = {}
-    for host in set(bootstrap.WATCHED.values()):
-        for name in importlib.import_module(f"nemo_rl_attn_align.hosts.{host}").TARGETS:
-            targets[name] = host
-    assert targets == bootstrap.WATCHED
+    from nemo_rl_attn_align.hosts.seams import HOOKS
+
+    for name, declared in HOOKS.items():
+        hook = importlib.import_module(f"nemo_rl_attn_align.hosts.{name}")
+        assert hook._seams.declared is declared, name
+        for seam in declared.seams:
+            assert callable(getattr(hook, seam.wrapper, None)), (name, seam.wrapper)
+            assert bootstrap.WATCHED[seam.module] == name and seam.module in hook._seams.modules
 
 
 @pytest.mark.parametrize(

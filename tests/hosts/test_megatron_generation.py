@@ -13,8 +13,11 @@ import types
 import pytest
 
 from nemo_rl_attn_align.hosts import _patching, megatron_generation, megatron_worker
+from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.report.store import read_worker_files
 from tests.contract.test_megatron_inference import CONTEXT
+
+MODULE = HOOKS["megatron_generation"].seams[0].module
 
 MODEL_CONFIG = types.SimpleNamespace(
     params_dtype="torch.bfloat16",
@@ -45,7 +48,7 @@ def _generation_module(**seam_kwargs):
             self.inference_context = types.SimpleNamespace(**CONTEXT.attributes())
             self._inference_engine_initialized = True
 
-    module = types.ModuleType(megatron_generation.MODULE)
+    module = types.ModuleType(MODULE)
     module.MegatronGenerationMixin = MegatronGenerationMixin
     return module
 
@@ -64,7 +67,7 @@ def report_dir(tmp_path, monkeypatch):
 
 def test_the_engine_records_once_per_worker(report_dir):
     module = _generation_module()
-    megatron_generation._patch(module)
+    megatron_generation._seams.patch(module)
     worker = type("W", (module.MegatronGenerationMixin, Worker), {})()
     worker._initialize_inference_engine({})
     worker._initialize_inference_engine({})
@@ -77,18 +80,18 @@ def test_the_engine_records_once_per_worker(report_dir):
 
 
 def test_a_missing_seam_is_one_warning_and_strict_stops(report_dir, caplog, monkeypatch):
-    module = types.ModuleType(megatron_generation.MODULE)
+    module = types.ModuleType(MODULE)
     with caplog.at_level(logging.WARNING, "nemo_rl_attn_align"):
-        megatron_generation._patch(module)
+        megatron_generation._seams.patch(module)
     assert "MegatronGenerationMixin._initialize_inference_engine" in caplog.text
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
     with pytest.raises(_patching.HostLayoutError):
-        megatron_generation._patch(types.ModuleType(megatron_generation.MODULE + "_other"))
+        megatron_generation._seams.patch(types.ModuleType(MODULE))
 
 
 def test_a_failure_while_recording_never_stops_generation(report_dir, caplog, monkeypatch):
     module = _generation_module()
-    megatron_generation._patch(module)
+    megatron_generation._seams.patch(module)
     monkeypatch.setattr(megatron_generation, "record_engine", lambda worker: 1 / 0)
     worker = type("W", (module.MegatronGenerationMixin, Worker), {})()
     with caplog.at_level(logging.WARNING, "nemo_rl_attn_align"):

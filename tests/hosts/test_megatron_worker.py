@@ -21,7 +21,8 @@ pytest.importorskip("megatron.core")
 
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.errors import RuleViolation
-from nemo_rl_attn_align.hosts import _patching, megatron_worker
+from nemo_rl_attn_align.hosts import _patching, hooks, megatron_worker
+from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
@@ -194,14 +195,17 @@ def test_unknown_layout_warns_once_and_strict_stops(bootstrap_state, tmp_path, m
     for sub in (root / "nemo_rl" / "models", root / "nemo_rl" / "models" / "policy", pkg):
         (sub / "__init__.py").write_text("")
     (pkg / "megatron_policy_worker.py").write_text("def build_everything(policy_cfg):\n    return policy_cfg\n")
-    monkeypatch.setattr(_patching, "_warned", set())
+    monkeypatch.setattr(hooks, "_warned", set())
     bootstrap_state.deactivate()
     bootstrap_state.activate("test")
     with standin(root, "nemo_rl"), caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
         module = __import__(WORKER, fromlist=["build_everything"])
         assert module.build_everything({"x": 1}) == {"x": 1}  # untouched
-    lines = [r.getMessage() for r in caplog.records if "no known Megatron worker seam" in r.getMessage()]
-    assert len(lines) == 1 and "NeMo-RL 9.0.0" in lines[0] and "setup_megatron_model" in lines[0]
+    lines = [r.getMessage() for r in caplog.records if "not found" in r.getMessage()]
+    assert len(lines) == 1 and "NeMo-RL 9.0.0" in lines[0]
+    assert (
+        "setup-module layout (NeMo-RL >=0.6.0)" in lines[0] and "setup_megatron_model(policy_cfg, cfg, ...)" in lines[0]
+    )
 
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_STRICT", "1")
     with standin(root, "nemo_rl"), pytest.raises(_patching.HostLayoutError, match=re.escape("NeMo-RL 9.0.0")):
@@ -217,4 +221,4 @@ def test_real_nemo_rl_has_a_known_layout(bootstrap_state):
     except ImportError as err:  # needs megatron.bridge, TE, CUDA: GPU nodes
         pytest.skip(f"{WORKER} does not import here: {err}")
     megatron_worker.attach()
-    assert megatron_worker._layout() in megatron_worker.LAYOUTS
+    assert megatron_worker.record.layout in HOOKS["megatron_worker"].layouts

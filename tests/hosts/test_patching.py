@@ -12,7 +12,7 @@ import functools
 import gc
 import types
 
-from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.hosts import _patching, hooks
 
 
 def recording(calls: list, label: str):
@@ -168,7 +168,7 @@ def test_seams_detach_puts_back_inherited_and_stacked_sites():
         return "f"
 
     module, calls = module_with(f), []
-    seams = _patching.Seams((), lambda module: None)
+    seams = hooks.Hook("te_readback")
     seams.wrap(Sub, "m", recording(calls, "ours"))
     seams.wrap(module, "f", recording(calls, "ours"))
     module.f = theirs = third_party(calls, module.f)

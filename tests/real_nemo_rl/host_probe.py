@@ -192,7 +192,7 @@ def worker_path(tree: Path, workdir: Path) -> dict[str, Any]:
             "line": frame.lineno,
             "seam": _worker_inline_seam(tree),
         }
-    setup = sys.modules[megatron_worker.SETUP_MODULE]
+    setup = sys.modules["nemo_rl.models.megatron.setup"]
     out: dict[str, Any] = {
         "imported": True,
         "layout": megatron_worker.record.layout,

@@ -36,7 +36,7 @@ import pytest
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
-from nemo_rl_attn_align.hosts import megatron_worker, nemo_rl_driver
+from nemo_rl_attn_align.hosts.seams import HOOKS, OPTIONAL
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from tests.gpu.cases import model_runner_policies
 
@@ -207,7 +207,7 @@ def test_v0_5_worker_layout_as_far_as_it_imports(tmp_path_factory):
         70,
     ), worker
     seam = worker["seam"]
-    [inline] = megatron_worker.LAYOUTS["worker-inline"][1]
+    [inline] = [seam for seam in HOOKS["megatron_worker"].seams if seam.group == "worker-inline"]
     assert tuple(seam["params"][: len(inline.params)]) == inline.params  # the hook's signature check would pass
     assert seam["called_by_name_in"] == [
         "MegatronPolicyWorker.__init__"
@@ -221,12 +221,14 @@ def test_driver_hook_wraps_every_algorithm(ref, tmp_path_factory):
     modules = facts["driver"]["modules"]
     assert facts["plugin_warnings"] == []  # every hook attached, every version inside its range
     with_setup = {name for name, module in modules.items() if "setup_params" in module}
-    assert with_setup and with_setup <= set(nemo_rl_driver.SETUP_MODULES), with_setup - set(
-        nemo_rl_driver.SETUP_MODULES
-    )
+    driver_seams = HOOKS["nemo_rl_driver"].seams
+    setups = {seam.module for seam in driver_seams if seam.path == "setup"}
+    assert with_setup and with_setup <= setups, with_setup - setups
     for name, module in modules.items():
         # every train function of this ref is one the hook wraps (its list also names those other refs have)
-        assert set(module["train_functions"]) <= set(nemo_rl_driver.TRAIN_FUNCTIONS.get(name, ())), (name, module)
+        assert set(module["train_functions"]) <= {
+            seam.path for seam in driver_seams if seam.module == name and seam.group == OPTIONAL
+        }, (name, module)
         if name in with_setup:
             assert module["setup_params"][0] == "master_config" and module["signature_kept"], (name, module)
         expected = [*module["train_functions"], *(["setup"] if name in with_setup else [])]
