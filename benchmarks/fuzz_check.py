@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from nemo_rl_attn_align.config.examples import default_example_path  # noqa: E402
 from nemo_rl_attn_align.config.loader import load_config  # noqa: E402
-from nemo_rl_attn_align.errors import UsageError  # noqa: E402
+from nemo_rl_attn_align.vocab.errors import UsageError  # noqa: E402
 from tests import hostile_inputs as hi  # noqa: E402
 
 EXAMPLE = default_example_path()

@@ -24,8 +24,8 @@ def classify(path: Path) -> tuple[str, str]:
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
-    from nemo_rl_attn_align.errors import UsageError
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+    from nemo_rl_attn_align.vocab.errors import UsageError
 
     try:
         cfg = load_config(path, ["++attention_align.preset=aligned"])

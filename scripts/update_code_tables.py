@@ -1,4 +1,4 @@
-"""Rewrite the code tables in README.md and docs/report-schema.md from ``nemo_rl_attn_align.codes``.
+"""Rewrite the code tables in README.md and docs/report-schema.md from ``nemo_rl_attn_align.vocab.codes``.
 
 Each table stands between ``<!-- codes:NAME -->`` and ``<!-- /codes:NAME -->``. Run it after adding or
 changing a code (the tests fail while a table differs from the registry)::
@@ -17,8 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a checkout that is not installed
 
-from nemo_rl_attn_align import codes  # noqa: E402
-from nemo_rl_attn_align.codes import Kind, markdown_table  # noqa: E402
+from nemo_rl_attn_align.vocab import codes  # noqa: E402
+from nemo_rl_attn_align.vocab.codes import Kind, markdown_table  # noqa: E402
 
 #: Table name -> (the kinds of code it lists, its last column's header).
 TABLES = {
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
     args = parser.parse_args(argv)
-    if Path(codes.__file__).resolve().parent.parent != REPO:
+    if Path(codes.__file__).resolve().parents[2] != REPO:
         print(
             f"imports nemo_rl_attn_align from {Path(codes.__file__).parent}, not from {REPO}; "
             f"run it with PYTHONPATH={REPO}",
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         for name in differ:
             print(
-                f"{name}: a code table differs from nemo_rl_attn_align/codes.py; "
+                f"{name}: a code table differs from nemo_rl_attn_align/vocab/codes.py; "
                 "run python scripts/update_code_tables.py",
                 file=sys.stderr,
             )

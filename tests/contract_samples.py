@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
-from nemo_rl_attn_align.contract.kinds import DTYPES
-from nemo_rl_attn_align.contract.schema import (
+from nemo_rl_attn_align.vocab.kinds import DTYPES
+from nemo_rl_attn_align.vocab.schema import (
     DOWNCASTS,
     FIELDS,
     MERGE_RULES,

@@ -107,9 +107,9 @@ def report_outputs(hf_cache: Path) -> dict[str, str]:
     """``report --json`` and ``report --all`` over reports of the sample contracts."""
     from nemo_rl_attn_align.compare.determinism_probe import probe
     from nemo_rl_attn_align.config.settings import AlignSettings
-    from nemo_rl_attn_align.contract.mandate import Mandate
     from nemo_rl_attn_align.report.document import RunDescription, collect, write_report
     from nemo_rl_attn_align.report.store import write_worker_record
+    from nemo_rl_attn_align.vocab.mandate import Mandate
     from tests.contract_samples import MANDATE_OF_SAMPLES, full_contract
 
     settings = AlignSettings(mandate=Mandate(**MANDATE_OF_SAMPLES))

@@ -1,4 +1,4 @@
-"""The code registry (``nemo_rl_attn_align.codes``): complete, a leaf, and the docs' tables made from it."""
+"""The code registry (``nemo_rl_attn_align.vocab.codes``): complete, a leaf, and the docs' tables made from it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.codes import Code, Kind, Severity, codes_of, markdown_table
-from nemo_rl_attn_align.errors import Finding, finding
+from nemo_rl_attn_align.vocab.codes import Code, Kind, Severity, codes_of, markdown_table
+from nemo_rl_attn_align.vocab.errors import Finding, finding
 
 from .conftest import REPO
 from .test_import_cycles import PACKAGE, import_graph, module_files
@@ -77,10 +77,10 @@ def test_no_code_is_written_as_a_bare_string_and_no_other_code_enum_exists():
     bare, enums = [], []
     for name, tree in _trees().items():
         for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name == "Code" and name != f"{PACKAGE}.codes":
+            if isinstance(node, ast.ClassDef) and node.name == "Code" and name != f"{PACKAGE}.vocab.codes":
                 enums.append(name)
             if (
-                name != f"{PACKAGE}.codes"
+                name != f"{PACKAGE}.vocab.codes"
                 and isinstance(node, ast.Constant)
                 and isinstance(node.value, str)
                 and (node.value in values or CODE_SHAPED.fullmatch(node.value))
@@ -90,8 +90,8 @@ def test_no_code_is_written_as_a_bare_string_and_no_other_code_enum_exists():
 
 
 def test_the_registry_is_a_leaf():
-    assert import_graph()[f"{PACKAGE}.codes"] == set()
-    tree = ast.parse((REPO / PACKAGE / "codes.py").read_text())
+    assert import_graph()[f"{PACKAGE}.vocab.codes"] == set()
+    tree = ast.parse((REPO / PACKAGE / "vocab" / "codes.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert {m for m in imported if m.startswith(PACKAGE)} == set()
@@ -102,7 +102,7 @@ def test_findings_are_made_only_by_errors_finding():
     made = [
         f"{name}:{node.lineno}"
         for name, tree in _trees().items()
-        if name != f"{PACKAGE}.errors"
+        if name != f"{PACKAGE}.vocab.errors"
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Finding"
     ]

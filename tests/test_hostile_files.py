@@ -14,11 +14,9 @@ import time
 
 import pytest
 
-from nemo_rl_attn_align import limits
 from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.config.examples import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.store import (
     read_worker_files,
@@ -26,6 +24,8 @@ from nemo_rl_attn_align.report.store import (
     worker_record_path,
     write_worker_record,
 )
+from nemo_rl_attn_align.vocab import limits
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 from .contract_samples import full_contract
 from .hostile_inputs import strict_json_loads

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from nemo_rl_attn_align.config.examples import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 from . import hostile_inputs as hi
 

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.errors import Severity, UsageError
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES
 from nemo_rl_attn_align.preflight.facts import PRECISIONS
 from nemo_rl_attn_align.preflight.plan import build_plan
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from nemo_rl_attn_align.vocab.errors import Severity, UsageError
 
 from .conftest import EXAMPLES
 

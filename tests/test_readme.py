@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from nemo_rl_attn_align.codes import Kind, codes_of
+from nemo_rl_attn_align.vocab.codes import Kind, codes_of
 
 from .conftest import REPO
 
@@ -37,6 +37,6 @@ def test_supported_versions_table_is_generated_from_the_data():
 
 
 def test_readme_states_the_contract_field_count():
-    from nemo_rl_attn_align.contract.schema import FIELD_NAMES
+    from nemo_rl_attn_align.vocab.schema import FIELD_NAMES
 
     assert f"*attention contract* ({len(FIELD_NAMES)} fields," in README.replace("\n", " ")

@@ -220,7 +220,7 @@ CONSEQUENCE = {
 def _short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
     """The binding preview in a few lines: the verdict's summary, what fails it, the notes. A
     failing field is labelled ``error`` only where the run would stop (``on_mismatch: error``)."""
-    from nemo_rl_attn_align.errors import format_finding
+    from nemo_rl_attn_align.vocab.errors import format_finding
 
     binding = preview["binding"]
     if binding is None:
@@ -245,7 +245,7 @@ def _preset_lines(preset: dict[str, Any] | None) -> list[str]:
     lines = [f"preset aligned: {len(preset['changes'])} change(s) applied before any worker starts"]
     lines += [f"  {c['key']}={c['value']!r}: {c['reason']}" for c in preset["changes"]]
     if preset["refusal"] is not None:
-        from nemo_rl_attn_align.errors import format_finding
+        from nemo_rl_attn_align.vocab.errors import format_finding
 
         lines.append(f"  cannot align: {format_finding(preset['refusal'])}")
     return lines + _pair_lines(preset["kernels"])
@@ -270,7 +270,7 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
     lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["alters_run"]]
     split = fix["kernels"] and fix["kernels"]["finding"]
     if split:
-        from nemo_rl_attn_align.errors import format_finding
+        from nemo_rl_attn_align.vocab.errors import format_finding
 
         lines.append(f"  {format_finding(split)}")
     return lines + _pair_lines(fix["kernels"])
@@ -302,7 +302,7 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
 
 def _kernel_lines(kernels: dict[str, Any]) -> list[str]:
     """The model, then the kernel each layer kind runs on each side, with the selectors' reasons, then errors."""
-    from nemo_rl_attn_align.errors import format_finding
+    from nemo_rl_attn_align.vocab.errors import format_finding
 
     if kernels["gpu"] is None:
         return [f"kernels: pending ({kernels['gpu_source']})", *_model_lines(kernels["model"])]
@@ -317,8 +317,8 @@ def _kernel_lines(kernels: dict[str, Any]) -> list[str]:
 
 def render_text(result: dict[str, Any]) -> str:
     """The human-readable form of ``evaluate``'s result."""
-    from nemo_rl_attn_align.errors import format_finding
-    from nemo_rl_attn_align.limits import shown, shown_text
+    from nemo_rl_attn_align.vocab.errors import format_finding
+    from nemo_rl_attn_align.vocab.limits import shown, shown_text
 
     plan = result["plan"]
     lines = [f"config: {shown_text(result['config'])}"]
@@ -361,10 +361,10 @@ def render_text(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code."""
-    from nemo_rl_attn_align.errors import UsageError, strict_json
-    from nemo_rl_attn_align.limits import shown_text
     from nemo_rl_attn_align.preflight.kernels import KernelOptions
     from nemo_rl_attn_align.preflight.model_facts import hosts_read_here
+    from nemo_rl_attn_align.vocab.errors import UsageError, strict_json
+    from nemo_rl_attn_align.vocab.limits import shown_text
 
     options = KernelOptions(flash_attn_3=args.fa3, te=args.te, vllm=args.vllm, gpu=args.gpu)
     try:

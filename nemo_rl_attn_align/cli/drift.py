@@ -119,9 +119,9 @@ def _prepare(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any]]:
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
-    from nemo_rl_attn_align.errors import UsageError
     from nemo_rl_attn_align.preflight.gpu import parse_gpu
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+    from nemo_rl_attn_align.vocab.errors import UsageError
 
     config_path, overrides = split_config_and_overrides(args.args)
     cfg = load_config(config_path, overrides)
@@ -167,8 +167,8 @@ def _name_max(directory: Path) -> int:
 def check_out_dir(out: Path) -> Path:
     """``out`` normalized (``X/../Y`` is ``Y``), once it is known that it is or can become a
     writable directory: its nearest existing ancestor must be a writable directory. UsageError otherwise."""
-    from nemo_rl_attn_align.errors import UsageError
-    from nemo_rl_attn_align.limits import shown_path
+    from nemo_rl_attn_align.vocab.errors import UsageError
+    from nemo_rl_attn_align.vocab.limits import shown_path
 
     fix = "Fix: pass a directory that exists or can be created (--out DIR)."
     try:
@@ -202,8 +202,8 @@ def check_out_dir(out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``drift``; returns the exit code."""
-    from nemo_rl_attn_align.errors import UsageError
-    from nemo_rl_attn_align.limits import shown_text
+    from nemo_rl_attn_align.vocab.errors import UsageError
+    from nemo_rl_attn_align.vocab.limits import shown_text
 
     try:
         sweep, head = _prepare(args)

@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 
 
 def _layers(text: str | None) -> list[int] | None:
-    from nemo_rl_attn_align.errors import UsageError
+    from nemo_rl_attn_align.vocab.errors import UsageError
 
     if text is None:
         return None
@@ -52,8 +52,8 @@ def _layers(text: str | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``probe``; returns the exit code."""
-    from nemo_rl_attn_align.errors import UsageError
     from nemo_rl_attn_align.probe import driver, sides
+    from nemo_rl_attn_align.vocab.errors import UsageError
 
     try:
         if args.atol < 0:

@@ -47,9 +47,9 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``report``; returns the exit code."""
-    from nemo_rl_attn_align.limits import shown_path, shown_text
     from nemo_rl_attn_align.report.load import ReportError, load_report
     from nemo_rl_attn_align.report.render import render_summary
+    from nemo_rl_attn_align.vocab.limits import shown_path, shown_text
 
     try:
         doc = load_report(args.path)
@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_plot(args: argparse.Namespace, doc: dict[str, Any]) -> bool:
     """Write ``--plot``'s PNG and print ``plot: PATH``; False (one line on stderr) when it cannot be."""
-    from nemo_rl_attn_align.limits import shown_path, shown_text
     from nemo_rl_attn_align.report.plot import PLOT_FILENAME, PlotError, write_drift_plot
+    from nemo_rl_attn_align.vocab.limits import shown_path, shown_text
 
     path = Path(args.path)
     out = Path(args.plot) if args.plot else (path if path.is_dir() else path.parent) / PLOT_FILENAME

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.kernel_pair import KernelPair, kernel_pair
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
-from nemo_rl_attn_align.contract.mandate import Mandate
-from nemo_rl_attn_align.contract.schema import Provenance, Tier, field_spec, fields_of
-from nemo_rl_attn_align.errors import Finding, finding
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
+from nemo_rl_attn_align.vocab.mandate import Mandate
+from nemo_rl_attn_align.vocab.schema import Provenance, Tier, field_spec, fields_of
 
 
 class DeterminismEntryView(Protocol):

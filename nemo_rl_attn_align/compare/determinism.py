@@ -26,12 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.determinism_probe import BLOCKING_VARIABLES, DeterminismProbe
 
 # the hosts' workers and contract/preview.py import it from here
 from nemo_rl_attn_align.compare.determinism_probe import probe as probe
-from nemo_rl_attn_align.errors import Finding, finding
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
 
 NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")

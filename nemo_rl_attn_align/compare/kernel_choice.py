@@ -24,9 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.change import Change
-from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.preflight.kernel_pairs import one_generation, pair_findings
 from nemo_rl_attn_align.preflight.kernel_query import (
     FLASH_GENERATIONS,
@@ -44,6 +42,8 @@ from nemo_rl_attn_align.preflight.kernels import (
     predict_rollout,
     predict_training,
 )
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts

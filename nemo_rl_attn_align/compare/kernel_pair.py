@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.preflight.kernel_pairs import flash_generation, pair_findings
 from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan, KindKernel, RolloutQuery
+from nemo_rl_attn_align.vocab.errors import Finding
 
 _FLASH_KERNELS = ("FlashAttention", "FLASH_ATTN", "flash_attn")
 

@@ -32,11 +32,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
 from nemo_rl_attn_align.compare.change import Change
-from nemo_rl_attn_align.contract.schema import Tier
-from nemo_rl_attn_align.errors import Finding, finding
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
+from nemo_rl_attn_align.vocab.schema import Tier
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.kernel_choice import KernelChoice
@@ -287,7 +287,7 @@ def _determinism_remedy(name: str, result: Any, cfg: Mapping[str, Any], alter_ok
 
 
 def _field_fix(name: str) -> str:
-    from nemo_rl_attn_align.contract.schema import field_spec
+    from nemo_rl_attn_align.vocab.schema import field_spec
 
     return field_spec(name).fix
 

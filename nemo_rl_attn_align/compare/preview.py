@@ -17,10 +17,10 @@ from nemo_rl_attn_align.compare.binding import BindingReport, bind
 from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
+from nemo_rl_attn_align.vocab.mandate import Mandate
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.config.settings import AlignSettings

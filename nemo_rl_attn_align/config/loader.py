@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from nemo_rl_attn_align.config.yaml_compose import OverLimit, compose_yaml
-from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.limits import (
+from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.limits import (
     MAX_CONFIG_BYTES,
     MAX_DEFAULTS_FILES,
     MAX_NESTING,

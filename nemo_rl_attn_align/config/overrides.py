@@ -9,8 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.limits import (
+from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.limits import (
     MAX_NESTING,
     MAX_OVERRIDE_CHARS,
     MAX_OVERRIDE_ELEMENTS,

@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_attn_align.config.loader import get_path
-from nemo_rl_attn_align.contract.mandate import Mandate
-from nemo_rl_attn_align.contract.schema import ContractError, field_spec, normalize_dtype
-from nemo_rl_attn_align.errors import UsageError
-from nemo_rl_attn_align.limits import shown, shown_text
-from nemo_rl_attn_align.suggest import did_you_mean
+from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.limits import shown, shown_text
+from nemo_rl_attn_align.vocab.mandate import Mandate
+from nemo_rl_attn_align.vocab.names import BLOCK
+from nemo_rl_attn_align.vocab.schema import ContractError, field_spec, normalize_dtype
+from nemo_rl_attn_align.vocab.suggest import did_you_mean
 
-BLOCK = "attention_align"
 ON_MISMATCH = ("error", "warn", "record")
 PRESETS = ("aligned",)
 #: Directory name of the report under ``logger.log_dir`` when ``report_dir`` is not set.
-REPORT_SUBDIR = "attention_align"
+REPORT_SUBDIR = BLOCK
 MANDATE_KEYS = ("merge_rule", "reduction_order", "acc_dtype", "downcast", "dtype")
 
 

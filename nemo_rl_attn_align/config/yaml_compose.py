@@ -16,7 +16,7 @@ import functools
 import re
 from typing import Any
 
-from nemo_rl_attn_align.limits import MAX_CONFIG_NODES, MAX_NESTING
+from nemo_rl_attn_align.vocab.limits import MAX_CONFIG_NODES, MAX_NESTING
 
 #: Text the libyaml path is not trusted with: not printable ASCII, a tag, ``?``, ``|#`` (found by fuzzing).
 _LEFT_TO_PYTHON = re.compile(r"[^\x20-\x7e\n]|[!?]|[|>][-+0-9]*#")

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.contract.schema import (
+from nemo_rl_attn_align.vocab.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
     FIELDS_ADDED,

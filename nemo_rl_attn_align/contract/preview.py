@@ -22,18 +22,18 @@ from typing import Any
 from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import identity_fields
-from nemo_rl_attn_align.contract.kinds import dtype_or_none
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
-from nemo_rl_attn_align.contract.schema import (
+from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.model_config import HFModelConfig
+from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
+from nemo_rl_attn_align.vocab.kinds import dtype_or_none
+from nemo_rl_attn_align.vocab.schema import (
     NotBound,
     Provenance,
     Tier,
     fields_of,
 )
-from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
-from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
-from nemo_rl_attn_align.preflight.model_config import HFModelConfig
-from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 _AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.

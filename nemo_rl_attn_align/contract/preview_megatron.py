@@ -9,11 +9,11 @@ when no version is pinned, ``max_requests``, the versions) is pending.
 from __future__ import annotations
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
-from nemo_rl_attn_align.contract.kinds import dtype_or_none
 from nemo_rl_attn_align.contract.megatron_inference import ENGINE
-from nemo_rl_attn_align.contract.schema import Provenance
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics
 from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts
+from nemo_rl_attn_align.vocab.kinds import dtype_or_none
+from nemo_rl_attn_align.vocab.schema import Provenance
 
 
 def predict_megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> AttentionContract:

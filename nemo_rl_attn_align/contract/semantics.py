@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from nemo_rl_attn_align.contract.contract import ContractBuilder
-from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.preflight.backend import CP_COMM_TYPES
+from nemo_rl_attn_align.vocab.schema import Tier, fields_of
 
 #: The ring ``cp_comm_type`` values (``preflight.backend.CP_COMM_TYPES``): TE merges per-step (out, lse) partials.
 RING_COMM_TYPES = ("p2p", "a2a+p2p")

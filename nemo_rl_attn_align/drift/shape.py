@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET
@@ -25,6 +24,7 @@ from nemo_rl_attn_align.preflight.gpu import capability
 from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan
 from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: dtypes the sweep runs (``sweep.DTYPES`` maps them to torch): ``policy.precision``'s, by their short names.
 DTYPE_NAMES = tuple(DTYPE_OF_PRECISION.values())

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from nemo_rl_attn_align.drift.shape import DEFAULT_GPU, DEFAULT_VOCAB, Shape
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec
 from nemo_rl_attn_align.reference.causal import Causal
 from nemo_rl_attn_align.reference.materializers import ENGINES, Materializer, parse_materializer
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: Torch dtype of each name in ``shape.DTYPE_NAMES``.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

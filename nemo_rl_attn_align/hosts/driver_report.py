@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.vocab.names import BLOCK, NEMO_RL_DRIFT_METRICS
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.config.settings import AlignSettings
@@ -49,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nemo_rl_attn_align")
 
-#: NeMo-RL's drift metrics as its train loops log them (``nemo_rl/algorithms/loss/loss_functions.py``).
-NEMO_RL_DRIFT = ("token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error")
 #: Algorithms that train on a fixed dataset: they start no generation workers (off-policy
 #: distillation scores a fixed dataset with the student and its teachers).
 NO_ROLLOUT = ("dpo", "rm", "sft", "xtoken_off_policy_distillation")
@@ -73,7 +72,7 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
     """
     from nemo_rl_attn_align.config.loader import get_path
 
-    block = cfg.get("attention_align")
+    block = cfg.get(BLOCK)
     log_dir = get_path(cfg, "logger.log_dir", None)
     if not isinstance(block, Mapping) or "report_dir" not in block or not isinstance(log_dir, str):
         return report_dir
@@ -93,8 +92,8 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
 def absent_sides(cfg: Mapping[str, Any], facts: RecipeFacts, algorithm: str) -> dict[str, str]:
     """The sides this run has no workers for (``facts``: ``cfg`` read), with the reason the report states."""
     from nemo_rl_attn_align.contract.preview import absent_sides as absent_in_config
-    from nemo_rl_attn_align.contract.schema import NotBound
     from nemo_rl_attn_align.preflight.expected_workers import generation_gpus
+    from nemo_rl_attn_align.vocab.schema import NotBound
 
     sides = absent_in_config(facts)
     if algorithm in NO_ROLLOUT:
@@ -109,7 +108,7 @@ def absent_sides(cfg: Mapping[str, Any], facts: RecipeFacts, algorithm: str) -> 
 def drift_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
     """NeMo-RL's drift metrics among ``metrics`` that are one finite number each."""
     figures = {}
-    for name in NEMO_RL_DRIFT:
+    for name in NEMO_RL_DRIFT_METRICS:
         value = metrics.get(name)
         if value is None or isinstance(value, bool):
             continue
@@ -180,7 +179,7 @@ class RunReport:
     def _stop_if_unrecorded(self, doc: Mapping[str, Any]) -> None:
         """Strict mode: a side with 0 of N workers recorded, or a rollout side no hook can record,
         stops the run (after the report is written)."""
-        from nemo_rl_attn_align.codes import Code
+        from nemo_rl_attn_align.vocab.codes import Code
 
         stopping = (Code.REPORT_SIDE_MISSING.value, Code.REPORT_ROLLOUT_NOT_BOUND.value)
         unrecorded = [f["message"] for f in doc["findings"] if f["code"] in stopping and f["severity"] == "error"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_rl_attn_align.hosts import hooks, versions
 from nemo_rl_attn_align.hosts.seams import Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
-from nemo_rl_attn_align.report.worker_ids import megatron_generation_peers, megatron_generation_worker_id
+from nemo_rl_attn_align.vocab.worker_ids import megatron_generation_peers, megatron_generation_worker_id
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.megatron_snapshot import InferenceSnapshot

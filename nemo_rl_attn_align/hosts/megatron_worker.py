@@ -30,11 +30,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.hosts import hooks, versions
 from nemo_rl_attn_align.hosts.seams import Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
-from nemo_rl_attn_align.report.worker_ids import training_peers, training_worker_id
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.worker_ids import training_peers, training_worker_id
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
@@ -108,8 +108,8 @@ def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
     ``RuleViolation`` (a ``ValueError``, NeMo-RL's type for config errors), except those the host
     raises itself at the same call (``HOST_RAISES``). Nothing is checked where NeMo-RL does not
     enable Megatron (a falsy ``megatron_cfg.enabled``): the host does not use the keys there."""
-    from nemo_rl_attn_align.errors import RuleViolation
     from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
+    from nemo_rl_attn_align.vocab.errors import RuleViolation
 
     plan = build_plan_for_policy(policy_cfg, os.environ)
     record.plan, record.policy_cfg = plan, policy_cfg

@@ -47,13 +47,11 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, hooks
 from nemo_rl_attn_align.hosts.seams import SINGLE_CONTROLLER, Seam
+from nemo_rl_attn_align.vocab.names import BLOCK
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
-
-#: The prefix of the numbers the report logs (``report.tracker_metrics.PREFIX``).
-TRACKER_PREFIX = "attention_align"
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -201,7 +199,7 @@ def _wrap_log_metrics(original: Callable, seam: Seam) -> Callable:
         prefix = kwargs.get("prefix", args[0] if args else "")
 
         def tracker(numbers: dict[str, float]) -> None:  # the Logger's own method: never back into ours
-            original(self, numbers, step, prefix=TRACKER_PREFIX)
+            original(self, numbers, step, prefix=BLOCK)
 
         driver_report.train_metrics(metrics, step, prefix, tracker)
         return result

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_rl_attn_align.hosts import _patching, bootstrap, hooks, versions
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, log, world_size
-from nemo_rl_attn_align.report.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
+from nemo_rl_attn_align.vocab.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot

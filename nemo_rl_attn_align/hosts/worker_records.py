@@ -9,7 +9,7 @@ workers write at once without clobbering each other and a reader never sees half
   (``report.store.write_worker_detail``: the stage it reached, the plan it checked, NVTE variables,
   read-back details, layout, versions, findings, world size and the ids of its peers).
 
-Worker ids are ``report.worker_ids``'. Each detail names every id its worker group should have
+Worker ids are ``vocab.worker_ids``'. Each detail names every id its worker group should have
 (``peers``, from ``WORLD_SIZE``), so a worker that died before writing is a visible gap in the
 report, never a corrupt file.
 """

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.config.loader import get_path
-from nemo_rl_attn_align.report.worker_ids import megatron_generation_peers, rollout_peers, training_peers
+from nemo_rl_attn_align.vocab.worker_ids import megatron_generation_peers, rollout_peers, training_peers
 
 
 @dataclass(frozen=True)

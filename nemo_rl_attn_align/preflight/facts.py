@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.config_lookup import (
@@ -28,6 +27,7 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     value_at,
 )
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
 PRECISIONS = ("float32", "bfloat16", "float16")

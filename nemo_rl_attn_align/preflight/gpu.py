@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: What ``nvidia-smi`` may take before the answer is "unknown".
 NVIDIA_SMI_TIMEOUT_S = 5.0

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan, RolloutQuery
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
 
 #: The GPUs on which vLLM's FLASHINFER backend runs FlashInfer's TRT-LLM kernels (the sm100 family).
 TRTLLM_GPUS = ("sm100", "sm103")

@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.preflight import kernel_table
 from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.facts import is_count
@@ -41,6 +39,8 @@ from nemo_rl_attn_align.preflight.kernel_query import (
 from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
 from nemo_rl_attn_align.preflight.model_attention import HostModel, LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
 
 #: The host versions NeMo-RL main pins (7ea279a pyproject: transformer-engine @ v2.14.1, vllm 0.25.1).
 NEMO_RL_PINS = {"training": "2.14.1", "rollout": "0.25.1"}

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity, UsageError, json_value
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET, PolicyFacts, read_policy_facts
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.preflight.rules import evaluate
+from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity, UsageError, json_value
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.preflight.config_lookup import Fact, value_at
+from nemo_rl_attn_align.vocab.names import BLOCK
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ShapeFacts:
 
 def read_shape_facts(cfg: Any) -> ShapeFacts:
     """Read the drift block and the sequence length of a resolved config."""
-    drift = value_at(cfg, "attention_align.drift")
-    layers = (Fact(dict(drift), "attention_align.drift"),) if isinstance(drift, dict) else ()
+    drift = value_at(cfg, f"{BLOCK}.drift")
+    layers = (Fact(dict(drift), f"{BLOCK}.drift"),) if isinstance(drift, dict) else ()
     seq = value_at(cfg, "policy.max_total_sequence_length")
     return ShapeFacts(layers, Fact(seq, "policy.max_total_sequence_length") if seq is not None else None)

@@ -15,12 +15,11 @@ measured from.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 FORMAT = 1
 LAYER_TENSORS = ("qkv", "query", "key", "value", "attention", "after_attention", "after_mlp")
@@ -51,15 +50,6 @@ def joined(spec: Any, per_sequence: list[list[dict[str, Any]]], logprobs: Any, r
     layers = [{n: torch.cat([seq[i][n] for seq in per_sequence]) for n in LAYER_TENSORS} for i in range(count)]
     joined_replays = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if replayed else []
     return Capture(spec.name, spec.sequences, layers, logprobs, joined_replays, spec.settings())
-
-
-def side_main(capture: Callable[[Any, Capture | None], Capture], argv: list[str]) -> int:
-    """A side's process: ``SIDE_JSON OUT [REFERENCE]``, the capture of ``capture`` written to OUT."""
-    from nemo_rl_attn_align.probe.sides import SideSpec
-
-    reference = load(Path(argv[2])) if len(argv) > 2 else None
-    save(capture(SideSpec.read(Path(argv[0])), reference), Path(argv[1]))
-    return 0
 
 
 def save(capture: Capture, path: Path) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.probe import metrics, replay
 from nemo_rl_attn_align.probe.capture import Capture
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: Stage -> (the capture's tensors it compares, the operator a first difference there points at).
 STAGES: dict[str, tuple[tuple[str, ...], str]] = {

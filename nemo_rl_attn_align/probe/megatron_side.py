@@ -18,7 +18,7 @@ import types
 from typing import Any
 
 from nemo_rl_attn_align.probe import capture as capture_file
-from nemo_rl_attn_align.probe.sides import SideSpec
+from nemo_rl_attn_align.probe.sides import SideSpec, side_main
 
 #: GPTModel arguments (the rest of ``model`` is TransformerConfig's) and their defaults.
 GPT_ARGS = {"vocab_size": 128, "max_sequence_length": 64, "position_embedding_type": "rope", "rotary_base": 10000}
@@ -198,4 +198,4 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
 
 
 if __name__ == "__main__":
-    sys.exit(capture_file.side_main(capture, sys.argv[1:]))
+    sys.exit(side_main(capture, sys.argv[1:]))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.probe.divergence import STAGES, ProbeResult
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 
 def plot(result: ProbeResult, path: Path) -> None:

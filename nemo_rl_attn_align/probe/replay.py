@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.probe.capture import Capture
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: The replay of each side engine's attention on this machine.
 DEFAULT_REPLAYS = {"megatron": "megatron-local"}

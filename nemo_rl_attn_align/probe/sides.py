@@ -16,12 +16,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
 ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side", "vllm": "nemo_rl_attn_align.probe.vllm_side"}
@@ -109,3 +111,10 @@ def _package_root() -> str:
     """This plugin's source root first on the side's path, so every venv runs the same probe."""
     root = str(Path(__file__).resolve().parents[2])
     return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def side_main(capture: Callable[[SideSpec, capture_file.Capture | None], capture_file.Capture], argv: list[str]) -> int:
+    """A side's process: ``SIDE_JSON OUT [REFERENCE]``, the capture of ``capture`` written to OUT."""
+    reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
+    capture_file.save(capture(SideSpec.read(Path(argv[0])), reference), Path(argv[1]))
+    return 0

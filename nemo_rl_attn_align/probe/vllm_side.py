@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from nemo_rl_attn_align.probe import capture as capture_file
-from nemo_rl_attn_align.probe.sides import SideSpec
+from nemo_rl_attn_align.probe.sides import SideSpec, side_main
 
 #: What the probe sets over the side's ``model``: hooks need eager modules, a replay needs no cached prefix.
 ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "skip_tokenizer_init": True, "seed": 0}
@@ -98,4 +98,4 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
 
 
 if __name__ == "__main__":
-    sys.exit(capture_file.side_main(capture, sys.argv[1:]))
+    sys.exit(side_main(capture, sys.argv[1:]))

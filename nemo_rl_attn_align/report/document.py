@@ -19,13 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import BindingReport, Verdict, bind
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.schema import SIDES
-from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report import workers
 from nemo_rl_attn_align.report.drift_log import drift_log_path, read_steps
@@ -37,22 +34,13 @@ from nemo_rl_attn_align.report.store import (
     read_worker_files,
 )
 from nemo_rl_attn_align.report.worker_files import WorkerFiles
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding
+from nemo_rl_attn_align.vocab.names import DRIFT_METRICS
+from nemo_rl_attn_align.vocab.schema import SIDES
 
 REPORT_KIND = "nemo-rl-attn-align/report"
 REPORT_FILENAME = "attention_align_report.json"
-
-#: Drift metrics the report has room for, with what each measures. NeMo-RL logs the first four
-#: (``nemo_rl/algorithms/loss/loss_functions.py``); verl logs the others as
-#: ``training/rollout_probs_diff_*`` -- the prefix is accepted and dropped.
-DRIFT_METRICS = {
-    "token_mult_prob_error": "NeMo-RL: masked mean of exp(|generation_logprobs - train_logprobs|); 1.0 = no drift",
-    "gen_kl_error": "NeMo-RL: masked mean KL of generation against training logprobs",
-    "policy_kl_error": "NeMo-RL: masked mean KL of training against generation logprobs",
-    "js_divergence_error": "NeMo-RL: masked mean Jensen-Shannon divergence",
-    "rollout_probs_diff_max": "verl training/rollout_probs_diff_max: max |p_rollout - p_train| over tokens",
-    "rollout_probs_diff_mean": "verl training/rollout_probs_diff_mean: mean |p_rollout - p_train|",
-    "rollout_probs_diff_std": "verl training/rollout_probs_diff_std: std of |p_rollout - p_train|",
-}
 
 
 @dataclass(frozen=True)

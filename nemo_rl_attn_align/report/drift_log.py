@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.limits import MAX_REPORT_BYTES, read_text
+from nemo_rl_attn_align.vocab.limits import MAX_REPORT_BYTES, read_text
 
 DRIFT_DIR = "drift"
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
 from nemo_rl_attn_align.config.settings import AlignSettings
-from nemo_rl_attn_align.errors import Finding, RuleViolation, Severity
 from nemo_rl_attn_align.report.document import RunDescription, collect, with_logged_drift, write_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
+from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity
 
 
 class AttentionMismatch(RuleViolation):

@@ -11,7 +11,6 @@ from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
 from nemo_rl_attn_align.config.settings import AlignSettings
-from nemo_rl_attn_align.limits import MAX_REPORT_BYTES, InputRefused, shown_path
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, REPORT_KIND, collect, with_logged_drift
 from nemo_rl_attn_align.report.store import (
     REPORT_SCHEMA_VERSION,
@@ -20,6 +19,7 @@ from nemo_rl_attn_align.report.store import (
     read_json_file,
     schema_version_ok,
 )
+from nemo_rl_attn_align.vocab.limits import MAX_REPORT_BYTES, InputRefused, shown_path
 
 
 class ReportError(Exception):

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.limits import shown_path, shown_text
+from nemo_rl_attn_align.vocab.limits import shown_path, shown_text
+from nemo_rl_attn_align.vocab.names import NEMO_RL_DRIFT_METRICS
 
 #: The figure's size in inches and resolution: the PNG is always ``PIXELS`` (width, height).
 FIGSIZE_IN = (10.0, 6.0)
@@ -30,7 +31,7 @@ PIXELS = (1000, 600)
 #: The default file name, in the report's directory.
 PLOT_FILENAME = "attention_align_drift.png"
 #: NeMo-RL's mismatch metrics, in panel order.
-NEMO_RL_METRICS = ("token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error")
+NEMO_RL_METRICS = tuple(NEMO_RL_DRIFT_METRICS)
 #: NeMo-RL's guide: a ``token_mult_prob_error`` above this points at a framework problem.
 FRAMEWORK_THRESHOLD = 1.05
 #: The value of each metric that means "no drift" (the others: 0).

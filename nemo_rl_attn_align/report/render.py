@@ -6,10 +6,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import Status
-from nemo_rl_attn_align.contract.schema import SIDES
-from nemo_rl_attn_align.errors import Severity, format_finding
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Severity, format_finding
+from nemo_rl_attn_align.vocab.schema import SIDES
 
 _TAGS = {"observed": "obs", "configured": "cfg", "unobservable": "unobs", "pending": "pending"}
 

@@ -32,8 +32,15 @@ from typing import Any, NamedTuple, TypeVar, Union
 
 from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.limits import MAX_NESTING, MAX_RECORD_BYTES, InputRefused, nesting_depth, read_text, shown_path
 from nemo_rl_attn_align.report.worker_files import HostDetail, UnreadableFile, WorkerFiles, WorkerRecord
+from nemo_rl_attn_align.vocab.limits import (
+    MAX_NESTING,
+    MAX_RECORD_BYTES,
+    InputRefused,
+    nesting_depth,
+    read_text,
+    shown_path,
+)
 
 REPORT_SCHEMA_VERSION = 1
 WORKER_KIND = "nemo-rl-attn-align/worker"

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.names import BLOCK
 
 #: The ``Logger.log_metrics`` prefix of every metric here.
-PREFIX = "attention_align"
+PREFIX = BLOCK
 #: ``verdict`` as a number: higher is better.
 VERDICT_VALUES = {"pass": 1.0, "incomparable": 0.0, "fail": -1.0}
 #: The estimate's figures logged as ``attention_only/<name>``.

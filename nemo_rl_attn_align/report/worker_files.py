@@ -14,7 +14,7 @@ from typing import Any
 
 from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.schema import SIDES
+from nemo_rl_attn_align.vocab.schema import SIDES
 
 #: A worker by ``(side, worker_id)``.
 WorkerKey = tuple[str, str]

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.binding import same_value
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.schema import SIDES, NotBound, Tier, field_spec, fields_of
-from nemo_rl_attn_align.errors import Finding, Severity, finding
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.store import HOSTS_DIR, worker_detail_path
 from nemo_rl_attn_align.report.worker_files import HostDetail, UnreadableFile, WorkerFiles, WorkerKey
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, Severity, finding
+from nemo_rl_attn_align.vocab.schema import SIDES, NotBound, Tier, field_spec, fields_of
 
 
 def _divergences(representative: AttentionContract, other: AttentionContract) -> list[Finding]:

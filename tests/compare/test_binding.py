@@ -8,15 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.binding import Status, Verdict, bind, same_value
 from nemo_rl_attn_align.compare.determinism import compare
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.contract.kinds import DTYPES
-from nemo_rl_attn_align.contract.mandate import Mandate
-from nemo_rl_attn_align.contract.schema import (
+from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
+from nemo_rl_attn_align.vocab.errors import Severity
+from nemo_rl_attn_align.vocab.kinds import DTYPES
+from nemo_rl_attn_align.vocab.mandate import Mandate
+from nemo_rl_attn_align.vocab.schema import (
     DOWNCASTS,
     MERGE_RULES,
     REDUCTION_ORDERS,
@@ -25,7 +26,6 @@ from nemo_rl_attn_align.contract.schema import (
     Tier,
     fields_of,
 )
-from nemo_rl_attn_align.errors import Severity
 from tests.contract_samples import MANDATE_OF_SAMPLES, SAMPLES, contracts, full_contract
 
 MANDATE = Mandate(**MANDATE_OF_SAMPLES)

@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.determinism import (
     BLOCKING_VARIABLES,
     DetStatus,
@@ -22,6 +21,7 @@ from nemo_rl_attn_align.compare.determinism import (
     parse_nccl_list,
 )
 from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe, probe
+from nemo_rl_attn_align.vocab.codes import Code
 
 # NCCL_ALGO value, collective, algorithms NCCL may use (worked out by hand from NCCL's parseList and
 # ncclTopoTuneModel: CollNet needs NCCL_COLLNET_ENABLE=1; allgather/reducescatter run ring, PAT,

@@ -8,8 +8,8 @@ import pytest
 from nemo_rl_attn_align.compare.determinism import DetStatus, compare
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
-from nemo_rl_attn_align.errors import Severity
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.vocab.errors import Severity
 
 
 def _diff(training_env, rollout_env, collective="allreduce"):

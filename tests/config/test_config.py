@@ -8,7 +8,7 @@ import pytest
 
 from nemo_rl_attn_align.config.examples import default_example_path
 from nemo_rl_attn_align.config.loader import get_path, load_config
-from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.vocab.errors import UsageError
 from tests.conftest import EXAMPLES
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
-from nemo_rl_attn_align.contract.mandate import Mandate
-from nemo_rl_attn_align.errors import UsageError
+from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.mandate import Mandate
 from tests.conftest import EXAMPLES
 
 BASE = {"policy": {"precision": "bfloat16"}, "logger": {"log_dir": "logs/run1"}}

@@ -12,7 +12,7 @@ import yaml
 
 from nemo_rl_attn_align.config import yaml_compose
 from nemo_rl_attn_align.config.yaml_compose import OverLimit, compose_yaml
-from nemo_rl_attn_align.limits import MAX_CONFIG_NODES, MAX_NESTING
+from nemo_rl_attn_align.vocab.limits import MAX_CONFIG_NODES, MAX_NESTING
 from tests.conftest import EXAMPLES
 
 SNAPSHOTS = os.environ.get("ATTN_ALIGN_TEST_NEMO_RL_SNAPSHOTS")

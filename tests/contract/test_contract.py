@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, FieldValue
-from nemo_rl_attn_align.contract.kinds import normalize_dtype
-from nemo_rl_attn_align.contract.schema import (
+from nemo_rl_attn_align.vocab.kinds import normalize_dtype
+from nemo_rl_attn_align.vocab.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
     FIELDS,
@@ -281,7 +281,7 @@ def test_replace_validates_and_keeps_the_rest():
 def test_core_modules_import_nothing_heavy():
     code = (
         "import sys\n"
-        "import nemo_rl_attn_align.contract.schema, nemo_rl_attn_align.compare.binding, "
+        "import nemo_rl_attn_align.vocab.schema, nemo_rl_attn_align.compare.binding, "
         "nemo_rl_attn_align.compare.determinism\n"
         "import nemo_rl_attn_align.report.store, nemo_rl_attn_align.report.document\n"
         "import nemo_rl_attn_align.report.render, nemo_rl_attn_align.report.finalize\n"

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from nemo_rl_attn_align.cli import main  # noqa: E402
 from nemo_rl_attn_align.drift import shape as drift_shape  # noqa: E402
 from nemo_rl_attn_align.drift import sweep as drift  # noqa: E402
-from nemo_rl_attn_align.errors import UsageError  # noqa: E402
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts  # noqa: E402
+from nemo_rl_attn_align.vocab.errors import UsageError  # noqa: E402
 
 NO_FLAGS = {"heads": None, "kv_heads": None, "head_dim": None, "window": None, "seq_len": None}
 

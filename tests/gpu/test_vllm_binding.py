@@ -23,9 +23,9 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.config.settings import load_settings
-from nemo_rl_attn_align.contract.schema import Tier
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.document import RunDescription, collect
+from nemo_rl_attn_align.vocab.schema import Tier
 from tests.conftest import preview_of
 from tests.gpu.cases import CUBLAS, TINY_LLAMA, master_config, megatron_model_from_hf, policy_config, run_case
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
-from nemo_rl_attn_align.contract.schema import Provenance
 from nemo_rl_attn_align.hosts import device, driver_report, nemo_rl_driver
 from nemo_rl_attn_align.report.store import write_worker_record
+from nemo_rl_attn_align.vocab.schema import Provenance
 from tests.contract_samples import full_contract
 
 

@@ -24,9 +24,9 @@ import yaml
 pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.report.document import REPORT_FILENAME
 from nemo_rl_attn_align.report.load import load_report
+from nemo_rl_attn_align.vocab.codes import Code
 from tests.fake_nemo_rl.configs import policy_config
 from tests.hosts.conftest import FAKE_NEMO_RL, FAKE_VLLM, REPO, venv_without_plugin
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, nemo_rl_driver
@@ -26,9 +25,9 @@ from nemo_rl_attn_align.report.document import REPORT_FILENAME
 from nemo_rl_attn_align.report.finalize import AttentionMismatch
 from nemo_rl_attn_align.report.load import load_report
 from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
-from nemo_rl_attn_align.report.tracker_metrics import PREFIX as TRACKER_PREFIX
 from nemo_rl_attn_align.report.tracker_metrics import VERDICT_VALUES
-from nemo_rl_attn_align.report.worker_ids import rollout_peers, training_peers
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.worker_ids import rollout_peers, training_peers
 from tests.contract_samples import full_contract
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
@@ -449,7 +448,6 @@ def test_tracker_gets_the_report_numbers_once_per_training_step(driver, tmp_path
     )
     assert doc["drift"]["attention_only"]["status"] in ("estimated", "zero_by_construction", "unavailable")
     assert doc["drift"]["attention_only"]["why"]
-    assert nemo_rl_driver.TRACKER_PREFIX == TRACKER_PREFIX
 
 
 def test_tracker_off_by_key_and_its_failure_is_one_warning(driver, tmp_path, caplog):

@@ -15,13 +15,13 @@ import pytest
 from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
 from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
 from nemo_rl_attn_align.contract.semantics import VLLM_ONLINE_SOFTMAX_BACKENDS
 from nemo_rl_attn_align.contract.training import training_contract
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.hosts import versions
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Tier, fields_of
 from tests.fake_nemo_rl.configs import policy_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "report-schema.md"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.codes import Code
 from nemo_rl_attn_align.preflight.facts import read_policy_facts
 from nemo_rl_attn_align.preflight.rules import evaluate
+from nemo_rl_attn_align.vocab.codes import Code
 
 INVARIANT = {"batch_invariant_mode": True, "flash_attention_version": 3, "attention_dropout": 0.0}
 

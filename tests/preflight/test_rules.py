@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.errors import RuleViolation, Severity, UsageError
 from nemo_rl_attn_align.preflight.facts import MEGATRON_INDEXED_KEYS, read_policy_facts
 from nemo_rl_attn_align.preflight.plan import build_plan, build_plan_for_policy
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.preflight.rules.registry import RULES, rule
+from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
+from nemo_rl_attn_align.vocab.errors import RuleViolation, Severity, UsageError
 from tests.conftest import EXAMPLES
 
 BASE = load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml")["policy"]

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from nemo_rl_attn_align.errors import UsageError
 from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe import divergence, metrics, render
+from nemo_rl_attn_align.vocab.errors import UsageError
 from tests.probe.synthetic import capture, perturbed, with_replay
 
 

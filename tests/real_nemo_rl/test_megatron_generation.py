@@ -20,8 +20,8 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.preview import predict_rollout
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Provenance
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Provenance
 from tests.conftest import preview_of
 
 from .conftest import snapshot
@@ -208,8 +208,8 @@ def test_batch_invariant_rules_say_what_megatron_core_asserts(overrides, code):
 
 def test_the_shipped_sglang_recipe_is_reported_as_not_bound():
     tree = snapshot("7ea279a")
-    from nemo_rl_attn_align.contract.schema import NotBound
     from nemo_rl_attn_align.hosts.driver_report import absent_sides
+    from nemo_rl_attn_align.vocab.schema import NotBound
 
     cfg = load_config(tree / "examples/configs/recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1-sglang.yaml")
     why = absent_sides(cfg, read_recipe_facts(cfg), "grpo")["rollout"]

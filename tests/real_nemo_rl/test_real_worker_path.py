@@ -35,9 +35,9 @@ import pytest
 
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.preview import predict_training
-from nemo_rl_attn_align.contract.schema import FIELD_NAMES, Tier, fields_of
 from nemo_rl_attn_align.hosts.seams import HOOKS, OPTIONAL
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Tier, fields_of
 from tests.gpu.cases import model_runner_policies
 
 from .conftest import REFS, SEAM_TEST_REFS, VALIDATION_REFS, snapshot

@@ -35,7 +35,7 @@ from nemo_rl.algorithms.single_controller_utils import MasterConfig, setup_singl
 import nemo_rl.algorithms.single_controller_utils.setup as setup_module
 from nemo_rl.utils.config import load_config, parse_hydra_overrides, register_omegaconf_resolvers
 from omegaconf import OmegaConf
-from nemo_rl_attn_align.errors import RuleViolation
+from nemo_rl_attn_align.vocab.errors import RuleViolation
 from nemo_rl_attn_align.hosts import _patching, driver_report, handoff
 
 register_omegaconf_resolvers()

@@ -25,11 +25,11 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import AlignSettings
-from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.contract.preview import predict_rollout
-from nemo_rl_attn_align.contract.schema import Tier, fields_of
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.document import collect
+from nemo_rl_attn_align.vocab.mandate import Mandate
+from nemo_rl_attn_align.vocab.schema import Tier, fields_of
 from tests.conftest import EXAMPLES
 from tests.real_vllm.conftest import BASE_ARGS, HERE, IN_PROCESS, KV_CACHE_GIB, PROMPT
 

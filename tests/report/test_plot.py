@@ -14,7 +14,6 @@ from nemo_rl_attn_align.cli import main
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.report.document import RunDescription, add_drift, collect, write_report
 from nemo_rl_attn_align.report.plot import (
     BAND_LABEL,
@@ -28,6 +27,7 @@ from nemo_rl_attn_align.report.plot import (
     drift_figure,
 )
 from nemo_rl_attn_align.report.store import write_worker_record
+from nemo_rl_attn_align.vocab.mandate import Mandate
 from tests.conftest import REPO
 from tests.contract_samples import MANDATE_OF_SAMPLES, full_contract
 

@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.config.settings import AlignSettings, load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.contract.mandate import Mandate
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.document import (
     DRIFT_METRICS,
@@ -40,6 +38,8 @@ from nemo_rl_attn_align.report.store import (
     write_worker_detail,
     write_worker_record,
 )
+from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
+from nemo_rl_attn_align.vocab.mandate import Mandate
 from tests.contract_samples import MANDATE_OF_SAMPLES, full_contract
 
 MANDATE = Mandate(**MANDATE_OF_SAMPLES)

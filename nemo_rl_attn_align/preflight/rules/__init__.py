@@ -12,9 +12,9 @@ order: the values first, then the combinations. Each code's severity and summary
 
 from __future__ import annotations
 
-from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.preflight.facts import PolicyFacts
 from nemo_rl_attn_align.preflight.rules.registry import RULES
+from nemo_rl_attn_align.vocab.errors import Finding
 
 # Importing a rule module registers its rules, so the import order is the rule order.
 # isort: off

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding, finding
-from nemo_rl_attn_align.limits import shown
 from nemo_rl_attn_align.preflight.facts import UNSET, PolicyFacts
 from nemo_rl_attn_align.preflight.megatron_generation import generation_model_config
 from nemo_rl_attn_align.preflight.rules.registry import MEGATRON_KEY, rule, truthy
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
+from nemo_rl_attn_align.vocab.limits import shown
 
 _OVERRIDES = f"{MEGATRON_KEY}.model_overrides"
 #: model_overrides that decide what the generation model's attention runs.

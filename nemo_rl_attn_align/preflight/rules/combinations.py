@@ -7,11 +7,11 @@ cites the host source that fails; ``values.py`` has already refused the values n
 
 from __future__ import annotations
 
-from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding, finding
 from nemo_rl_attn_align.preflight.backend import HALF_PRECISION_ONLY, NVTE_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import SOFTMAX_TYPES, UNSET, PolicyFacts
 from nemo_rl_attn_align.preflight.rules.registry import BACKEND_KEY, MEGATRON_KEY, rule, truthy
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
 
 
 @rule(Code.FLASH_REQUIRES_HALF_PRECISION, Code.FUSED_REQUIRES_HALF_PRECISION)

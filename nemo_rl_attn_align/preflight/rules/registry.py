@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code, Kind
-from nemo_rl_attn_align.errors import Finding
 from nemo_rl_attn_align.preflight.facts import PolicyFacts
+from nemo_rl_attn_align.vocab.codes import Code, Kind
+from nemo_rl_attn_align.vocab.errors import Finding
 
 MEGATRON_KEY = "policy.megatron_cfg"
 BACKEND_KEY = f"{MEGATRON_KEY}.attention_backend"

@@ -12,9 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code
-from nemo_rl_attn_align.errors import Finding, finding
-from nemo_rl_attn_align.limits import shown
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
 from nemo_rl_attn_align.preflight.facts import (
     PRECISIONS,
@@ -32,7 +29,10 @@ from nemo_rl_attn_align.preflight.rules.registry import (
     truthy,
     type_name,
 )
-from nemo_rl_attn_align.suggest import describe_invalid
+from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.errors import Finding, finding
+from nemo_rl_attn_align.vocab.limits import shown
+from nemo_rl_attn_align.vocab.suggest import describe_invalid
 
 PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 OVERRIDES_KEY = f"{MEGATRON_KEY}.model_overrides"

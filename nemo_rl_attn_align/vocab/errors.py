@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.codes import Code, Severity, code_of
-from nemo_rl_attn_align.limits import shown, shown_text
+from nemo_rl_attn_align.vocab.codes import Code, Severity, code_of
+from nemo_rl_attn_align.vocab.limits import shown, shown_text
 
 
 def json_value(value: Any) -> Any:

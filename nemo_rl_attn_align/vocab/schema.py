@@ -7,7 +7,7 @@ the configuration, not observable at all, or (in a preview) not knowable before 
 
 The schema is versioned (``CONTRACT_SCHEMA_VERSION``) and ``to_dict``/``from_dict`` round-trip
 exactly through JSON. ``FIELDS`` is the documented field list; how each field's value is checked
-(its kind) is in ``contract.kinds``; the contract object itself (``AttentionContract``, its
+(its kind) is in ``vocab.kinds``; the contract object itself (``AttentionContract``, its
 ``FieldValue``s and the ``ContractBuilder`` the hooks fill it with) is in ``contract.contract``.
 Stdlib only: importing this module imports nothing heavy.
 """
@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.contract import kinds
-from nemo_rl_attn_align.contract.kinds import ContractError
+from nemo_rl_attn_align.vocab import kinds
+from nemo_rl_attn_align.vocab.kinds import ContractError
 
 # part of the schema's API: the engines' readers (contract/training.py, rollout.py, preview.py,
 # megatron_inference.py) and config/settings.py import it from here
-from nemo_rl_attn_align.contract.kinds import normalize_dtype as normalize_dtype
-from nemo_rl_attn_align.suggest import did_you_mean
+from nemo_rl_attn_align.vocab.kinds import normalize_dtype as normalize_dtype
+from nemo_rl_attn_align.vocab.suggest import did_you_mean
 
 #: Version of the contract schema; ``from_dict`` reads the earlier ones, whose records lack the
 #: fields added since (``FIELDS_ADDED``: read as unobservable, not recorded then), and rejects any other.

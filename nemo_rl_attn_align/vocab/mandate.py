@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from nemo_rl_attn_align.contract.schema import ContractError, field_spec
+from nemo_rl_attn_align.vocab.schema import ContractError, field_spec
 
 
 @dataclass(frozen=True)

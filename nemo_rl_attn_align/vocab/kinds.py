@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.suggest import did_you_mean
+from nemo_rl_attn_align.vocab.suggest import did_you_mean
 
 
 class ContractError(ValueError):
