@@ -1,4 +1,4 @@
-"""The report as scalars for the user's experiment tracker, logged under ``attention_align/``
+"""The report as scalars for the user's experiment tracker, logged under ``attention_align/`` (``vocab.names.BLOCK``)
 through NeMo-RL's own ``Logger`` (so every backend it has gets them; README "Metrics in your
 tracker" has the legend). Stdlib only.
 """
@@ -9,10 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_attn_align.vocab.codes import Code
-from nemo_rl_attn_align.vocab.names import BLOCK
 
-#: The ``Logger.log_metrics`` prefix of every metric here.
-PREFIX = BLOCK
 #: ``verdict`` as a number: higher is better.
 VERDICT_VALUES = {"pass": 1.0, "incomparable": 0.0, "fail": -1.0}
 #: The estimate's figures logged as ``attention_only/<name>``.
