@@ -120,7 +120,7 @@ def _kernels(example: str, overrides: list[str], gpu: str, side: str, version: s
     """``side``'s kernel per layer kind for ``example`` on ``gpu``, from the ``version`` table."""
     from nemo_rl_attn_align.cli.check import evaluate
     from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
-    from nemo_rl_attn_align.preflight.kernels import KernelOptions
+    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
 
     options = KernelOptions(gpu=gpu, **{"te" if side == "training" else "vllm": version})
     return evaluate(EXAMPLES_DIR / example, overrides, environ={}, kernel_options=options)["kernels"][side]

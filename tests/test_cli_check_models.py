@@ -9,7 +9,7 @@ import pytest
 
 from nemo_rl_attn_align.cli.check import evaluate
 from nemo_rl_attn_align.preflight import architectures
-from nemo_rl_attn_align.preflight.kernels import KernelOptions
+from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
 from tests.conftest import EXAMPLES, REPO, write_transformers_config
 
 transformers = pytest.importorskip("transformers", reason="the test models are made with transformers' classes")

@@ -16,6 +16,7 @@ from nemo_rl_attn_align.preflight import kernels
 from nemo_rl_attn_align.preflight.kernel_pairs import flash_generation
 from nemo_rl_attn_align.preflight.kernel_query import (
     Kernel,
+    KernelOptions,
     KernelPlan,
     KindKernel,
     RolloutQuery,
@@ -23,7 +24,6 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     flash_pin_switches,
 )
 from nemo_rl_attn_align.preflight.kernels import (
-    KernelOptions,
     megatron_flash_kernel,
     predict_rollout,
     predict_training,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import sys
@@ -19,10 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_attn_align.cli.check_text import render_text, short_preview
+
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.preset import Alignment
-    from nemo_rl_attn_align.preflight.kernel_query import KernelPlan
-    from nemo_rl_attn_align.preflight.kernels import KernelOptions
+    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, KernelPlan
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
@@ -97,7 +99,6 @@ def evaluate(
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass; the kernels asked as ``kernel_options``
     say (on its ``gpu``, default this machine's). The JSON-ready dict ``--json`` prints."""
-    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
     from nemo_rl_attn_align.compare.preset import align
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
@@ -115,7 +116,7 @@ def evaluate(
 
     read = functools.partial(read_recipe_facts, environ=environ, files=facts.files)  # the rounds: the same files
     preview_of = functools.partial(preview_binding, settings=settings, environ=environ)
-    step = functools.partial(kernel_step, gpu=chosen, environ=environ, options=options)
+    step = _kernel_step(chosen, environ, options)
     alignment = align(cfg, read, preview_of, kernels=step) if settings.preset == "aligned" else None
     final = alignment.facts if alignment is not None else facts
     kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
@@ -140,8 +141,8 @@ def evaluate(
             **preview_dict,
             "preset": alignment.to_dict() if alignment is not None else None,
         },
-        "fix": _fix(aligned, read, preview_of, functools.partial(step, alter_ok=True)) if fix else None,
-        "preview_text": render_preview(preview) if full else _short_preview(preview_dict, settings.on_mismatch),
+        "fix": _fix(aligned, read, preview_of, step and functools.partial(step, alter_ok=True)) if fix else None,
+        "preview_text": render_preview(preview) if full else short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
     }
@@ -151,7 +152,7 @@ def _gpu(options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]
     """The GPU the kernels are predicted for (``options.gpu``, ``--gpu``, else this machine's), how it
     was chosen, and ``options`` with ``live`` set when it is this machine's."""
     from nemo_rl_attn_align.preflight import gpu as gpus
-    from nemo_rl_attn_align.preflight.kernels import KernelOptions
+    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
 
     options = options or KernelOptions()
     local, local_source = gpus.local_gpu()
@@ -162,12 +163,28 @@ def _gpu(options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]
 def _kernels(
     facts: RecipeFacts, gpu: str | None, source: str, environ: Mapping[str, str], options: KernelOptions
 ) -> tuple[KernelPlan, dict[str, Any]]:
-    """The kernel each side runs on ``gpu`` and its JSON form, with the model and the kernel findings."""
-    from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
+    """The kernel each side runs on ``gpu`` and its JSON form, with the model and the kernel findings.
+    With no GPU known nothing is predicted, and the kernel machinery is not even imported."""
+    from nemo_rl_attn_align.preflight.kernel_query import KernelPlan
 
-    plan = plan_kernels(facts, gpu, source, environ, options)
-    findings = [f.to_dict() for f in kernel_findings(plan, options)]
+    if gpu is None:
+        plan, findings = KernelPlan.pending(source), []
+    else:
+        from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
+
+        plan = plan_kernels(facts, gpu, source, environ, options)
+        findings = [f.to_dict() for f in kernel_findings(plan, options)]
     return plan, {**plan.to_dict(), "model": facts.model.to_dict(), "findings": findings}
+
+
+def _kernel_step(gpu: str | None, environ: Mapping[str, str], options: KernelOptions):
+    """The preset's and ``--fix``'s kernel step on ``gpu`` (``kernel_choice.kernel_step``); with no GPU
+    known there is none (``kernel_step`` would choose nothing) and its machinery is not imported."""
+    if gpu is None:
+        return None
+    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
+
+    return functools.partial(kernel_step, gpu=gpu, environ=environ, options=options)
 
 
 def _kernel_step_findings(alignment: Alignment | None) -> list[dict[str, Any]]:
@@ -210,158 +227,21 @@ def _fix(cfg: Mapping[str, Any], read, preview_of, kernels) -> dict[str, Any]:
 
 
 #: What a failed binding does to the run, by ``attention_align.on_mismatch``.
-CONSEQUENCE = {
-    "error": "the run stops at start",
-    "warn": "the run warns and goes on",
-    "record": "the run only records it in the report",
-}
-
-
-def _short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
-    """The binding preview in a few lines: the verdict's summary, what fails it, the notes. A
-    failing field is labelled ``error`` only where the run would stop (``on_mismatch: error``)."""
-    from nemo_rl_attn_align.vocab.errors import format_finding
-
-    binding = preview["binding"]
-    if binding is None:
-        lines = ["binding preview: not applicable (the config has no training and rollout side to bind)"]
-    else:
-        lines = [f"binding preview ('pending' = known once the engines run): {binding['summary']}"]
-        label = "error" if on_mismatch == "error" else "warning"
-        failing = [f for f in binding["findings"] if f["severity"] == "error"]
-        lines += [f"  {format_finding({**f, 'severity': label})}" for f in failing]
-        if failing:
-            lines.append(
-                "  (check --fix lists the overrides that remove these; attention_align.preset: aligned applies them)"
-            )
-        lines.append("  (--full shows every field)")
-    lines += [f"  note: {note}" for note in preview["notes"]]
-    return "\n".join(lines)
-
-
-def _preset_lines(preset: dict[str, Any] | None) -> list[str]:
-    if preset is None:
-        return []
-    lines = [f"preset aligned: {len(preset['changes'])} change(s) applied before any worker starts"]
-    lines += [f"  {c['key']}={c['value']!r}: {c['reason']}" for c in preset["changes"]]
-    if preset["refusal"] is not None:
-        from nemo_rl_attn_align.vocab.errors import format_finding
-
-        lines.append(f"  cannot align: {format_finding(preset['refusal'])}")
-    return lines + _pair_lines(preset["kernels"])
-
-
-def _pair_lines(kernels: dict[str, Any] | None) -> list[str]:
-    """The kernel step's pair in one line (its warning is with the kernel findings)."""
-    if kernels is None:
-        return []
-    how = "one flash-attn generation" if kernels["one_generation"] else "two flash-attn generations (KERNEL_PAIR_SPLIT)"
-    return [f"  kernels: training {kernels['training']}, rollout {kernels['rollout']}: {how}"]
-
-
-def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
-    if fix is None:
-        return []
-    if fix["none_because"] is not None:
-        return [f"fix: none: {fix['none_because']}"]
-    if not fix["overrides"]:
-        return ["fix: none needed: the semantic and determinism tiers already pass", *_pair_lines(fix["kernels"])]
-    lines = ["fix: add after the recipe on the command line:", "  " + " ".join(fix["overrides"])]
-    lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["alters_run"]]
-    split = fix["kernels"] and fix["kernels"]["finding"]
-    if split:
-        from nemo_rl_attn_align.vocab.errors import format_finding
-
-        lines.append(f"  {format_finding(split)}")
-    return lines + _pair_lines(fix["kernels"])
-
-
-def _kernel_line(name: str, kernel: dict[str, Any]) -> list[str]:
-    head = f"  {name}, {kernel['layers']}:"
-    if kernel["pending"]:
-        return [f"{head} pending ({kernel['pending']})"]
-    belief = "; FusedAttention's cuDNN check is our stand-in, not TE" if kernel["belief"] else ""
-    lines = [head, f"    {kernel['label']} ({kernel['source']}{belief})"]
-    why = [r for r in kernel["reasons"] if " due to NVTE_" not in r][:3]  # the switches' lines restate the backend
-    lines += [f"    why: {reason.strip()}" for reason in why]
-    if kernel["assumptions"]:
-        lines.append(f"    assumes: {'; '.join(kernel['assumptions'])}")
-    return lines
-
-
-def _model_lines(model: dict[str, Any]) -> list[str]:
-    """Where the model's attention was read, per side."""
-    if model["config"] is None:
-        return [f"  model: {model['not_found']}"]
-    lines = [f"  model: {model['config']} ({model['architecture'] or 'no architectures[0]'})"]
-    for side in ("training", "rollout"):
-        read = model[side]
-        lines.append(f"    {side}: {read['source'] if 'source' in read else 'not read: ' + read['not_read']}")
-    return lines
-
-
-def _kernel_lines(kernels: dict[str, Any]) -> list[str]:
-    """The model, then the kernel each layer kind runs on each side, with the selectors' reasons, then errors."""
-    from nemo_rl_attn_align.vocab.errors import format_finding
-
-    if kernels["gpu"] is None:
-        return [f"kernels: pending ({kernels['gpu_source']})", *_model_lines(kernels["model"])]
-    lines = [f"kernels on {kernels['gpu']} ({kernels['gpu_source']}):", *_model_lines(kernels["model"])]
-    for side in ("training", "rollout"):
-        for kernel in kernels[side]:
-            lines += _kernel_line(side, kernel)
-    lines += [f"  note: {note}" for note in kernels["notes"]]
-    lines += [format_finding(f) for f in kernels["findings"]]
-    return lines
-
-
-def render_text(result: dict[str, Any]) -> str:
-    """The human-readable form of ``evaluate``'s result."""
-    from nemo_rl_attn_align.vocab.errors import format_finding
-    from nemo_rl_attn_align.vocab.limits import shown, shown_text
-
-    plan = result["plan"]
-    lines = [f"config: {shown_text(result['config'])}"]
-    if result["overrides"]:
-        lines.append(f"overrides: {' '.join(shown_text(o) for o in result['overrides'])}")
-    if not plan["megatron_enabled"]:
-        lines.append("megatron: disabled (policy.megatron_cfg.enabled is not truthy); attention_backend is not used")
-    else:
-        requested = "unset" if plan["requested"] is None else shown(plan["requested"])
-        lines.append(f"attention_backend: {requested} -> {plan['attn_backend'] or 'invalid'} ({plan['source']})")
-        lines.append(f"precision: {plan['precision'] or 'invalid'}")
-        if plan["nvte"]:
-            lines.append(
-                "NVTE set by Megatron at model build: " + " ".join(f"{k}={v}" for k, v in plan["nvte"].items())
-            )
-        existing = plan["nvte_existing"]
-        lines.append(
-            "NVTE already set: "
-            + (", ".join(f"{k}={shown_text(v['value'])} ({v['source']})" for k, v in existing.items()) or "none")
-        )
-    lines.extend(format_finding(f) for f in plan["findings"])
-    lines.extend(_kernel_lines(result["kernels"]))
-    lines.extend(_preset_lines(result["attention_align"]["preset"]))
-    lines.append(result["preview_text"])
-    align = result["attention_align"]
-    if align["verdict"] == "fail":
-        on_mismatch = align["settings"]["on_mismatch"]
-        lines.append(f"binding preview: fail; attention_align.on_mismatch={on_mismatch}: {CONSEQUENCE[on_mismatch]}")
-    lines.extend(_fix_lines(result["fix"]))
-    if result["exit_code"] == EXIT_OK:
-        lines.append("verdict: OK: these attention settings can work")
-    elif not plan["ok"]:
-        lines.append("verdict: FAIL: a rule is violated")
-    elif any(f["severity"] == "error" for f in result["kernels"]["findings"]):
-        lines.append(f"verdict: FAIL: a side has no attention kernel on {result['kernels']['gpu']}")
-    else:
-        lines.append("verdict: FAIL: the binding preview fails and attention_align.on_mismatch is error")
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
-    """Handler of ``check``; returns the exit code."""
-    from nemo_rl_attn_align.preflight.kernels import KernelOptions
+    """Handler of ``check``; returns the exit code. Python's cyclic garbage collector is paused
+    meanwhile: ``check`` makes no garbage cycles worth collecting, and the collector's passes over
+    the objects its imports and OmegaConf create cost about 6 ms of its ~80 (benchmarks/check_walltime.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
     from nemo_rl_attn_align.preflight.model_facts import hosts_read_here
     from nemo_rl_attn_align.vocab.errors import UsageError, strict_json
     from nemo_rl_attn_align.vocab.limits import shown_text

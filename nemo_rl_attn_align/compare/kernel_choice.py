@@ -29,6 +29,7 @@ from nemo_rl_attn_align.preflight.kernel_pairs import one_generation, pair_findi
 from nemo_rl_attn_align.preflight.kernel_query import (
     FLASH_GENERATIONS,
     Kernel,
+    KernelOptions,
     KernelPlan,
     KindKernel,
     RolloutQuery,
@@ -36,7 +37,6 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     flash_pin_switches,
 )
 from nemo_rl_attn_align.preflight.kernels import (
-    KernelOptions,
     megatron_flash_kernel,
     plan_kernels,
     predict_rollout,

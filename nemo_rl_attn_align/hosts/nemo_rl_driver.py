@@ -121,7 +121,8 @@ def _kernel_step() -> tuple[Any, str | None]:
     (``attention_config`` does not exist in every vLLM NeMo-RL pins)."""
     from nemo_rl_attn_align.compare.kernel_choice import kernel_step
     from nemo_rl_attn_align.preflight.gpu import local_gpu
-    from nemo_rl_attn_align.preflight.kernels import KernelOptions, installed_table_version
+    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
+    from nemo_rl_attn_align.preflight.kernels import installed_table_version
 
     gpu, why = local_gpu()
     if gpu is None:

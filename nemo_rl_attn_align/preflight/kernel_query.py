@@ -169,6 +169,11 @@ class KernelPlan:
     rollout: tuple[KindKernel, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
 
+    @classmethod
+    def pending(cls, gpu_source: str) -> KernelPlan:
+        """The plan when no GPU is known (``gpu_source`` says why): nothing predicted yet."""
+        return cls(None, gpu_source, notes=(f"kernels pending: {gpu_source}",))
+
     def kinds(self, side: str) -> tuple[KindKernel, ...]:
         return self.training if side == "training" else self.rollout
 
@@ -186,3 +191,17 @@ class KernelPlan:
             "rollout": [kind.to_dict() for kind in self.rollout],
             "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """How the kernels are asked for: flash-attn 3 installed beside flash-attn 2 (``--fa3``), the TE and
+    vLLM versions whose tables answer (``--te`` / ``--vllm``; None: ``table_version`` chooses), the GPU
+    ``check --gpu`` names (None: this machine's), and whether the selectors may run in this process
+    (the GPU asked about is this machine's)."""
+
+    flash_attn_3: bool = False
+    te: str | None = None
+    vllm: str | None = None
+    live: bool = False
+    gpu: str | None = None

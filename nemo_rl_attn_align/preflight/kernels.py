@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from nemo_rl_attn_align.preflight import kernel_table
@@ -30,6 +30,7 @@ from nemo_rl_attn_align.preflight.kernel_pairs import pair_findings
 from nemo_rl_attn_align.preflight.kernel_query import (
     DTYPE_OF_PRECISION,
     Kernel,
+    KernelOptions,
     KernelPlan,
     KindKernel,
     RolloutQuery,
@@ -57,18 +58,6 @@ DSA_KERNEL = "DSAttention"
 DSA_SOURCE = "megatron-core's sparse attention (Transformer Engine selects nothing)"
 
 
-@dataclass(frozen=True)
-class KernelOptions:
-    """How the kernels are asked for: flash-attn 3 installed beside flash-attn 2 (``--fa3``), the TE and
-    vLLM versions whose tables answer (``--te`` / ``--vllm``; None: ``table_version`` chooses), the GPU
-    ``check --gpu`` names (None: this machine's), and whether the selectors may run in this process
-    (the GPU asked about is this machine's)."""
-
-    flash_attn_3: bool = False
-    te: str | None = None
-    vllm: str | None = None
-    live: bool = False
-    gpu: str | None = None
 
 
 def _tp(facts: RecipeFacts) -> int:
@@ -308,7 +297,7 @@ def plan_kernels(
 ) -> KernelPlan:
     """Both sides' kernels on ``gpu``, one per kind of attention layer (None: no GPU to predict for)."""
     if gpu is None:
-        return KernelPlan(None, gpu_source, notes=(f"kernels pending: {gpu_source}",))
+        return KernelPlan.pending(gpu_source)
     training, no_training = _side_kernels("training", facts, gpu, environ, options)
     rollout, no_rollout = _side_kernels("rollout", facts, gpu, environ, options)
     notes = [f"no {side} kernel: {why}" for side, why in (("training", no_training), ("rollout", no_rollout)) if why]
