@@ -11,8 +11,7 @@ import pytest
 
 from nemo_rl_attn_align.preflight import gpu as gpus
 from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.kernel_query import RolloutQuery, TrainingQuery
-from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
+from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, RolloutQuery, TrainingQuery
 from nemo_rl_attn_align.preflight.kernels import NEMO_RL_PINS, predict_rollout, predict_training
 from nemo_rl_attn_align.vocab.errors import UsageError
 

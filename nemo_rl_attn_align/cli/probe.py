@@ -1,8 +1,10 @@
-"""``nemo-rl-attn-align probe REFERENCE_SIDE OTHER_SIDE [options]``: two engines' forward on one
-batch, compared layer by layer (``nemo_rl_attn_align.probe``).
+"""``nemo-rl-attn-align probe CONFIG [OVERRIDES...]`` or ``probe REFERENCE_SIDE OTHER_SIDE``: two
+engines' forward on one batch, compared layer by layer (``nemo_rl_attn_align.probe``).
 
-Each side file is a JSON object (``probe/sides.py``); each side runs in its own process and the
-second also runs its attention on the first's query/key/value, which measures attention's share.
+With a NeMo-RL recipe (a ``.yaml``) both sides are read from it (``probe/recipe.py``: Megatron-Bridge
+training, vLLM rollout, on ``policy.model_name`` or ``--checkpoint``); otherwise each side is a JSON
+side file (``probe/sides.py``). Each side runs in its own process and the second also runs its
+attention on the first's query/key/value, which measures attention's share.
 Prints the verdict and the per-layer table (or ``--json``); ``--plot`` writes divergence by layer.
 Exit 0: done; 2: unusable input. Nothing heavy is imported before the input is checked.
 """
@@ -28,8 +30,16 @@ def register(subparsers) -> None:
         "measured share (the other side's attention on the reference side's inputs), the logprobs' "
         "token_mult_prob_error and gen_kl_error as NeMo-RL computes them, and a verdict in words.",
     )
-    p.add_argument("reference", type=Path, metavar="REFERENCE_SIDE", help="side file of the training side (JSON)")
-    p.add_argument("other", type=Path, metavar="OTHER_SIDE", help="side file of the side compared with it (JSON)")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="CONFIG [OVERRIDES...] | REFERENCE_SIDE OTHER_SIDE",
+        help="a NeMo-RL recipe (.yaml) and Hydra overrides, or two side files (JSON): the training side first",
+    )
+    p.add_argument("--checkpoint", help="with CONFIG: the HF checkpoint both sides load (default policy.model_name)")
+    p.add_argument("--training-python", help="with CONFIG: the interpreter of the training side's venv")
+    p.add_argument("--rollout-python", help="with CONFIG: the interpreter of the rollout side's venv")
+    p.add_argument("--sides", action="store_true", help="print the two side files (JSON) and the notes, run nothing")
     p.add_argument("--prompts", type=Path, help="JSON list of token-id lists (default: a fixed batch of two)")
     p.add_argument("--layers", help="comma-separated layer indices to compare (default: every layer)")
     p.add_argument("--atol", type=float, default=0.0, help="a difference above this diverges (default 0: exact)")
@@ -50,6 +60,29 @@ def _layers(text: str | None) -> list[int] | None:
         raise UsageError(f"--layers {text!r}: not comma-separated layer indices; e.g. --layers 0,3,11") from None
 
 
+def _sides(args: argparse.Namespace):
+    """The two sides and the notes on them: read from the recipe, or from two side files."""
+    from nemo_rl_attn_align.probe import sides
+    from nemo_rl_attn_align.vocab.errors import UsageError
+
+    first, rest = Path(args.inputs[0]), args.inputs[1:]
+    if first.suffix in (".yaml", ".yml"):
+        from dataclasses import replace
+
+        from nemo_rl_attn_align.config.loader import load_config
+        from nemo_rl_attn_align.probe.recipe import recipe_sides
+
+        read = recipe_sides(load_config(first, rest), args.checkpoint)
+        training = replace(read.training, python=args.training_python or read.training.python)
+        rollout = replace(read.rollout, python=args.rollout_python or read.rollout.python)
+        return training, rollout, list(read.notes)
+    given = [name for name in ("checkpoint", "training_python", "rollout_python") if getattr(args, name)]
+    if given or len(args.inputs) != 2:
+        option = f"--{given[0].replace('_', '-')} applies to a recipe only" if given else f"{len(args.inputs)} inputs"
+        raise UsageError(f"probe {' '.join(args.inputs)}: {option}; give CONFIG.yaml [OVERRIDES...] or two side files")
+    return sides.SideSpec.read(first), sides.SideSpec.read(Path(rest[0])), []
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``probe``; returns the exit code."""
     from nemo_rl_attn_align.probe import driver, sides
@@ -59,11 +92,14 @@ def run(args: argparse.Namespace) -> int:
         if args.atol < 0:
             raise UsageError(f"--atol {args.atol}: a tolerance is 0 or more; e.g. --atol 1e-6")
         sequences = sides.read_prompts(args.prompts) if args.prompts else sides.DEFAULT_SEQUENCES
-        reference, other, layers = (
-            sides.SideSpec.read(args.reference),
-            sides.SideSpec.read(args.other),
-            _layers(args.layers),
-        )
+        reference, other, notes = _sides(args)
+        if args.sides:
+            shown = {
+                side.name: {k: v for k, v in side.__dict__.items() if k != "sequences"} for side in (reference, other)
+            }
+            print(json.dumps({**shown, "notes": notes}, indent=2))
+            return EXIT_OK
+        layers = _layers(args.layers)
         with tempfile.TemporaryDirectory(prefix="attn-align-probe-") as scratch:
             workdir = args.out or Path(scratch)
             workdir.mkdir(parents=True, exist_ok=True)
@@ -78,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.probe import render
 
     if args.json:
-        print(json.dumps({"verdict": render.verdict(result), **result.to_dict()}))
+        print(json.dumps({"verdict": render.verdict(result), **result.to_dict(), "notes": notes}))
     else:
         print(render.verdict(result))
         print(render.table(result))
+        print("".join(f"note: {note}\n" for note in notes), end="")
     return EXIT_OK

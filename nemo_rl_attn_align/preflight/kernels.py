@@ -58,8 +58,6 @@ DSA_KERNEL = "DSAttention"
 DSA_SOURCE = "megatron-core's sparse attention (Transformer Engine selects nothing)"
 
 
-
-
 def _tp(facts: RecipeFacts) -> int:
     policy = facts.require_policy()
     return policy.tensor_parallel_size.value if is_count(policy.tensor_parallel_size.value) else 1

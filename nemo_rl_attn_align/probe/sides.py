@@ -4,10 +4,10 @@ A side file is a JSON object: ``engine`` (``"megatron"``: megatron-core's GPTMod
 ``megatron_side.py``; ``"vllm"``: a vLLM engine, ``vllm_side.py``), ``model`` (the model's
 settings: ``TransformerConfig`` fields and GPTModel arguments, or vLLM's ``LLM(...)`` arguments),
 ``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python`` (the
-interpreter of the side's venv, default this one), ``name`` (default the file's stem) and
+interpreter of the side's venv, default this one), ``name`` (default the file's stem),
 ``replay`` (the reference materializer that replays its attention for the estimate, ``replay.py``;
-default by engine). Each side runs in its own process and writes a capture file; the driver never
-imports the engines.
+default by engine) and ``env`` (environment variables of its process). Each side runs in its own
+process and writes a capture file; the driver never imports the engines.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
 ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side", "vllm": "nemo_rl_attn_align.probe.vllm_side"}
-KEYS = ("engine", "model", "seed", "python", "name", "replay")
+KEYS = ("engine", "model", "seed", "python", "name", "replay", "env")
 #: The batch when no --prompts is given: two sequences of distinct lengths.
 DEFAULT_SEQUENCES = [[5, 17, 42, 99, 123, 7, 64, 3], [11, 2, 90, 33, 8]]
 
@@ -43,11 +43,13 @@ class SideSpec:
     python: str = sys.executable
     sequences: list[list[int]] = field(default_factory=lambda: [list(s) for s in DEFAULT_SEQUENCES])
     replay: str | None = None
+    #: environment variables of the side's process (a NeMo-RL worker's ``env_vars``)
+    env: dict[str, str] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
         """What the capture records of how it was made."""
         replay = self.replay or DEFAULT_REPLAYS.get(self.engine)
-        return {"engine": self.engine, "model": self.model, "seed": self.seed, "replay": replay}
+        return {"engine": self.engine, "model": self.model, "seed": self.seed, "replay": replay, "env": self.env}
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -71,6 +73,11 @@ class SideSpec:
             raise UsageError(f"{path}: engine={engine!r} cannot be probed yet; use one of {', '.join(ENGINES)}")
         if not isinstance(raw.get("model", {}), dict):
             raise UsageError(f"{path}: model={raw['model']!r} is not an object; give the model's settings by name")
+        env = raw.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise UsageError(
+                f'{path}: env={env!r} is not an object of strings; e.g. "env": {{"VLLM_BATCH_INVARIANT": "1"}}'
+            )
         if raw.get("replay") is not None:
             check_name(str(raw["replay"]), str(path))
         return cls(**{"name": path.stem, **raw})
@@ -100,7 +107,9 @@ def run(spec: SideSpec, workdir: Path, reference: Path | None = None) -> Path:
     side_file.write_text(spec.to_json())
     command = [spec.python, "-m", ENGINES[spec.engine], str(side_file), str(out)]
     command += [str(reference)] if reference is not None else []
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _package_root()})
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **spec.env, "PYTHONPATH": _package_root()}
+    )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UsageError(f"side {spec.name} ({spec.python}) failed with exit {done.returncode}: {last}")

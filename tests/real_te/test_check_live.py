@@ -19,8 +19,7 @@ stand_ins.install()
 from nemo_rl_attn_align.cli import check  # noqa: E402
 from nemo_rl_attn_align.preflight import gpu as gpus  # noqa: E402
 from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import TrainingQuery  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import KernelOptions  # noqa: E402
+from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, TrainingQuery  # noqa: E402
 from nemo_rl_attn_align.preflight.kernels import predict_training  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 
