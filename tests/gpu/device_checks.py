@@ -1,7 +1,7 @@
 """The device checks (``tests/gpu/run_device_checks.sh OUT``): what can be measured on a bare GPU.
 
 Sized for one 10-minute call on one H200 with Python 3.12, torch with CUDA and Triton only (no
-Transformer Engine, flash-attn or vLLM; a megatron-core wheel may travel). Three sections, each
+Transformer Engine, flash-attn or vLLM; a megatron-core wheel may travel). Four sections, each
 written to ``OUT/device-checks.json`` as it finishes (a timeout keeps what is done):
 
 * ``reference_invariance`` -- the reference on CUDA under every plan axis (CP size, layout and
@@ -14,6 +14,10 @@ written to ``OUT/device-checks.json`` as it finishes (a timeout keeps what is do
   ulp at the local output magnitude.
 * ``megatron_local`` -- megatron-core's local ``DotProductAttention`` on CUDA against its replay
   (``torch.equal``, forward and backward), when megatron-core imports.
+* ``probe`` -- ``probe``'s megatron-core sides (``probe/megatron_side.py``, a tiny GPTModel, each
+  side in its own process as the CLI runs them) on the device, bf16: an aligned pair (no first
+  divergence, attention adds 0 at every layer) and one attention knob (``softmax_scale``: named at
+  core attention, layer 0, the replay estimate beside the measured share), with the figures.
 
 The pure parts (cases, comparison, the JSON record) run on CPU in ``test_device_checks.py``.
 Usage: ``python -m tests.gpu.device_checks OUT [--quick]``.
@@ -234,6 +238,44 @@ def megatron_local(device: str) -> list[dict]:
     return rows
 
 
+def probe(device: str) -> list[dict]:
+    """``probe``'s megatron-core sides on ``device`` (bf16), through the driver as the CLI runs them."""
+    import tempfile
+
+    from nemo_rl_attn_align.probe import driver, render
+    from nemo_rl_attn_align.probe.sides import DEFAULT_SEQUENCES, SideSpec
+
+    model = {"bf16": True, "params_dtype": "bfloat16"} if device == "cuda" else {}
+    rows = []
+    for name, knob in (("aligned", {}), ("softmax_scale", {"softmax_scale": 0.1})):
+        with tempfile.TemporaryDirectory() as scratch:
+            request = driver.ProbeRequest(
+                SideSpec("train", model=model),
+                SideSpec(name, model={**model, **knob}),
+                DEFAULT_SEQUENCES,
+                Path(scratch),
+            )
+            start = time.perf_counter()
+            result = driver.run(request)
+        shares = [row.attention_share.max_abs if row.attention_share else None for row in result.layers]
+        estimates = [row.replay_estimate.max_abs if row.replay_estimate else None for row in result.layers]
+        first = (result.first.layer, result.first.stage) if result.first else None
+        expected = None if name == "aligned" else (0, "attention")
+        rows.append(
+            {
+                "case": name,
+                "seconds": round(time.perf_counter() - start, 2),
+                "verdict": render.verdict(result),
+                "first": first,
+                "attention_share": shares,
+                "replay_estimate": estimates,
+                "token_mult_prob_error": result.token_mult_prob_error,
+                "equal": first == expected and (name != "aligned" or not any(shares)),
+            }
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -254,6 +296,7 @@ def main(argv=None) -> int:
         ("reference_invariance", lambda: reference_invariance(device, args.quick)),
         ("fa2_vs_sdpa", lambda: fa2_vs_sdpa(device, args.quick)),
         ("megatron_local", lambda: megatron_local(device)),
+        ("probe", lambda: probe(device)),
     ]
     failed = False
     for name, run in sections:

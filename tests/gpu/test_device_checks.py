@@ -43,6 +43,15 @@ def test_sections_run_at_small_sizes_on_cpu():
     assert flash and all(0.0 <= r["equal_fraction"] <= 1.0 and r["max_ulp"] < 64 for r in flash)
 
 
+def test_the_probe_section_runs_its_two_cases_on_cpu():
+    rows = device_checks.probe("cpu")
+    assert [(r["case"], r["first"], r["equal"]) for r in rows] == [
+        ("aligned", None, True),
+        ("softmax_scale", (0, "attention"), True),
+    ]
+    assert rows[1]["attention_share"][0] > 0 and rows[1]["replay_estimate"] == rows[1]["attention_share"]
+
+
 def test_script_needs_out_and_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     missing = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
