@@ -4,8 +4,10 @@
 of ``SIDE_JSON`` (``sides.SideSpec``'s fields) to ``OUT``; with ``REFERENCE`` (another side's
 capture) it also runs its own core attention on the reference's query/key/value. The model is
 built from ``model`` (``TransformerConfig`` fields and the ``GPTModel`` arguments of ``GPT_ARGS``)
-with the local layer spec and seeded weights, so two sides with one seed hold the same weights.
-Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``cpu_only``).
+with the local layer spec and seeded weights (made on the CPU, so two sides with one seed hold the
+same weights on any device), then run on the GPU when there is one; ``params_dtype`` may be named
+(``"bfloat16"``). Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced
+(``cpu_only``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query
 
 
 def ensure_model_parallel() -> None:
-    """A gloo process group of one and Megatron's model-parallel state, once per process."""
+    """A gloo process group of one and Megatron's model-parallel state, once per process (on a GPU
+    also the CUDA RNG tracker a megatron-core forward forks)."""
     import torch
     from megatron.core import parallel_state
 
@@ -38,6 +41,10 @@ def ensure_model_parallel() -> None:
         torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
+        if torch.cuda.is_available():
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(0)
 
 
 def build(spec: SideSpec) -> Any:
@@ -52,11 +59,13 @@ def build(spec: SideSpec) -> Any:
     settings = {**TINY, **GPT_ARGS, "attention_backend": "local", **spec.model}
     gpt = {k: settings.pop(k) for k in GPT_ARGS}
     settings["attention_backend"] = AttnBackend[settings["attention_backend"]]
-    config = TransformerConfig(**{"use_cpu_initialization": not torch.cuda.is_available(), **settings})
+    if isinstance(settings.get("params_dtype"), str):
+        settings["params_dtype"] = getattr(torch, settings["params_dtype"])
+    config = TransformerConfig(**{"use_cpu_initialization": True, **settings})
     torch.manual_seed(spec.seed)
     with _own_nvte_environment():
         model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), **gpt)
-    return model.eval()
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 @contextlib.contextmanager
@@ -149,12 +158,13 @@ def _forward_one(
     """One sequence: its layers' tensors, its next-token logprobs, its replayed attention per layer."""
     import torch
 
-    tokens = torch.tensor([ids])
-    positions = torch.arange(len(ids)).unsqueeze(0)
-    causal = torch.triu(torch.ones(1, 1, len(ids), len(ids), dtype=torch.bool), diagonal=1)
+    device = next(model.parameters()).device
+    tokens = torch.tensor([ids], device=device)
+    positions = torch.arange(len(ids), device=device).unsqueeze(0)
+    causal = torch.triu(torch.ones(1, 1, len(ids), len(ids), dtype=torch.bool, device=device), diagonal=1)
     logits = model(tokens, positions, attention_mask=causal)
     logprobs = torch.log_softmax(logits.float(), dim=-1)[0, :-1].gather(-1, tokens[0, 1:, None])[:, 0]
-    layers = [{k: _tokens_first(v) for k, v in layer.items()} for layer in hooks.layers]
+    layers = [{k: _tokens_first(v).cpu() for k, v in layer.items()} for layer in hooks.layers]
     for layer in layers:
         layer["qkv"] = _unpacked_qkv(layer["qkv"], layer["query"].shape[1], layer["key"].shape[1])
     replayed = []
@@ -162,8 +172,9 @@ def _forward_one(
         for i, layer in enumerate(model.decoder.layers):
             rest, kwargs = hooks.calls[i]
             qkv = [reference[i][n].reshape(len(ids), 1, *reference[i][n].shape[1:]) for n in ("query", "key", "value")]
-            replayed.append(_tokens_first(layer.self_attention.core_attention(*qkv, *rest, **kwargs)))
-    return layers, logprobs, replayed
+            qkv = [t.to(device=device, dtype=model.config.params_dtype) for t in qkv]
+            replayed.append(_tokens_first(layer.self_attention.core_attention(*qkv, *rest, **kwargs)).cpu())
+    return layers, logprobs.cpu(), replayed
 
 
 def _slice(reference: capture_file.Capture, offset: int, length: int) -> list[dict[str, Any]]:
