@@ -9,7 +9,9 @@ hidden state after the output projection and the residual) and ``after_mlp`` (th
 ``logprobs``: each sequence's next-token log-probabilities (``len - 1`` per sequence), one tensor.
 ``replayed_attention``: this side's attention run on the *reference* capture's query/key/value, one
 tensor per layer (empty when this side had no reference), which is what attention's share is
-measured from.
+measured from; ``replayed_rope``: this side's RoPE run on the reference's ``qkv`` (its query and key
+per layer, ``[tokens, heads, head_dim]``; empty without a reference or where the side cannot), which
+is what RoPE's share is measured from.
 """
 
 from __future__ import annotations
@@ -35,21 +37,32 @@ class Capture:
     logprobs: Any
     replayed_attention: list[Any] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    replayed_rope: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, **self.__dict__}
 
 
-def joined(spec: Any, per_sequence: list[list[dict[str, Any]]], logprobs: Any, replayed: list[list[Any]]) -> Capture:
+def joined(
+    spec: Any,
+    per_sequence: list[list[dict[str, Any]]],
+    logprobs: Any,
+    replayed: list[list[Any]],
+    replayed_rope: list[list[dict[str, Any]]] | None = None,
+) -> Capture:
     """The capture of ``spec`` (a ``sides.SideSpec``) from its sequences' per-layer tensors, joined
-    along the tokens; ``replayed``: per sequence, the attention each layer ran on the reference's
-    inputs (empty without a reference)."""
+    along the tokens; ``replayed`` / ``replayed_rope``: per sequence, the attention / the RoPE'd query
+    and key each layer made of the reference's inputs (empty without a reference)."""
     import torch
 
     count = len(per_sequence[0])
     layers = [{n: torch.cat([seq[i][n] for seq in per_sequence]) for n in LAYER_TENSORS} for i in range(count)]
-    joined_replays = [torch.cat([rep[i] for rep in replayed]) for i in range(len(layers))] if replayed else []
-    return Capture(spec.name, spec.sequences, layers, logprobs, joined_replays, spec.settings())
+    joined_replays = [torch.cat([rep[i] for rep in replayed]) for i in range(count)] if replayed else []
+    rope = replayed_rope or []
+    joined_rope = (
+        [{n: torch.cat([rep[i][n] for rep in rope]) for n in ("query", "key")} for i in range(count)] if rope else []
+    )
+    return Capture(spec.name, spec.sequences, layers, logprobs, joined_replays, spec.settings(), joined_rope)
 
 
 def save(capture: Capture, path: Path) -> None:

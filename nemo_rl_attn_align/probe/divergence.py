@@ -6,7 +6,8 @@ key after RoPE, the projection having agreed), ``attention`` (core attention on 
 agreed), ``after_attention`` (the output projection or the residual add), ``after_mlp`` (the pre-MLP
 norm or the MLP). Attention's measured share at a layer is the other side's attention run on the
 reference side's own query/key/value against the reference side's attention output: what
-attention adds by itself, apart from whatever came in.
+attention adds by itself, apart from whatever came in. RoPE's measured share, likewise: the other
+side's RoPE run on the reference side's QKV output against the reference side's query and key.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class LayerDivergence:
     stages: dict[str, Difference]
     attention_share: Difference | None
     replay_estimate: Difference | None = None
+    #: RoPE's measured share (None: the other side did not replay the reference's QKV)
+    rope_share: Difference | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class LayerDivergence:
             "stages": {k: v.to_dict() for k, v in self.stages.items()},
             "attention_share": _or_none(self.attention_share),
             "replay_estimate": _or_none(self.replay_estimate),
+            "rope_share": _or_none(self.rope_share),
         }
 
 
@@ -151,18 +155,24 @@ def _check_same_batch(reference: Capture, other: Capture) -> None:
         )
 
 
+def _combined(ref: dict[str, Any], oth: dict[str, Any], names: tuple[str, ...], where: str) -> Difference:
+    """The largest max and mean difference over the tensors ``names``."""
+    parts = [difference(ref[n], oth[n], f"{where} {n}") for n in names]
+    return Difference(max(p.max_abs for p in parts), max(p.mean_abs for p in parts))
+
+
 def _layer(reference: Capture, other: Capture, index: int) -> LayerDivergence:
     ref, oth = reference.layers[index], other.layers[index]
-    stages = {}
-    for stage, (names, _) in STAGES.items():
-        parts = [difference(ref[n], oth[n], f"layer {index} {n}") for n in names]
-        stages[stage] = Difference(max(p.max_abs for p in parts), max(p.mean_abs for p in parts))
+    stages = {stage: _combined(ref, oth, names, f"layer {index}") for stage, (names, _) in STAGES.items()}
     share = None
     if other.replayed_attention:
         share = difference(ref["attention"], other.replayed_attention[index], f"layer {index} replayed attention")
+    rope = None
+    if other.replayed_rope:
+        rope = _combined(ref, other.replayed_rope[index], ("query", "key"), f"layer {index} replayed RoPE")
     replays = replay.estimate(reference, other, index)
     estimate = None if replays is None else difference(*replays, f"layer {index} replays")
-    return LayerDivergence(index, stages, share, estimate)
+    return LayerDivergence(index, stages, share, estimate, rope)
 
 
 def _first(rows: tuple[LayerDivergence, ...], atol: float) -> FirstDivergence | None:

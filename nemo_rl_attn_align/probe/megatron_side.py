@@ -2,7 +2,9 @@
 
 ``python -m nemo_rl_attn_align.probe.megatron_side SIDE_JSON OUT [REFERENCE]`` writes the capture
 of ``SIDE_JSON`` (``sides.SideSpec``'s fields) to ``OUT``; with ``REFERENCE`` (another side's
-capture) it also runs its own core attention on the reference's query/key/value. The model is
+capture) it also runs its own core attention on the reference's query/key/value, and a second
+forward with every layer's QKV output replaced by the reference's, whose attention inputs are its
+own RoPE on the reference's query and key. The model is
 built from ``model`` (``TransformerConfig`` fields and the ``GPTModel`` arguments of ``GPT_ARGS``)
 with the local layer spec and seeded weights (made on the CPU, so two sides with one seed hold the
 same weights on any device), then run on the GPU when there is one; ``params_dtype`` may be named
@@ -107,10 +109,13 @@ class _Hooks:
     def __init__(self, model: Any):
         self.layers: list[dict[str, Any]] = [{} for _ in model.decoder.layers]
         self.calls: list[tuple[tuple, dict]] = [((), {}) for _ in model.decoder.layers]
+        #: per layer, the QKV output (megatron's layout) that replaces the layer's own (None: none)
+        self.substitute_qkv: list[Any] | None = None
         self.handles = []
         for i, layer in enumerate(model.decoder.layers):
             attn = layer.self_attention
             self._on(attn.linear_qkv, i, "qkv", output=True)
+            self.handles.append(attn.linear_qkv.register_forward_hook(self._substituted(i)))
             self.handles.append(attn.core_attention.register_forward_pre_hook(self._inputs(i), with_kwargs=True))
             self._on(attn.core_attention, i, "attention", output=True)
             self._on(layer.pre_mlp_layernorm, i, "after_attention", output=False)
@@ -122,6 +127,14 @@ class _Hooks:
             self.layers[index][name] = (value[0] if isinstance(value, tuple) else value).detach().clone()
 
         self.handles.append(module.register_forward_hook(keep) if output else module.register_forward_pre_hook(keep))
+
+    def _substituted(self, index: int):
+        def swap(_module, _args, out):
+            if self.substitute_qkv is None:
+                return None
+            return (self.substitute_qkv[index], *out[1:]) if isinstance(out, tuple) else self.substitute_qkv[index]
+
+        return swap
 
     def _inputs(self, index: int):
         def keep(_module, args, kwargs):
@@ -152,10 +165,37 @@ def _unpacked_qkv(mixed: Any, heads: int, groups: int) -> Any:
     return torch.cat([t.reshape(tokens, -1) for t in (query, key, value)], dim=-1)
 
 
+def _packed_qkv(flat: Any, heads: int, groups: int) -> Any:
+    """The capture's ``[q | k | v]`` in megatron's QKV layout (per query group: its queries, one key,
+    one value): ``_unpacked_qkv``'s inverse."""
+    import torch
+
+    tokens, dim = flat.shape[0], flat.shape[1] // (heads + 2 * groups)
+    query, key, value = flat.split([heads * dim, groups * dim, groups * dim], dim=-1)
+    parts = [query.view(tokens, groups, heads // groups, dim), key.view(tokens, groups, 1, dim)]
+    return torch.cat([*parts, value.view(tokens, groups, 1, dim)], dim=2).reshape(tokens, -1)
+
+
+def _replayed_rope(model: Any, hooks: _Hooks, inputs: tuple, reference: list[dict[str, Any]]) -> list[dict]:
+    """A forward with every layer's QKV output replaced by the reference's: the query and key that
+    reach core attention are this side's RoPE on the reference's."""
+    device, dtype, tokens = inputs[0].device, model.config.params_dtype, inputs[0].shape[1]
+    hooks.substitute_qkv = [
+        _packed_qkv(ref["qkv"], ref["query"].shape[1], ref["key"].shape[1]).to(device, dtype).reshape(tokens, 1, -1)
+        for ref in reference
+    ]
+    try:
+        model(*inputs[:2], attention_mask=inputs[2])
+    finally:
+        hooks.substitute_qkv = None
+    return [{n: _tokens_first(layer[n]).cpu() for n in ("query", "key")} for layer in hooks.layers]
+
+
 def _forward_one(
     model: Any, hooks: _Hooks, ids: list[int], reference: list[dict[str, Any]] | None
-) -> tuple[list, Any, list]:
-    """One sequence: its layers' tensors, its next-token logprobs, its replayed attention per layer."""
+) -> tuple[list, Any, list, list]:
+    """One sequence: its layers' tensors, its next-token logprobs, and per layer its attention and
+    its RoPE replayed on the reference's inputs."""
     import torch
 
     device = next(model.parameters()).device
@@ -167,14 +207,15 @@ def _forward_one(
     layers = [{k: _tokens_first(v).cpu() for k, v in layer.items()} for layer in hooks.layers]
     for layer in layers:
         layer["qkv"] = _unpacked_qkv(layer["qkv"], layer["query"].shape[1], layer["key"].shape[1])
-    replayed = []
+    replayed, rope = [], []
     if reference is not None:
         for i, layer in enumerate(model.decoder.layers):
             rest, kwargs = hooks.calls[i]
             qkv = [reference[i][n].reshape(len(ids), 1, *reference[i][n].shape[1:]) for n in ("query", "key", "value")]
             qkv = [t.to(device=device, dtype=model.config.params_dtype) for t in qkv]
             replayed.append(_tokens_first(layer.self_attention.core_attention(*qkv, *rest, **kwargs)).cpu())
-    return layers, logprobs.cpu(), replayed
+        rope = _replayed_rope(model, hooks, (tokens, positions, causal), reference)
+    return layers, logprobs.cpu(), replayed, rope
 
 
 def _slice(reference: capture_file.Capture, offset: int, length: int) -> list[dict[str, Any]]:
@@ -192,20 +233,23 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
     import torch
 
     hooks = _Hooks(model)
-    per_sequence, logprobs, replayed = [], [], []
+    per_sequence, logprobs, replayed, rope = [], [], [], []
     offset = 0
     try:
         with cpu_only(), torch.no_grad():
             for ids in spec.sequences:
                 ref = None if reference is None else _slice(reference, offset, len(ids))
-                layers, lp, rep = _forward_one(model, hooks, ids, ref)
+                layers, lp, rep, rotated = _forward_one(model, hooks, ids, ref)
                 per_sequence.append(layers)
                 logprobs.append(lp)
                 replayed.append(rep)
+                rope.append(rotated)
                 offset += len(ids)
     finally:
         hooks.remove()
-    return capture_file.joined(spec, per_sequence, torch.cat(logprobs), replayed if reference is not None else [])
+    if reference is None:
+        return capture_file.joined(spec, per_sequence, torch.cat(logprobs), [])
+    return capture_file.joined(spec, per_sequence, torch.cat(logprobs), replayed, rope)
 
 
 if __name__ == "__main__":

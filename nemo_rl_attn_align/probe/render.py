@@ -13,7 +13,18 @@ def verdict(result: ProbeResult) -> str:
         first = result.first
         size = f"max |diff| {first.difference.max_abs:.3g}"
         where = f"the first difference is {first.operator} at layer {first.layer} ({size})"
-    return f"{_attention_words(result)}; {where}{_replay_words(result)}"
+    return f"{_attention_words(result)}; {where}{_rope_words(result)}{_replay_words(result)}"
+
+
+def _rope_words(result: ProbeResult) -> str:
+    shares = [(row.layer, row.rope_share.max_abs) for row in result.layers if row.rope_share is not None]
+    if not shares:
+        return ""
+    adding = [(layer, most) for layer, most in shares if most > result.atol]
+    if not adding:
+        return "; RoPE on the same inputs adds 0 at every layer"
+    layer, most = max(adding, key=lambda item: item[1])
+    return f"; RoPE on the same inputs adds up to {most:.3g} (layer {layer})"
 
 
 def _replay_words(result: ProbeResult) -> str:
@@ -38,12 +49,13 @@ def _attention_words(result: ProbeResult) -> str:
 
 
 def table(result: ProbeResult) -> str:
-    """The per-layer max |diff| of every stage, attention's share, then the logprob metrics."""
-    head = ["layer", *STAGES, "attention adds", "replay estimate"]
+    """The per-layer max |diff| of every stage, RoPE's and attention's shares, then the logprob metrics."""
+    head = ["layer", *STAGES, "rope adds", "attention adds", "replay estimate"]
     lines = ["  ".join(f"{h:>15}" for h in head)]
     for row in result.layers:
-        share, estimate = (f"{d.max_abs:.3g}" if d else "-" for d in (row.attention_share, row.replay_estimate))
-        cells = [str(row.layer), *(f"{row.stages[s].max_abs:.3g}" for s in STAGES), share, estimate]
+        shares = (row.rope_share, row.attention_share, row.replay_estimate)
+        cells = [str(row.layer), *(f"{row.stages[s].max_abs:.3g}" for s in STAGES)]
+        cells += [f"{d.max_abs:.3g}" if d else "-" for d in shares]
         lines.append("  ".join(f"{c:>15}" for c in cells))
     lines.append(
         f"logprobs max |diff| {result.logprobs.max_abs:.3g}, mean {result.logprobs.mean_abs:.3g}; "

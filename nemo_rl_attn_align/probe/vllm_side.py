@@ -4,9 +4,10 @@
 file is the engine's ``LLM(...)`` arguments (``model``: the checkpoint directory); the engine runs
 in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), eager, without prefix caching, one sequence
 per ``generate`` with ``max_tokens=1`` and ``prompt_logprobs=0`` (one prefill forward). With a
-reference, each sequence runs a second time with every layer's attention inputs replaced by the
-reference's query/key/value (a forward pre-hook returning them): that forward's attention outputs
-are vLLM's attention on the reference's inputs, which is what attention's share is measured from.
+reference, each sequence runs a second time with every layer's QKV output and attention inputs
+replaced by the reference's (a forward hook and a forward pre-hook returning them): the query and
+key reaching attention there are vLLM's RoPE on the reference's QKV output (RoPE's share), and its
+attention outputs are vLLM's attention on the reference's query/key/value (attention's share).
 The model's layers are read as vLLM's Llama-family decoder layers (``self_attn.qkv_proj``,
 ``self_attn.attn``, ``post_attention_layernorm`` with the fused residual add).
 """
@@ -25,15 +26,16 @@ ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "skip_
 
 
 class _Hooks:
-    """Hooks on every decoder layer; ``substitute`` (per layer: query, key, value) turns on the replay."""
+    """Hooks on every decoder layer; ``substitute`` (per layer: qkv, query, key, value) turns on the replay."""
 
     def __init__(self, model: Any):
         self.layers_modules = list(model.model.layers)
         self.layers: list[dict[str, Any]] = [{} for _ in self.layers_modules]
-        self.substitute: list[tuple[Any, Any, Any]] | None = None
+        self.substitute: list[tuple[Any, Any, Any, Any]] | None = None
         for i, layer in enumerate(self.layers_modules):
             attn = layer.self_attn
             attn.qkv_proj.register_forward_hook(self._keep(i, "qkv", lambda args, out: out[0]))
+            attn.qkv_proj.register_forward_hook(self._swap_qkv(i))
             attn.attn.register_forward_pre_hook(self._inputs(i))
             attn.attn.register_forward_hook(self._keep(i, "attention", lambda args, out: out))
             layer.post_attention_layernorm.register_forward_pre_hook(self._residual(i))
@@ -51,6 +53,14 @@ class _Hooks:
 
         return keep
 
+    def _swap_qkv(self, index: int):
+        def swap(_module, _args, out):
+            if self.substitute is None:
+                return None
+            return (self.substitute[index][0].to(out[0].dtype), *out[1:])
+
+        return swap
+
     def _inputs(self, index: int):
         def keep(module, args):
             query, key, value = args[:3]
@@ -60,7 +70,9 @@ class _Hooks:
                 kept = (t.detach().float().clone() for t in shaped)
                 self.layers[index].update(zip(("query", "key", "value"), kept, strict=True))
                 return None
-            replaced = [t.to(query.dtype).reshape(tokens, -1) for t in self.substitute[index]]
+            rotated = (t.detach().float().clone() for t in shaped[:2])
+            self.layers[index]["rope"] = dict(zip(("query", "key"), rotated, strict=True))
+            replaced = [t.to(query.dtype).reshape(tokens, -1) for t in self.substitute[index][1:]]
             return (*replaced, *args[3:])
 
         return keep
@@ -80,7 +92,7 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
     llm = vllm.LLM(**{**ENGINE_DEFAULTS, **spec.model})
     [hooks] = llm.apply_model(_Hooks)
     params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-    per_sequence, logprobs, replayed, offset = [], [], [], 0
+    per_sequence, logprobs, replayed, rope, offset = [], [], [], [], 0
     for ids in spec.sequences:
         hooks.substitute = None
         [output] = llm.generate([vllm.TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
@@ -88,13 +100,14 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
         logprobs.extend(_logprobs(output, ids))
         if reference is not None:
             hooks.substitute = [
-                tuple(layer[n][offset : offset + len(ids)] for n in ("query", "key", "value"))
+                tuple(layer[n][offset : offset + len(ids)] for n in ("qkv", "query", "key", "value"))
                 for layer in reference.layers
             ]
             llm.generate([vllm.TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
             replayed.append([layer["attention"][: len(ids)] for layer in hooks.layers])
+            rope.append([{n: t[: len(ids)] for n, t in layer.pop("rope").items()} for layer in hooks.layers])
         offset += len(ids)
-    return capture_file.joined(spec, per_sequence, torch.tensor(logprobs), replayed)
+    return capture_file.joined(spec, per_sequence, torch.tensor(logprobs), replayed, rope)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,28 @@ def test_the_replay_estimate_equals_the_measured_share_where_the_replay_is_exact
     assert (max(row.attention_share.max_abs for row in result.layers) > 0) == ("softmax_scale" in knob)
 
 
+@pytest.mark.parametrize(
+    ("knob", "rope_adds"),
+    [({}, False), ({"softmax_scale": 0.1}, False), ({"rotary_interleaved": True}, True), ({"rotary_base": 5000}, True)],
+)
+def test_ropes_measured_share_is_what_this_sides_rope_adds_on_the_references_qkv(reference, knob, rope_adds):
+    """RoPE run on the reference's QKV output: 0 for an aligned pair and an attention knob (even at layer 1,
+    where the inputs already differ); for a RoPE knob, at layer 0 (inputs equal) exactly the rope stage's diff."""
+    result = divergence.compare(reference, megatron_side.capture(SideSpec("rollout", model=knob), reference))
+    shares = [row.rope_share.max_abs for row in result.layers]
+    if rope_adds:
+        assert all(s > 0 for s in shares) and result.layers[0].rope_share == result.layers[0].stages["rope"]
+        assert "RoPE on the same inputs adds up to" in render.verdict(result)
+    else:
+        assert shares == [0.0] * len(shares) and "RoPE on the same inputs adds 0" in render.verdict(result)
+
+
+def test_the_qkv_layouts_convert_both_ways():
+    mixed = torch.randn(5, 2 * (2 + 2) * 8)  # 2 query groups of 2 queries, one key and one value each, head dim 8
+    flat = megatron_side._unpacked_qkv(mixed, heads=4, groups=2)
+    assert torch.equal(megatron_side._packed_qkv(flat, heads=4, groups=2), mixed)
+
+
 def test_the_megatron_local_replay_reproduces_the_captured_attention(reference):
     for layer in range(len(reference.layers)):
         replayed = replay.attention(reference, layer, "megatron-local", None)

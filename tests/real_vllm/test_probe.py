@@ -1,7 +1,8 @@
 """``probe`` on the real vLLM CPU engine: two engines on one tiny Qwen3 checkpoint, each in its own
 process, compared layer by layer. An aligned pair agrees everywhere with vLLM's attention adding 0
 on the reference's inputs; a pair differing only in RoPE's base is named at RoPE, layer 0, and
-vLLM's attention run on the reference's query/key/value still adds 0 (the inputs were replaced)."""
+vLLM's attention run on the reference's query/key/value still adds 0 (the inputs were replaced), while
+its RoPE run on the reference's QKV output adds exactly the RoPE stage's difference at layer 0."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def test_an_aligned_pair_of_engines_agrees_and_attention_adds_zero(probe):
     result = probe("aligned", {})
     assert result.first is None
     assert [row.attention_share.max_abs for row in result.layers] == [0.0] * len(result.layers)
+    assert [row.rope_share.max_abs for row in result.layers] == [0.0] * len(result.layers)
     assert result.token_mult_prob_error == pytest.approx(1.0, abs=1e-7)
 
 
@@ -50,5 +52,7 @@ def test_an_engine_with_another_rope_base_is_named_at_rope_layer_0(probe):
     assert result.first is not None and (result.first.layer, result.first.stage) == (0, "rope")
     assert result.layers[0].stages["qkv"].max_abs == 0
     assert [row.attention_share.max_abs for row in result.layers] == [0.0] * len(result.layers)
+    assert result.layers[0].rope_share == result.layers[0].stages["rope"]  # RoPE alone, on equal inputs
+    assert all(row.rope_share.max_abs > 0 for row in result.layers)
     assert result.token_mult_prob_error > 1.0
     assert render.verdict(result).startswith("attention adds 0 at every layer; the first difference is RoPE at layer 0")
