@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_attn_align.preflight.config_lookup import as_env_vars, value_at
 from nemo_rl_attn_align.probe.sides import SideSpec
 from nemo_rl_attn_align.vocab.errors import UsageError
 
@@ -55,15 +56,9 @@ class RecipeSides:
 
 
 def _section(cfg: Mapping[str, Any], dotted: str) -> dict[str, Any]:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
+    """The mapping at ``dotted`` ({} where it is absent or not a mapping)."""
+    node = value_at(cfg, dotted)
     return dict(node) if isinstance(node, Mapping) else {}
-
-
-def _env(section: Mapping[str, Any]) -> dict[str, str]:
-    env = section.get("env_vars")
-    return {str(k): str(v) for k, v in env.items()} if isinstance(env, Mapping) else {}
 
 
 def as_run_starts(cfg: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
@@ -100,7 +95,7 @@ def _training(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], 
         for key in PARALLEL_KEYS
         if isinstance(megatron.get(key), int) and megatron[key] > 1
     ]
-    return model, _env(megatron), notes
+    return model, as_env_vars(megatron.get("env_vars")), notes
 
 
 def _rollout(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
@@ -126,7 +121,7 @@ def _rollout(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], d
     if vllm_cfg.get("max_model_len") is not None:
         model["max_model_len"] = vllm_cfg["max_model_len"]
     model.update({key: value for key, value in kwargs.items() if key not in ENGINE_ONLY_KWARGS})
-    return model, _env(vllm_cfg), notes
+    return model, as_env_vars(vllm_cfg.get("env_vars")), notes
 
 
 def recipe_sides(
