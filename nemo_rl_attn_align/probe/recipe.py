@@ -89,7 +89,7 @@ def _training(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], 
     if megatron.get("attention_backend") is not None:
         provider["attention_backend"] = megatron["attention_backend"]
     provider.update(megatron.get("model_overrides") or {})
-    model = {"checkpoint": checkpoint, "precision": policy.get("precision", "bfloat16"), "provider": provider}
+    model = {"checkpoint": checkpoint, "precision": policy.get("precision", "bfloat16"), **provider}
     notes = [
         f"policy.megatron_cfg.{key}={megatron[key]} runs as 1 here (one process)"
         for key in PARALLEL_KEYS

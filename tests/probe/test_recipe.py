@@ -37,7 +37,9 @@ def test_the_example_gives_megatron_bridge_training_and_vllm_rollout_with_the_re
     assert read.training.model == {
         "checkpoint": "Qwen/Qwen2.5-1.5B",
         "precision": "bfloat16",
-        "provider": {"apply_rope_fusion": True, "bias_activation_fusion": True, "attention_backend": "flash"},
+        "apply_rope_fusion": True,
+        "bias_activation_fusion": True,
+        "attention_backend": "flash",
     }
     assert read.rollout.model == {"model": "Qwen/Qwen2.5-1.5B", "dtype": "bfloat16", "max_model_len": 512}
 
@@ -63,8 +65,8 @@ def test_overrides_reach_the_sides_and_the_executor_argument_is_not_taken_over()
         "policy.generation.vllm_cfg.precision=float32",
         "++policy.generation.vllm_cfg.env_vars.VLLM_X=2",
     )
-    assert read.training.model["provider"]["apply_rope_fusion"] is False
-    assert read.training.model["provider"]["rotary_base"] == 5000
+    assert read.training.model["apply_rope_fusion"] is False
+    assert read.training.model["rotary_base"] == 5000
     assert read.rollout.model["attention_backend"] == "FLEX_ATTENTION"
     assert "distributed_executor_backend" not in read.rollout.model
     assert read.rollout.model["dtype"] == "float32"
