@@ -5,12 +5,15 @@ of ``SIDE_JSON`` (``sides.SideSpec``'s fields) to ``OUT``; with ``REFERENCE`` (a
 capture) it also runs its own core attention on the reference's query/key/value. The model is
 built from ``model`` (``TransformerConfig`` fields and the ``GPTModel`` arguments of ``GPT_ARGS``)
 with the local layer spec and seeded weights, so two sides with one seed hold the same weights.
-Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``cpu_only``).
+Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced (``cpu_only``), and the
+capture names them (``settings["substitutions"]``). ``capture_model`` is also the Megatron-Bridge
+side's (``bridge_side.py``): the hooks, the layouts and the replay are one code for both engines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import sys
@@ -24,6 +27,8 @@ from nemo_rl_attn_align.probe.sides import SideSpec, side_main
 GPT_ARGS = {"vocab_size": 128, "max_sequence_length": 64, "position_embedding_type": "rope", "rotary_base": 10000}
 #: A tiny model: what ``model`` is laid over.
 TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2, "ffn_hidden_size": 128}
+#: What ``cpu_only`` replaces, as the capture names it.
+CPU_ONLY = ("torch.cuda.current_device: 'cpu'", "CUDA RNG tracker fork: no-op")
 
 
 def ensure_model_parallel() -> None:
@@ -143,6 +148,13 @@ def _unpacked_qkv(mixed: Any, heads: int, groups: int) -> Any:
     return torch.cat([t.reshape(tokens, -1) for t in (query, key, value)], dim=-1)
 
 
+def unwrapped(model: Any) -> Any:
+    """The GPTModel inside its wrappers (``Float16Module`` and the like hold it as ``module``)."""
+    while not hasattr(model, "decoder") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
 def _forward_one(
     model: Any, hooks: _Hooks, ids: list[int], reference: list[dict[str, Any]] | None
 ) -> tuple[list, Any, list]:
@@ -159,7 +171,7 @@ def _forward_one(
         layer["qkv"] = _unpacked_qkv(layer["qkv"], layer["query"].shape[1], layer["key"].shape[1])
     replayed = []
     if reference is not None:
-        for i, layer in enumerate(model.decoder.layers):
+        for i, layer in enumerate(unwrapped(model).decoder.layers):
             rest, kwargs = hooks.calls[i]
             qkv = [reference[i][n].reshape(len(ids), 1, *reference[i][n].shape[1:]) for n in ("query", "key", "value")]
             replayed.append(_tokens_first(layer.self_attention.core_attention(*qkv, *rest, **kwargs)))
@@ -176,11 +188,14 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
     return capture_model(build(spec), spec, reference)
 
 
-def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | None = None) -> capture_file.Capture:
-    """The capture of ``model`` over ``spec.sequences`` (one forward per sequence)."""
+def capture_model(
+    model: Any, spec: SideSpec, reference: capture_file.Capture | None = None, substitutions: tuple[str, ...] = ()
+) -> capture_file.Capture:
+    """The capture of ``model`` over ``spec.sequences`` (one forward per sequence); ``substitutions``
+    name what the side replaced to build it here (``cpu_only``'s own are added off a GPU)."""
     import torch
 
-    hooks = _Hooks(model)
+    hooks = _Hooks(unwrapped(model))
     per_sequence, logprobs, replayed = [], [], []
     offset = 0
     try:
@@ -194,7 +209,9 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
                 offset += len(ids)
     finally:
         hooks.remove()
-    return capture_file.joined(spec, per_sequence, torch.cat(logprobs), replayed if reference is not None else [])
+    joined = capture_file.joined(spec, per_sequence, torch.cat(logprobs), replayed if reference is not None else [])
+    named = [*substitutions, *(() if torch.cuda.is_available() else CPU_ONLY)]
+    return dataclasses.replace(joined, settings={**joined.settings, "substitutions": named})
 
 
 if __name__ == "__main__":
