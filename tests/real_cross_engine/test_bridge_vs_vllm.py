@@ -93,6 +93,7 @@ def test_a_softmax_scale_changed_on_the_training_side_is_named_at_core_attention
 
 
 def test_an_unknown_provider_field_is_one_line_naming_it(pythons, checkpoint, tmp_path):
-    spec = sides.SideSpec("bad", "megatron-bridge", {"checkpoint": str(checkpoint), "rope_base": 1.0}, python=pythons[0])
-    with pytest.raises(sides.UsageError, match=r"side bad .* exit 2: error: model.rope_base=1.0: GPTModelProvider has no field 'rope_base'"):
-        sides.run(spec, tmp_path)
+    model = {"checkpoint": str(checkpoint), "rope_base": 1.0}
+    message = r"side bad .* exit 2: error: model.rope_base=1.0: GPTModelProvider has no field 'rope_base'"
+    with pytest.raises(sides.UsageError, match=message):
+        sides.run(sides.SideSpec("bad", "megatron-bridge", model, python=pythons[0]), tmp_path)
