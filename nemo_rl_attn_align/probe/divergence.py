@@ -12,7 +12,7 @@ side's RoPE run on the reference side's QKV output against the reference side's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_attn_align.probe import metrics, replay
@@ -93,6 +93,8 @@ class ProbeResult:
     token_mult_prob_error: float
     gen_kl_error: float
     replays: tuple[str, str] | None = None
+    #: side name -> what that side replaced to run on this machine (``settings["substitutions"]``).
+    substitutions: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +107,7 @@ class ProbeResult:
             "token_mult_prob_error": self.token_mult_prob_error,
             "gen_kl_error": self.gen_kl_error,
             "replays": None if self.replays is None else list(self.replays),
+            "substitutions": self.substitutions,
         }
 
 
@@ -137,6 +140,7 @@ def compare(reference: Capture, other: Capture, layers: list[int] | None = None,
         token_mult_prob_error=metrics.token_mult_prob_error(other.logprobs, reference.logprobs),
         gen_kl_error=metrics.gen_kl_error(other.logprobs, reference.logprobs),
         replays=_replays(reference, other),
+        substitutions={c.side: list(c.settings.get("substitutions", [])) for c in (reference, other)},
     )
 
 

@@ -9,12 +9,15 @@ built from ``model`` (``TransformerConfig`` fields and the ``GPTModel`` argument
 with the local layer spec and seeded weights (made on the CPU, so two sides with one seed hold the
 same weights on any device), then run on the GPU when there is one; ``params_dtype`` may be named
 (``"bfloat16"``). Off a GPU, the two CUDA-only spots of a megatron-core forward are replaced
-(``cpu_only``).
+(``cpu_only``), and the capture names them (``settings["substitutions"]``). ``capture_model`` is
+also the Megatron-Bridge side's (``bridge_side.py``): the hooks, the layouts and the replays are one
+code for both engines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import sys
@@ -28,6 +31,8 @@ from nemo_rl_attn_align.probe.sides import SideSpec, side_main
 GPT_ARGS = {"vocab_size": 128, "max_sequence_length": 64, "position_embedding_type": "rope", "rotary_base": 10000}
 #: A tiny model: what ``model`` is laid over.
 TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2, "ffn_hidden_size": 128}
+#: What ``cpu_only`` replaces, as the capture names it.
+CPU_ONLY = ("torch.cuda.current_device: 'cpu'", "CUDA RNG tracker fork: no-op")
 
 
 def ensure_model_parallel() -> None:
@@ -165,6 +170,13 @@ def _unpacked_qkv(mixed: Any, heads: int, groups: int) -> Any:
     return torch.cat([t.reshape(tokens, -1) for t in (query, key, value)], dim=-1)
 
 
+def unwrapped(model: Any) -> Any:
+    """The GPTModel inside its wrappers (``Float16Module`` and the like hold it as ``module``)."""
+    while not hasattr(model, "decoder") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
 def _packed_qkv(flat: Any, heads: int, groups: int) -> Any:
     """The capture's ``[q | k | v]`` in megatron's QKV layout (per query group: its queries, one key,
     one value): ``_unpacked_qkv``'s inverse."""
@@ -179,7 +191,7 @@ def _packed_qkv(flat: Any, heads: int, groups: int) -> Any:
 def _replayed_rope(model: Any, hooks: _Hooks, inputs: tuple, reference: list[dict[str, Any]]) -> list[dict]:
     """A forward with every layer's QKV output replaced by the reference's: the query and key that
     reach core attention are this side's RoPE on the reference's."""
-    device, dtype, tokens = inputs[0].device, model.config.params_dtype, inputs[0].shape[1]
+    device, dtype, tokens = inputs[0].device, unwrapped(model).config.params_dtype, inputs[0].shape[1]
     hooks.substitute_qkv = [
         _packed_qkv(ref["qkv"], ref["query"].shape[1], ref["key"].shape[1]).to(device, dtype).reshape(tokens, 1, -1)
         for ref in reference
@@ -209,10 +221,10 @@ def _forward_one(
         layer["qkv"] = _unpacked_qkv(layer["qkv"], layer["query"].shape[1], layer["key"].shape[1])
     replayed, rope = [], []
     if reference is not None:
-        for i, layer in enumerate(model.decoder.layers):
+        for i, layer in enumerate(unwrapped(model).decoder.layers):
             rest, kwargs = hooks.calls[i]
             qkv = [reference[i][n].reshape(len(ids), 1, *reference[i][n].shape[1:]) for n in ("query", "key", "value")]
-            qkv = [t.to(device=device, dtype=model.config.params_dtype) for t in qkv]
+            qkv = [t.to(device=device, dtype=unwrapped(model).config.params_dtype) for t in qkv]
             replayed.append(_tokens_first(layer.self_attention.core_attention(*qkv, *rest, **kwargs)).cpu())
         rope = _replayed_rope(model, hooks, (tokens, positions, causal), reference)
     return layers, logprobs.cpu(), replayed, rope
@@ -228,11 +240,14 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
     return capture_model(build(spec), spec, reference)
 
 
-def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | None = None) -> capture_file.Capture:
-    """The capture of ``model`` over ``spec.sequences`` (one forward per sequence)."""
+def capture_model(
+    model: Any, spec: SideSpec, reference: capture_file.Capture | None = None, substitutions: tuple[str, ...] = ()
+) -> capture_file.Capture:
+    """The capture of ``model`` over ``spec.sequences`` (one forward per sequence); ``substitutions``
+    name what the side replaced to build it here (``cpu_only``'s own are added off a GPU)."""
     import torch
 
-    hooks = _Hooks(model)
+    hooks = _Hooks(unwrapped(model))
     per_sequence, logprobs, replayed, rope = [], [], [], []
     offset = 0
     try:
@@ -247,9 +262,10 @@ def capture_model(model: Any, spec: SideSpec, reference: capture_file.Capture | 
                 offset += len(ids)
     finally:
         hooks.remove()
-    if reference is None:
-        return capture_file.joined(spec, per_sequence, torch.cat(logprobs), [])
-    return capture_file.joined(spec, per_sequence, torch.cat(logprobs), replayed, rope)
+    replays = (replayed, rope) if reference is not None else ([], None)
+    joined = capture_file.joined(spec, per_sequence, torch.cat(logprobs), *replays)
+    named = [*substitutions, *(() if torch.cuda.is_available() else CPU_ONLY)]
+    return dataclasses.replace(joined, settings={**joined.settings, "substitutions": named})
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def _attention_words(result: ProbeResult) -> str:
 
 
 def table(result: ProbeResult) -> str:
-    """The per-layer max |diff| of every stage, RoPE's and attention's shares, then the logprob metrics."""
+    """The per-layer max |diff| of every stage, RoPE's and attention's shares, the logprob metrics,
+    then what each side replaced to run on this machine (the CPU stand-in for Transformer Engine, ...)."""
     head = ["layer", *STAGES, "rope adds", "attention adds", "replay estimate"]
     lines = ["  ".join(f"{h:>15}" for h in head)]
     for row in result.layers:
@@ -61,4 +62,5 @@ def table(result: ProbeResult) -> str:
         f"logprobs max |diff| {result.logprobs.max_abs:.3g}, mean {result.logprobs.mean_abs:.3g}; "
         f"token_mult_prob_error {result.token_mult_prob_error:.6g}; gen_kl_error {result.gen_kl_error:.3g}"
     )
+    lines += [f"{side} ran with: {'; '.join(named)}" for side, named in result.substitutions.items() if named]
     return "\n".join(lines)

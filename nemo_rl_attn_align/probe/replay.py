@@ -16,7 +16,7 @@ from nemo_rl_attn_align.probe.capture import Capture
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: The replay of each side engine's attention on this machine.
-DEFAULT_REPLAYS = {"megatron": "megatron-local"}
+DEFAULT_REPLAYS = {"megatron": "megatron-local", "megatron-bridge": "megatron-local"}
 
 
 def check_name(text: str, where: str) -> None:

@@ -1,8 +1,10 @@
 """One side of a probe: what it runs (``SideSpec``, read from a JSON file) and its process.
 
 A side file is a JSON object: ``engine`` (``"megatron"``: megatron-core's GPTModel,
-``megatron_side.py``; ``"vllm"``: a vLLM engine, ``vllm_side.py``), ``model`` (the model's
-settings: ``TransformerConfig`` fields and GPTModel arguments, or vLLM's ``LLM(...)`` arguments),
+``megatron_side.py``; ``"megatron-bridge"``: the GPTModel NeMo-RL builds from an HF checkpoint
+through Megatron-Bridge, ``bridge_side.py``; ``"vllm"``: a vLLM engine, ``vllm_side.py``),
+``model`` (the model's settings: ``TransformerConfig`` fields and GPTModel arguments; the
+``checkpoint``, ``precision`` and provider fields; or vLLM's ``LLM(...)`` arguments),
 ``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python`` (the
 interpreter of the side's venv, default this one), ``name`` (default the file's stem),
 ``replay`` (the reference materializer that replays its attention for the estimate, ``replay.py``;
@@ -26,7 +28,11 @@ from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
-ENGINES = {"megatron": "nemo_rl_attn_align.probe.megatron_side", "vllm": "nemo_rl_attn_align.probe.vllm_side"}
+ENGINES = {
+    "megatron": "nemo_rl_attn_align.probe.megatron_side",
+    "megatron-bridge": "nemo_rl_attn_align.probe.bridge_side",
+    "vllm": "nemo_rl_attn_align.probe.vllm_side",
+}
 KEYS = ("engine", "model", "seed", "python", "name", "replay", "env")
 #: The batch when no --prompts is given: two sequences of distinct lengths.
 DEFAULT_SEQUENCES = [[5, 17, 42, 99, 123, 7, 64, 3], [11, 2, 90, 33, 8]]
@@ -80,6 +86,10 @@ class SideSpec:
             )
         if raw.get("replay") is not None:
             check_name(str(raw["replay"]), str(path))
+        if engine == "megatron-bridge":
+            from nemo_rl_attn_align.probe.bridge_side import check_model
+
+            check_model(raw.get("model", {}), str(path))
         return cls(**{"name": path.stem, **raw})
 
 
@@ -124,6 +134,10 @@ def _package_root() -> str:
 
 def side_main(capture: Callable[[SideSpec, capture_file.Capture | None], capture_file.Capture], argv: list[str]) -> int:
     """A side's process: ``SIDE_JSON OUT [REFERENCE]``, the capture of ``capture`` written to OUT."""
-    reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
-    capture_file.save(capture(SideSpec.read(Path(argv[0])), reference), Path(argv[1]))
+    try:
+        reference = capture_file.load(Path(argv[2])) if len(argv) > 2 else None
+        capture_file.save(capture(SideSpec.read(Path(argv[0])), reference), Path(argv[1]))
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0

@@ -15,6 +15,7 @@ import torch
 
 from nemo_rl_attn_align.probe import divergence, megatron_side, render, replay
 from nemo_rl_attn_align.probe.sides import SideSpec
+from nemo_rl_attn_align.vocab.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -145,6 +146,7 @@ def test_the_cli_runs_each_side_in_its_own_process(tmp_path):
         ("[1]", "a side file is a JSON object"),
         ('{"replay": "flash-3"}', "replay='flash-3': unknown engine"),
         ('{"model": {"no_such_field": 1}}', "side rollout"),
+        ('{"engine": "megatron-bridge"}', "model.checkpoint=None is not a Hugging Face checkpoint directory"),
     ],
 )
 def test_bad_side_files_are_one_line_and_exit_2(tmp_path, side, message):
@@ -166,3 +168,22 @@ def test_building_a_side_leaves_the_nvte_environment_as_it_was(monkeypatch):
     monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
     megatron_side.build(SideSpec("training"))
     assert os.environ.get("NVTE_FLASH_ATTN") == "1" and "NVTE_FUSED_ATTN" not in os.environ
+
+
+def test_a_megatron_bridge_side_file_names_a_checkpoint_and_a_precision_nemo_rl_takes(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    side = tmp_path / "train.json"
+    model = {"checkpoint": str(tmp_path)}
+    side.write_text(json.dumps({"engine": "megatron-bridge", "model": model}))
+    assert SideSpec.read(side).settings()["replay"] == "megatron-local"
+    side.write_text(json.dumps({"engine": "megatron-bridge", "model": {**model, "precision": "fp8"}}))
+    with pytest.raises(UsageError, match=r"model.precision='fp8': use one of float32, bfloat16, float16"):
+        SideSpec.read(side)
+
+
+def test_the_capture_names_what_was_replaced_to_run_on_this_machine(reference):
+    assert reference.settings["substitutions"] == ([] if torch.cuda.is_available() else list(megatron_side.CPU_ONLY))
+    result = divergence.compare(reference, reference)
+    assert result.substitutions == {"training": reference.settings["substitutions"]}
+    if not torch.cuda.is_available():
+        assert render.table(result).splitlines()[-1] == "training ran with: " + "; ".join(megatron_side.CPU_ONLY)
