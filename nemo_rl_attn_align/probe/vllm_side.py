@@ -8,12 +8,15 @@ reference, each sequence runs a second time with every layer's QKV output and at
 replaced by the reference's (a forward hook and a forward pre-hook returning them): the query and
 key reaching attention there are vLLM's RoPE on the reference's QKV output (RoPE's share), and its
 attention outputs are vLLM's attention on the reference's query/key/value (attention's share).
-The model's layers are read as vLLM's Llama-family decoder layers (``self_attn.qkv_proj``,
+Off a GPU, vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT``, which ``preset: aligned`` sets) is
+turned off and the capture names that (``settings["substitutions"]``): its kernels are Triton GPU
+kernels. The model's layers are read as vLLM's Llama-family decoder layers (``self_attn.qkv_proj``,
 ``self_attn.attn``, ``post_attention_layernorm`` with the fused residual add).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -21,6 +24,8 @@ from typing import Any
 from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe.sides import SideSpec, side_main
 
+#: Off a GPU: the environment variables turned off, and why (what the capture names).
+GPU_ONLY_ENV = {"VLLM_BATCH_INVARIANT": "VLLM_BATCH_INVARIANT off (its kernels are Triton GPU kernels)"}
 #: What the probe sets over the side's ``model``: hooks need eager modules, a replay needs no cached prefix.
 ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "skip_tokenizer_init": True, "seed": 0}
 
@@ -87,6 +92,10 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
     """The capture of ``spec``'s engine over ``spec.sequences``."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
+
+    substitutions = (
+        [] if torch.cuda.is_available() else [why for name, why in GPU_ONLY_ENV.items() if os.environ.pop(name, None)]
+    )
     import vllm
 
     llm = vllm.LLM(**{**ENGINE_DEFAULTS, **spec.model})
@@ -107,7 +116,8 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
             replayed.append([layer["attention"][: len(ids)] for layer in hooks.layers])
             rope.append([{n: t[: len(ids)] for n, t in layer.pop("rope").items()} for layer in hooks.layers])
         offset += len(ids)
-    return capture_file.joined(spec, per_sequence, torch.tensor(logprobs), replayed, rope)
+    joined = capture_file.joined(spec, per_sequence, torch.tensor(logprobs), replayed, rope)
+    return dataclasses.replace(joined, settings={**joined.settings, "substitutions": substitutions})
 
 
 if __name__ == "__main__":
