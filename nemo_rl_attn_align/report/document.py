@@ -81,7 +81,7 @@ def _bind_sides(
     return bind(
         training,
         rollout,
-        settings.to_mandate(),
+        settings.mandate,
         allow_dtype_difference=settings.allow_dtype_difference,
         determinism=diff,
     )
@@ -104,7 +104,7 @@ def _settings_section(settings: AlignSettings) -> dict[str, Any]:
     return {
         "on_mismatch": settings.on_mismatch,
         "allow_dtype_difference": settings.allow_dtype_difference,
-        "mandate": settings.to_mandate().to_dict(),
+        "mandate": settings.mandate.to_dict(),
     }
 
 
@@ -118,7 +118,7 @@ def _probes_section(probes: Mapping[tuple[str, str], DeterminismProbe | None]) -
 
 def build_report(files: WorkerFiles, settings: AlignSettings, run: RunDescription = RunDescription()) -> dict[str, Any]:
     """The report document for the worker files of one run (see docs/report-schema.md): bound with
-    ``settings`` (``to_mandate()``, ``allow_dtype_difference``, ``on_mismatch``, ``strict``), who was
+    ``settings`` (``mandate``, ``allow_dtype_difference``, ``on_mismatch``, ``strict``), who was
     expected and why a side is absent from ``run``."""
     absent_sides = dict(run.absent_sides)
     expected = {side: e for side, e in run.expected.items() if side not in absent_sides}
