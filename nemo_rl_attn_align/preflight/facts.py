@@ -30,6 +30,7 @@ from nemo_rl_attn_align.preflight.config_lookup import (
 )
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
 from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.schema import SOFTMAX_TYPES
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -56,8 +57,6 @@ LAYOUT_KEYS = (
 )
 #: TE switches beyond the three Megatron sets that the worker environment may carry.
 TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
-#: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
-SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 def _first_positive(section: Mapping[str, Any], prefix: str, *names: str) -> Fact:

@@ -90,11 +90,10 @@ def _bind_sides(
 def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete: bool) -> Verdict:
     """``fail`` when workers of a side diverge; a pass with missing or unreadable workers
     (``incomplete``) is ``incomparable``; else the binding's verdict (``incomparable`` without one)."""
-    diverges = any(f.code is Code.REPORT_WORKER_DIVERGES for f in findings)
-    if binding is None:
-        return Verdict.FAIL if diverges else Verdict.INCOMPARABLE
-    if diverges:
+    if any(f.code is Code.REPORT_WORKER_DIVERGES for f in findings):
         return Verdict.FAIL
+    if binding is None:
+        return Verdict.INCOMPARABLE
     if binding.verdict is Verdict.PASS and incomplete:
         return Verdict.INCOMPARABLE
     return binding.verdict
