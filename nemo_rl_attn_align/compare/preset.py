@@ -36,7 +36,7 @@ from nemo_rl_attn_align.compare.binding import Status
 from nemo_rl_attn_align.compare.change import Change
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
-from nemo_rl_attn_align.vocab.schema import Tier
+from nemo_rl_attn_align.vocab.schema import Tier, field_spec
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.kernel_choice import KernelChoice
@@ -176,7 +176,7 @@ def _field_remedy(name: str, t: Any, r: Any, cfg: Mapping[str, Any], alter_ok: b
         f"contract.semantic.{name}",
         {"training": t, "rollout": r},
         f"{name}: training {t!r}, rollout {r!r}: no setting the preset makes changes it",
-        _field_fix(name),
+        field_spec(name).fix,
     )
 
 
@@ -284,12 +284,6 @@ def _determinism_remedy(name: str, result: Any, cfg: Mapping[str, Any], alter_ok
         "measured allreduce drift (attention_align.on_mismatch: warn)",
     )
     return _altering(alter_ok, changes, refusal)
-
-
-def _field_fix(name: str) -> str:
-    from nemo_rl_attn_align.vocab.schema import field_spec
-
-    return field_spec(name).fix
 
 
 def align(

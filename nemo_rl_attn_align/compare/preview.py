@@ -98,6 +98,6 @@ def preview_binding(
             f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
             f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"
         )
-    mandate: Mandate = settings.to_mandate()
+    mandate: Mandate = settings.mandate
     binding = bind(training, rollout, mandate, allow_dtype_difference=settings.allow_dtype_difference, determinism=diff)
     return BindingPreview(training, rollout, binding, tuple(notes))

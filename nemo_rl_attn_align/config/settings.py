@@ -42,10 +42,11 @@ from typing import Any
 
 from nemo_rl_attn_align.config.loader import get_path
 from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.kinds import dtype_or_none
 from nemo_rl_attn_align.vocab.limits import shown, shown_text
 from nemo_rl_attn_align.vocab.mandate import Mandate
 from nemo_rl_attn_align.vocab.names import BLOCK
-from nemo_rl_attn_align.vocab.schema import ContractError, field_spec, normalize_dtype
+from nemo_rl_attn_align.vocab.schema import ContractError, field_spec
 from nemo_rl_attn_align.vocab.suggest import did_you_mean
 
 ON_MISMATCH = ("error", "warn", "record")
@@ -80,10 +81,6 @@ class AlignSettings:
     report_dir: str = REPORT_SUBDIR
     mandate: Mandate = field(default_factory=Mandate)
     drift: DriftSettings = field(default_factory=DriftSettings)
-
-    def to_mandate(self) -> Mandate:
-        """The semantic tier's demands."""
-        return self.mandate
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON-ready values (what ``check --json`` prints)."""
@@ -241,19 +238,10 @@ def load_settings(cfg: Mapping[str, Any]) -> AlignSettings:
         raise UsageError("; ".join(errors))
     mandate, drift = values.pop("mandate", {}), values.pop("drift", {})
     if "dtype" not in mandate:
-        mandate["dtype"] = _precision_dtype(get_path(cfg, "policy.precision", None))
+        mandate["dtype"] = dtype_or_none(get_path(cfg, "policy.precision", None))  # invalid: the rules say so
     if values.get("report_dir") is None:
         log_dir = get_path(cfg, "logger.log_dir", None)
         values["report_dir"] = (
             os.path.join(log_dir, REPORT_SUBDIR) if isinstance(log_dir, str) and log_dir else REPORT_SUBDIR
         )
     return AlignSettings(**values, mandate=Mandate(**mandate), drift=DriftSettings(**drift))
-
-
-def _precision_dtype(precision: Any) -> str | None:
-    """``policy.precision`` as a contract dtype; ``None`` when unset or invalid (an invalid
-    precision is the pre-flight rules' finding, not ours)."""
-    try:
-        return normalize_dtype(precision) if precision is not None else None
-    except ContractError:
-        return None

@@ -76,10 +76,6 @@ def megatron_inference_contract(
         b, "backend", f"flash_attn_{version}" if version else None, how + "; TE is not called in decode or prefill"
     )
     _kv_fields(b, ctx)
-    put_field(b, "cp_size", 1, "NeMo-RL pins the inference context parallelism to 1", "configured")
-    put_field(b, "cp_layout", "none", "no context parallelism", "configured")
-    put_field(b, "cp_comm_type", None, "no context parallelism", "configured")
-    put_field(b, "decode_cp_size", None, "megatron-core's inference has no decode context parallelism", "configured")
     put_field(b, "tp_size", model.tensor_model_parallel_size, src + "tensor_model_parallel_size")
     put_field(b, "batch_invariant", invariant, src + "batch_invariant_mode")
     put_field(b, "deterministic", model.deterministic_mode, src + "deterministic_mode")

@@ -216,16 +216,15 @@ def predict_rollout(
     choice is assumed)."""
     if "rollout" in absent_sides(recipe):
         return None
+    b = ContractBuilder("rollout", "preview-rollout")
     if recipe.megatron_generation is not None:
         from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout  # its engine only
 
-        b = ContractBuilder("rollout", "preview-rollout")
         _identity(b, recipe, "training")  # the policy's own Megatron model generates
         return predict_megatron_rollout(b, recipe.megatron_generation)
     gen = recipe.generation
     env = worker_env(recipe, "rollout", os.environ if environ is None else environ)
     invariant = vllm_batch_invariant(env)
-    b = ContractBuilder("rollout", "preview-rollout")
     _identity(b, recipe, "rollout")
     model = recipe.model.config
     dtype = dtype_or_none(gen.precision.value)

@@ -45,10 +45,6 @@ def predict_megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -
     if isinstance(chunked, bool):
         b.configured("mode", "chunked_prefill+decode" if chunked else "prefill+decode", gen.enable_chunked_prefill.key)
     configured_from(b, "prefix_caching", gen.enable_prefix_caching.value, gen.enable_prefix_caching.key)
-    b.configured("cp_size", 1, "NeMo-RL pins the inference context parallelism to 1")
-    b.configured("cp_layout", "none", "no context parallelism")
-    b.configured("cp_comm_type", None, "no context parallelism")
-    b.configured("decode_cp_size", None, "megatron-core's inference has no decode context parallelism")
     configured_from(b, "tp_size", facts.tensor_parallel_size.value, f"{key}: tensor_model_parallel_size")
     if dtype is not None:
         b.configured("rope_fusion", dtype in ("bf16", "fp16"), "NeMo-RL uses flashinfer's fused RoPE for fp16/bf16")

@@ -213,8 +213,13 @@ def megatron_inference_semantics(
     With a dynamic inference context every layer calls flash-attn itself
     (``Attention.flash_decode_and_prefill``, megatron-core 0.19), not Transformer Engine: the
     ``*_with_kvcache`` decode and the varlen prefill kernels over the paged cache, with
-    ``num_splits=0`` (the kernel's split-KV heuristic) or 1 in batch-invariant mode."""
+    ``num_splits=0`` (the kernel's split-KV heuristic) or 1 in batch-invariant mode; and no context
+    parallelism."""
     unknown = _unknown(b, preview)
+    b.configured("cp_size", 1, "NeMo-RL pins the inference context parallelism to 1")
+    b.configured("cp_layout", "none", "no context parallelism")
+    b.configured("cp_comm_type", None, "no context parallelism")
+    b.configured("decode_cp_size", None, "megatron-core's inference has no decode context parallelism")
     kernel = f"flash-attn {flash_version}" if flash_version else "flash-attn"
     b.configured("merge_rule", "online_softmax_lse", f"{kernel}: KV tiles folded with an online softmax")
     b.configured("acc_dtype", "fp32", f"{kernel}: fp32 accumulators")

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from nemo_rl_attn_align.drift.shape import DEFAULT_GPU, DEFAULT_VOCAB, Shape
+from nemo_rl_attn_align.drift.shape import DEFAULT_GPU, DEFAULT_VOCAB, DTYPE_NAMES, Shape
+from nemo_rl_attn_align.preflight.kernel_query import PRECISION_OF_DTYPE
 from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec
 from nemo_rl_attn_align.reference.causal import Causal
@@ -33,7 +34,7 @@ from nemo_rl_attn_align.reference.materializers import ENGINES, Materializer, pa
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: Torch dtype of each name in ``shape.DTYPE_NAMES``.
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {name: getattr(torch, PRECISION_OF_DTYPE[name]) for name in DTYPE_NAMES}
 #: Standard deviation of the random LM head's logits (RMS-normalised hidden state in).
 LOGIT_STD = 3.0
 

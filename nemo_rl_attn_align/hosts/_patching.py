@@ -78,11 +78,6 @@ def _layers_in(func: Any) -> list[_Layer]:
     return found
 
 
-def _descriptor_kind(entry: Any) -> type | None:
-    """``classmethod`` or ``staticmethod`` when ``entry`` is one (its function is what gets wrapped)."""
-    return type(entry) if isinstance(entry, (classmethod, staticmethod)) else None
-
-
 def _function_of(entry: Any) -> Any:
     """The function a classmethod or staticmethod holds, else ``entry`` itself."""
     return entry.__func__ if isinstance(entry, (classmethod, staticmethod)) else entry
@@ -97,7 +92,8 @@ def _resolve(owner: Any, name: str) -> tuple[Any, type | None]:
         for cls in owner.__mro__:
             entry = vars(cls).get(name, _ABSENT)
             if entry is not _ABSENT:
-                return _function_of(entry), _descriptor_kind(entry)
+                kind = type(entry) if isinstance(entry, (classmethod, staticmethod)) else None
+                return _function_of(entry), kind
     return getattr(owner, name, None), None
 
 

@@ -201,9 +201,6 @@ class _NotifyingLoader:
     def __init__(self, loader):
         self._loader = loader
 
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
     def _restore_loader(self, module) -> None:
         current = getattr(module, "__loader__", _UNSET)
         if current is None or current is self:

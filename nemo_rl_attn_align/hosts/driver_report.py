@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import logging
 import math
 import operator
@@ -55,10 +56,7 @@ log = logging.getLogger("nemo_rl_attn_align")
 NO_ROLLOUT = ("dpo", "rm", "sft", "xtoken_off_policy_distillation")
 
 _EXPERIMENT_DIR = re.compile(r"exp_\d+")
-
-
-def _print(message: str) -> None:
-    print(message, flush=True)
+_print = functools.partial(print, flush=True)
 
 
 def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
@@ -210,10 +208,6 @@ class RunReport:
                 self.settings.strict,
             )
 
-    def after_failed_setup(self) -> None:
-        """``setup()`` raised: write what the workers recorded, one line (the caller re-raises)."""
-        self.at_end("setup_failed")
-
     def at_train_metrics(
         self, metrics: Any, step: Any, prefix: Any, tracker: Callable[[dict[str, float]], None] | None = None
     ) -> None:
@@ -267,8 +261,9 @@ class RunReport:
         append_step(drift_log_path(self.settings.report_dir, self.run.run_id), drift_entry(step, figures))
 
     def at_end(self, point: str) -> None:
-        """The last collection (``train_end``, ``exit``, ...): once, one line, never raises. Then the
-        temp files of writers killed mid-write (listed in the report as incomplete writes) are removed."""
+        """The last collection (``train_end``, ``exit``, ``setup_failed``, ...): once, one line, never
+        raises. Then the temp files of writers killed mid-write (listed in the report as incomplete
+        writes) are removed."""
         from nemo_rl_attn_align.report.store import remove_stale_temp_files
 
         with self._lock:

@@ -175,7 +175,7 @@ def _wrap_setup(original: Callable, seam: Seam) -> Callable:
             result = original(master_config, *args, **kwargs)
         except BaseException:
             if run is not None:
-                run.after_failed_setup()
+                run.at_end("setup_failed")
             raise
         if run is not None:
             run.at_setup()

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
 
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, TrainingQuery
+from nemo_rl_attn_align.preflight.kernel_query import PRECISION_OF_DTYPE, Kernel, TrainingQuery
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 _SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3",
@@ -66,7 +66,7 @@ def attention_params(query: TrainingQuery):
     tokens = query.seq_len * query.batch_size // query.cp_size if thd else 0
     values = {
         "qkv_type": torch.Tensor,
-        "qkv_dtype": {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[query.dtype],
+        "qkv_dtype": getattr(torch, PRECISION_OF_DTYPE[query.dtype]),
         "qkv_layout": "thd_thd_thd" if thd else "sbhd_sbhd_sbhd",
         "batch_size": query.batch_size,
         "num_heads": query.heads,

@@ -20,9 +20,7 @@ import os
 from collections.abc import Iterator
 
 from nemo_rl_attn_align.preflight.gpu import capability
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, RolloutQuery
-
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+from nemo_rl_attn_align.preflight.kernel_query import PRECISION_OF_DTYPE, Kernel, RolloutQuery
 
 
 def unavailable() -> str | None:
@@ -96,7 +94,7 @@ def _selector_config(query: RolloutQuery):
 
     values = {
         "head_size": query.head_size,
-        "dtype": getattr(torch, _DTYPES[query.dtype]),
+        "dtype": getattr(torch, PRECISION_OF_DTYPE[query.dtype]),
         "kv_cache_dtype": query.kv_cache_dtype,
         "block_size": None,
         "use_mla": query.use_mla,

@@ -268,9 +268,8 @@ def attach() -> None:
     _seams.attach()
 
 
-def detach() -> None:
-    """Restore vLLM's worker and stop watching."""
-    _seams.detach()
+#: Restore vLLM's worker and stop watching.
+detach = _seams.detach
 
 
 def register() -> None:

@@ -46,7 +46,6 @@ class _Missing:
 MISSING: Any = _Missing()
 #: What the table's rules give for a field one host's object does not have (a provider without MLA ranks).
 ABSENT = "<absent>"
-OPERATIONS = ("const", "key", "add", "sum", "mul", "floordiv", "or", "default", "pair", "map", "join", "len", "present")
 
 
 def lookup(config: Mapping[str, Any], path: str) -> Any:

@@ -37,6 +37,12 @@ def get_or_unset(node: Any, key: str) -> Any:
     return node.get(key, UNSET) if isinstance(node, dict) else UNSET
 
 
+def section(node: Any, key: str) -> Mapping[str, Any]:
+    """``node[key]`` when both are mappings, else an empty one (NeMo-RL's ``.get(key, {})``)."""
+    value = node.get(key) if isinstance(node, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
 def value_at(cfg: Any, dotted: str) -> Any:
     """The value at a dotted key of nested dicts, None where a level is missing or not a dict."""
     for part in dotted.split("."):

@@ -2,10 +2,11 @@
 
 ``read_policy_facts`` reads a resolved ``policy`` section (what a Megatron policy worker receives)
 and the NVTE variables the worker will see; ``recipe_facts.read_recipe_facts`` reads it with the
-rest of the recipe. A value the host cannot use is kept as written where a consumer reports it
-(``PolicyFacts.raw``); elsewhere a section that is not a mapping reads as empty, as NeMo-RL's own
-``.get`` chains do, so the rules, not the readers, say what is wrong. A ``Fact`` keeps the dotted
-config key it came from (``config_lookup``). Stdlib only.
+rest of the recipe. A value the host cannot use is kept as written where a rule reports it (the
+``*_raw`` fields); elsewhere a section that is not a mapping reads as empty, as NeMo-RL's own
+``.get`` chains do, so the rules, not the readers, say what is wrong. ``generation_model_config``
+derives the ``megatron_cfg`` Megatron generation's model runs. A ``Fact`` keeps the dotted config
+key it came from (``config_lookup``). Stdlib only.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     get_or_unset,
     is_count,
     positive_int,
+    section,
     value_at,
 )
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
 from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.schema import SOFTMAX_TYPES
 
 #: ``policy.precision`` values NeMo-RL accepts (``setup.py::validate_and_set_config`` dtype_map).
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -44,10 +47,16 @@ MEGATRON_INDEXED_KEYS: tuple[tuple[str, int], ...] = (
     ("pipeline_model_parallel_size", 1),  # pp_size = config["megatron_cfg"]["pipeline_model_parallel_size"]
     ("context_parallel_size", 1),  # cp_size = config["megatron_cfg"]["context_parallel_size"]
 )
+#: The layout keys ``dedicated_inference_megatron_cfg`` compares (NeMo-RL indexes them directly).
+LAYOUT_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "context_parallel_size",
+)
 #: TE switches beyond the three Megatron sets that the worker environment may carry.
 TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
-#: ``TransformerConfig.softmax_type`` (``Literal['vanilla', 'off-by-one', 'learnable']``).
-SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 def _first_positive(section: Mapping[str, Any], prefix: str, *names: str) -> Fact:
@@ -74,9 +83,6 @@ class PolicyFacts:
     model_overrides: dict = field(default_factory=dict)
     #: NVTE_* variable -> (value, where it comes from) as the worker will see it.
     nvte_env: dict = field(default_factory=dict)
-    #: The values as written (``UNSET`` when absent), for ``_config_values``; the fields above hold
-    #: what the other rules use (a default where the value is unusable, which is then an error).
-    raw: dict = field(default_factory=dict)
     #: ``tensor_model_parallel_size`` as written (1 when absent, which is a ``MEGATRON_KEY_MISSING`` error).
     tensor_parallel_size: Fact = Fact(1, "policy.megatron_cfg.tensor_model_parallel_size")
     #: ``apply_rope_fusion`` when a bool, else NeMo-RL's default true.
@@ -98,11 +104,21 @@ class PolicyFacts:
     missing_indexed: tuple[tuple[str, int], ...] = ()
     #: The model's attention as both hosts build it (``model_facts``), read once from its config.json.
     model: ModelFacts = field(default_factory=ModelFacts)
+    #: The values as written (``UNSET`` when absent) that ``rules.values`` reports when unusable; the
+    #: fields above hold what the other rules use (a default where the value is unusable, then an error).
+    megatron_cfg_raw: Any = UNSET
+    model_name_raw: Any = UNSET
+    context_parallel_size_raw: Any = UNSET
+    transformer_impl_raw: Any = UNSET
+    model_overrides_raw: Any = UNSET
+    env_vars_raw: Any = UNSET
+    #: ``generation_model_config``: what Megatron generation's model runs (None unless it generates).
+    generation_model: tuple[dict[str, Any], bool, str] | None = None
 
     @property
     def has_megatron_cfg(self) -> bool:
         """Whether ``policy.megatron_cfg`` is a mapping."""
-        return isinstance(self.raw.get("megatron_cfg"), dict)
+        return isinstance(self.megatron_cfg_raw, dict)
 
     @property
     def precision(self) -> str | None:
@@ -151,10 +167,28 @@ def megatron_enabled(policy_cfg: Any) -> bool:
     return isinstance(megatron_cfg, dict) and bool(megatron_cfg.get("enabled", False))
 
 
+def generation_model_config(policy_cfg: Any) -> tuple[dict[str, Any], bool, str] | None:
+    """The ``megatron_cfg`` Megatron generation's model runs with, whether it is a model of its own
+    (else the training model generates) and how it was derived; None unless the backend is megatron."""
+    generation = section(policy_cfg, "generation")
+    if generation.get("backend") != "megatron":
+        return None
+    megatron_cfg, engine_cfg = section(policy_cfg, "megatron_cfg"), section(generation, "mcore_generation_config")
+    merged = {**megatron_cfg, **engine_cfg, "activation_checkpointing": False}
+    colocated = section(generation, "colocated").get("enabled") is not False
+    if colocated:
+        merged["context_parallel_size"] = 1
+        differs = any(merged.get(k, 1) != megatron_cfg.get(k, 1) for k in LAYOUT_KEYS) or merged.get(
+            "transformer_impl"
+        ) != megatron_cfg.get("transformer_impl")
+        if not differs:
+            return dict(megatron_cfg), False, "policy.megatron_cfg (the training model)"
+    return merged, True, "policy.megatron_cfg merged with policy.generation.mcore_generation_config"
+
+
 def _nvte_env(
-    megatron_cfg: Any, environ: Mapping[str, str], names: tuple[str, ...] = NVTE_VARIABLES
+    env_vars: Any, environ: Mapping[str, str], names: tuple[str, ...] = NVTE_VARIABLES
 ) -> dict[str, tuple[str, str]]:
-    env_vars = get_or_unset(megatron_cfg, "env_vars")
     env_vars = env_vars if isinstance(env_vars, dict) else {}  # another value is a CONFIG_VALUE_INVALID finding
     found = {}
     for name in names:
@@ -187,6 +221,7 @@ def read_policy_facts(
     cp = get_or_unset(megatron_cfg, "context_parallel_size")
     impl = get_or_unset(megatron_cfg, "transformer_impl")
     model_name = get_or_unset(policy_cfg, "model_name")
+    env_vars = get_or_unset(megatron_cfg, "env_vars")
     fusion = mcfg.get("apply_rope_fusion", True)
     return PolicyFacts(
         megatron_enabled=megatron_enabled(policy_cfg),
@@ -198,26 +233,17 @@ def read_policy_facts(
         context_parallel_size=int(cp) if is_count(cp) else 1,
         model_name=model_name if isinstance(model_name, str) else None,
         model_overrides=overrides if isinstance(overrides, dict) else {},
-        nvte_env=_nvte_env(megatron_cfg, environ),
-        raw={
-            "megatron_cfg": megatron_cfg,
-            "model_name": model_name,
-            "transformer_impl": impl,
-            "context_parallel_size": cp,
-            "model_overrides": overrides,
-            "env_vars": get_or_unset(megatron_cfg, "env_vars"),
-            "generation": get_or_unset(policy_cfg, "generation"),
-        },
+        nvte_env=_nvte_env(env_vars, environ),
         tensor_parallel_size=Fact(
             mcfg.get("tensor_model_parallel_size", 1), "policy.megatron_cfg.tensor_model_parallel_size"
         ),
         apply_rope_fusion=fusion if isinstance(fusion, bool) else True,
         physical_batch=_first_positive(policy_cfg, "policy", "logprob_batch_size", "train_micro_batch_size"),
-        env_vars=as_env_vars(get_or_unset(megatron_cfg, "env_vars")),
+        env_vars=as_env_vars(env_vars),
         enabled_raw=get_or_unset(megatron_cfg, "enabled"),
         sequence_packing=bool(value_at(policy_cfg, "sequence_packing.enabled")),
         seq_len=_first_positive(policy_cfg, "policy", "max_total_sequence_length"),
-        te_env=_nvte_env(megatron_cfg, environ, TE_SWITCHES),
+        te_env=_nvte_env(env_vars, environ, TE_SWITCHES),
         missing_indexed=tuple(
             entry for entry in MEGATRON_INDEXED_KEYS if isinstance(megatron_cfg, dict) and entry[0] not in mcfg
         ),
@@ -228,4 +254,11 @@ def read_policy_facts(
             rollout_overrides=value_at(policy_cfg, "generation.vllm_kwargs.hf_overrides"),
             model_overrides=overrides if isinstance(overrides, dict) else None,
         ),
+        megatron_cfg_raw=megatron_cfg,
+        model_name_raw=model_name,
+        context_parallel_size_raw=cp,
+        transformer_impl_raw=impl,
+        model_overrides_raw=overrides,
+        env_vars_raw=env_vars,
+        generation_model=generation_model_config(policy_cfg),
     )

@@ -15,6 +15,8 @@ from typing import Any
 
 #: ``policy.precision`` -> the selectors' dtype names.
 DTYPE_OF_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+#: A selector's dtype name -> its ``policy.precision`` name, which is also torch's.
+PRECISION_OF_DTYPE = {dtype: precision for precision, dtype in DTYPE_OF_PRECISION.items()}
 #: The flash-attn generations TE's ``NVTE_FLASH_ATTN_V2/_V3/_V4`` switch (TE 2.20 and later) and
 #: vLLM's ``attention_config.flash_attn_version`` pin.
 FLASH_GENERATIONS = (2, 3, 4)

@@ -6,9 +6,9 @@ policy's own Megatron workers. Not colocated, a dedicated inference ``Policy`` r
 (shallow) and ``activation_checkpointing`` off. Colocated, the training model generates unless
 that merge (with context parallelism pinned to 1) differs from training in layout (TP, PP, EP,
 ETP, CP) or ``transformer_impl`` (``dedicated_inference_megatron_cfg``); then a second model is
-built from the merge. ``read_megatron_generation_facts`` mirrors both rules and reads the
-generation model's ``megatron_cfg`` into ``PolicyFacts`` (the same reader as training), plus the
-inference engine's own keys.
+built from the merge. ``facts.generation_model_config`` mirrors both rules;
+``read_megatron_generation_facts`` reads the generation model's ``megatron_cfg`` into ``PolicyFacts``
+(the same reader as training), plus the inference engine's own keys.
 """
 
 from __future__ import annotations
@@ -17,17 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.preflight.facts import UNSET, Fact, PolicyFacts, read_policy_facts
+from nemo_rl_attn_align.preflight.config_lookup import section
+from nemo_rl_attn_align.preflight.facts import UNSET, Fact, PolicyFacts, generation_model_config, read_policy_facts
 
 _GEN = "policy.generation.mcore_generation_config"
-#: The layout keys ``dedicated_inference_megatron_cfg`` compares (NeMo-RL indexes them directly).
-LAYOUT_KEYS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-    "context_parallel_size",
-)
 
 
 @dataclass(frozen=True)
@@ -48,34 +41,6 @@ class MegatronGenerationFacts:
     overridden: tuple[str, ...] = ()
 
 
-def _merged(megatron_cfg: Mapping[str, Any], generation_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    return {**megatron_cfg, **generation_cfg, "activation_checkpointing": False}
-
-
-def _section(node: Any, key: str) -> Mapping[str, Any]:
-    value = node.get(key) if isinstance(node, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def generation_model_config(policy_cfg: Any) -> tuple[dict[str, Any], bool, str] | None:
-    """The ``megatron_cfg`` Megatron generation's model runs with, whether it is a model of its own
-    (else the training model generates) and how it was derived; None unless the backend is megatron."""
-    generation = _section(policy_cfg, "generation")
-    if generation.get("backend") != "megatron":
-        return None
-    megatron_cfg, engine_cfg = _section(policy_cfg, "megatron_cfg"), _section(generation, "mcore_generation_config")
-    merged = _merged(megatron_cfg, engine_cfg)
-    colocated = _section(generation, "colocated").get("enabled") is not False
-    if colocated:
-        merged["context_parallel_size"] = 1
-        differs = any(merged.get(k, 1) != megatron_cfg.get(k, 1) for k in LAYOUT_KEYS) or merged.get(
-            "transformer_impl"
-        ) != megatron_cfg.get("transformer_impl")
-        if not differs:
-            return dict(megatron_cfg), False, "policy.megatron_cfg (the training model)"
-    return merged, True, f"policy.megatron_cfg merged with {_GEN}"
-
-
 def read_megatron_generation_facts(
     policy_cfg: Any, environ: Mapping[str, str] | None = None, model_config: Any = UNSET
 ) -> MegatronGenerationFacts | None:
@@ -85,12 +50,12 @@ def read_megatron_generation_facts(
     if found is None:
         return None
     model_cfg, dedicated, model_key = found
-    generation = _section(policy_cfg, "generation")
-    megatron_cfg, engine_cfg = _section(policy_cfg, "megatron_cfg"), _section(generation, "mcore_generation_config")
+    generation = section(policy_cfg, "generation")
+    megatron_cfg, engine_cfg = section(policy_cfg, "megatron_cfg"), section(generation, "mcore_generation_config")
     model = read_policy_facts({**policy_cfg, "megatron_cfg": model_cfg}, environ, model_config)
     overridden = tuple(sorted(k for k in engine_cfg if k in megatron_cfg and engine_cfg[k] != megatron_cfg[k]))
     return MegatronGenerationFacts(
-        colocated=_section(generation, "colocated").get("enabled") is not False,
+        colocated=section(generation, "colocated").get("enabled") is not False,
         dedicated=dedicated,
         model=model,
         model_key=model_key,

@@ -118,6 +118,11 @@ def tile_block_mask(geom: Geometry, spec: ReferenceSpec, tile: int, block: int, 
     return ~geom.allowed(rows, cols)
 
 
+def heads_first(x: torch.Tensor) -> torch.Tensor:
+    """``[n, H, D]`` -> FP32 ``[H, n, D]``."""
+    return x.to(torch.float32).transpose(0, 1).contiguous()
+
+
 def group_heads(x: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """``[n, Hq, *tail]`` -> ``[Hkv, g*n, *tail]``: query head ``h`` goes with KV head ``h // g``."""
     n, hq, *tail = x.shape
@@ -330,8 +335,4 @@ class KVStore:
 
     def block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k, v)`` of ``block`` as FP32 ``[Hkv, BK, D]``."""
-
-        def as_heads(x):
-            return x.to(torch.float32).transpose(0, 1).contiguous()
-
-        return as_heads(self._k[block]), as_heads(self._v[block])
+        return heads_first(self._k[block]), heads_first(self._v[block])

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_rl_attn_align.reference.blocks import NEG_INF, group_heads, ungroup_heads
+from nemo_rl_attn_align.reference.blocks import NEG_INF, group_heads, heads_first, ungroup_heads
 
 #: Streaming multiprocessors per GPU generation (A100 SXM: 108; H100/H200 SXM: 132).
 NUM_SMS = {"sm80": 108, "sm90": 132}
@@ -103,11 +103,6 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, num_n_blocks: int, max_spli
 _ROW_GROUP = 128
 
 
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
-    """``[n, H, D]`` -> FP32 ``[H, n, D]``."""
-    return x.to(torch.float32).transpose(0, 1).contiguous()
-
-
 @dataclass(frozen=True)
 class FlashKernel:
     """How one FlashAttention call reduces: its mask ``allowed(rows, cols)`` on global positions, the
@@ -159,7 +154,7 @@ def flash_forward(q, q_pos, k, v, kv_pos, kernel: FlashKernel):
     block_n, num_splits = kernel.block_n, kernel.num_splits
     n, hq, _ = q.shape
     hkv = k.shape[1]
-    kv = (_heads_first(k), _heads_first(v))
+    kv = (heads_first(k), heads_first(v))
     m_len = k.shape[0]
     n_tiles = math.ceil(m_len / block_n)
     per_split = math.ceil(n_tiles / max(1, num_splits))

@@ -81,7 +81,7 @@ def _bind_sides(
     return bind(
         training,
         rollout,
-        settings.to_mandate(),
+        settings.mandate,
         allow_dtype_difference=settings.allow_dtype_difference,
         determinism=diff,
     )
@@ -90,11 +90,10 @@ def _bind_sides(
 def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete: bool) -> Verdict:
     """``fail`` when workers of a side diverge; a pass with missing or unreadable workers
     (``incomplete``) is ``incomparable``; else the binding's verdict (``incomparable`` without one)."""
-    diverges = any(f.code is Code.REPORT_WORKER_DIVERGES for f in findings)
-    if binding is None:
-        return Verdict.FAIL if diverges else Verdict.INCOMPARABLE
-    if diverges:
+    if any(f.code is Code.REPORT_WORKER_DIVERGES for f in findings):
         return Verdict.FAIL
+    if binding is None:
+        return Verdict.INCOMPARABLE
     if binding.verdict is Verdict.PASS and incomplete:
         return Verdict.INCOMPARABLE
     return binding.verdict
@@ -104,7 +103,7 @@ def _settings_section(settings: AlignSettings) -> dict[str, Any]:
     return {
         "on_mismatch": settings.on_mismatch,
         "allow_dtype_difference": settings.allow_dtype_difference,
-        "mandate": settings.to_mandate().to_dict(),
+        "mandate": settings.mandate.to_dict(),
     }
 
 
@@ -118,7 +117,7 @@ def _probes_section(probes: Mapping[tuple[str, str], DeterminismProbe | None]) -
 
 def build_report(files: WorkerFiles, settings: AlignSettings, run: RunDescription = RunDescription()) -> dict[str, Any]:
     """The report document for the worker files of one run (see docs/report-schema.md): bound with
-    ``settings`` (``to_mandate()``, ``allow_dtype_difference``, ``on_mismatch``, ``strict``), who was
+    ``settings`` (``mandate``, ``allow_dtype_difference``, ``on_mismatch``, ``strict``), who was
     expected and why a side is absent from ``run``."""
     absent_sides = dict(run.absent_sides)
     expected = {side: e for side, e in run.expected.items() if side not in absent_sides}

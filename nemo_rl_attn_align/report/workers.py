@@ -57,15 +57,15 @@ def detail_findings(details: Mapping[WorkerKey, HostDetail]) -> list[Finding]:
 
 def side_coverage(
     by_side: Mapping[str, list[AttentionContract]],
-    expected_counts: Mapping[str, ExpectedSide],
+    expected_sides: Mapping[str, ExpectedSide],
     peers: Mapping[str, set[str]],
 ) -> dict[str, Any]:
     """Side -> ``{"recorded": k, "expected": N or None, "how": ...}`` for each side the config
-    starts workers for (``expected_counts``) or that some worker recorded; without the config's
+    starts workers for (``expected_sides``) or that some worker recorded; without the config's
     count, N is the number of ids the side's host details name as ``peers`` (None when none do)."""
     coverage = {}
     for side in SIDES:
-        expected = expected_counts.get(side)
+        expected = expected_sides.get(side)
         if expected is None and not by_side.get(side):
             continue
         if expected is None and peers.get(side):
@@ -145,7 +145,7 @@ def _not_bound(side: str, why: str, strict: bool) -> Finding:
 def side_findings(
     by_side: Mapping[str, list[AttentionContract]],
     not_applicable: Mapping[str, str],
-    expected_counts: Mapping[str, ExpectedSide],
+    expected_sides: Mapping[str, ExpectedSide],
     strict: bool,
 ) -> list[Finding]:
     """Per side: workers that diverge from its first worker, then a side this run has none of
@@ -167,7 +167,7 @@ def side_findings(
                 )
             )
         elif not members:
-            findings.append(_side_missing(side, expected_counts.get(side), strict))
+            findings.append(_side_missing(side, expected_sides.get(side), strict))
     return findings
 
 
@@ -177,7 +177,7 @@ def section(
     found: list[str],
     missing: list[str],
     by_side: Mapping[str, list[AttentionContract]],
-    expected_counts: Mapping[str, ExpectedSide],
+    expected_sides: Mapping[str, ExpectedSide],
 ) -> dict[str, Any]:
     """The document's ``workers`` section: who was expected, found, missing; stages, bad files, coverage."""
     return {
@@ -190,5 +190,5 @@ def section(
         "unreadable": [bad.to_dict() for bad in files.unreadable],
         "incomplete_writes": list(files.incomplete_writes),
         "stale": list(files.stale),
-        "coverage": side_coverage(by_side, expected_counts, files.peers()),
+        "coverage": side_coverage(by_side, expected_sides, files.peers()),
     }

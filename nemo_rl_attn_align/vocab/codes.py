@@ -34,15 +34,8 @@ class Kind(str, enum.Enum):
     KERNEL = "kernel"  # the kernel each side's own selector picks on a GPU (``check --gpu``)
 
 
-ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
-RULE, BINDING, DETERMINISM, REPORT, PRESET, KERNEL = (
-    Kind.RULE,
-    Kind.BINDING,
-    Kind.DETERMINISM,
-    Kind.REPORT,
-    Kind.PRESET,
-    Kind.KERNEL,
-)
+ERROR, WARNING, INFO = Severity
+RULE, BINDING, DETERMINISM, REPORT, PRESET, KERNEL = Kind
 
 
 class Code(str, enum.Enum):

@@ -23,28 +23,16 @@ class ContractError(ValueError):
 
 # --- dtypes ------------------------------------------------------------------------------------
 
-_DTYPE_ALIASES = {
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "torch.float32": "fp32",
-    "torch.float": "fp32",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "torch.bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "torch.float16": "fp16",
-    "torch.half": "fp16",
-    "fp8": "fp8",
-    "float8": "fp8",
-    "fp8_e4m3": "fp8",
-    "torch.float8_e4m3fn": "fp8",
+#: Each canonical dtype spelling (the one every dtype field uses) with the spellings that mean it.
+_DTYPE_SPELLINGS = {
+    "fp32": ("float32", "float", "torch.float32", "torch.float"),
+    "bf16": ("bfloat16", "torch.bfloat16"),
+    "fp16": ("float16", "half", "torch.float16", "torch.half"),
+    "fp8": ("float8", "fp8_e4m3", "torch.float8_e4m3fn"),
 }
-
+_DTYPE_ALIASES = {alias: name for name, aliases in _DTYPE_SPELLINGS.items() for alias in (name, *aliases)}
 #: Canonical dtype spellings used by every dtype field.
-DTYPES = ("fp32", "bf16", "fp16", "fp8")
+DTYPES = tuple(_DTYPE_SPELLINGS)
 
 
 def normalize_dtype(value: Any) -> str:

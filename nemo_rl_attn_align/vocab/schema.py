@@ -103,8 +103,9 @@ class FieldSpec:
         return self.check(value, f"field {self.name}")
 
 
-def _spec(name, tier, check, doc, *, nullable=False, fix=""):
-    return FieldSpec(name, tier, check, nullable, doc, fix)
+def _spec(name, tier, check, doc, *, nullable=False, fix=None):
+    """A ``FieldSpec``; an identity field's fix, unless given, is ``_MODEL_FIX``."""
+    return FieldSpec(name, tier, check, nullable, doc, fix if fix is not None else _MODEL_FIX if tier is _ID else "")
 
 
 _ID, _SEM, _REC = Tier.IDENTITY, Tier.SEMANTIC, Tier.RECORDED
@@ -113,23 +114,21 @@ _MODEL_FIX = "both sides must load the same model: check policy.model_name and p
 #: Every contract field, in the order reports list them.
 FIELDS: tuple[FieldSpec, ...] = (
     # identity: the model fingerprint, the tokenizer and the logical batch
-    _spec("architecture", _ID, kinds.text, "model class, e.g. Qwen2ForCausalLM (HF architectures[0])", fix=_MODEL_FIX),
-    _spec("num_layers", _ID, kinds.positive_int, "number of transformer layers", fix=_MODEL_FIX),
-    _spec("num_attention_heads", _ID, kinds.positive_int, "query heads (whole model, before TP split)", fix=_MODEL_FIX),
-    _spec("num_query_groups", _ID, kinds.positive_int, "key/value heads (GQA groups)", fix=_MODEL_FIX),
+    _spec("architecture", _ID, kinds.text, "model class, e.g. Qwen2ForCausalLM (HF architectures[0])"),
+    _spec("num_layers", _ID, kinds.positive_int, "number of transformer layers"),
+    _spec("num_attention_heads", _ID, kinds.positive_int, "query heads (whole model, before TP split)"),
+    _spec("num_query_groups", _ID, kinds.positive_int, "key/value heads (GQA groups)"),
     _spec(
         "head_dim",
         _ID,
         kinds.positive_int,
         "per-head query/key channels (Megatron kv_channels; under MLA qk_head_dim + qk_pos_emb_head_dim)",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "head_dim_v",
         _ID,
         kinds.positive_int,
         "per-head value channels (head_dim, or MLA's v_head_dim)",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "attention_layers",
@@ -137,7 +136,6 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.layer_indices,
         "indices of the layers with softmax attention, in order (a hybrid's attention layers only; the Mamba, "
         "gated delta-net and MLP layers between them run no softmax attention)",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "softmax_type",
@@ -145,7 +143,6 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.choice(*SOFTMAX_TYPES),
         "the attention softmax: vanilla, or with a sink logit per head (learnable: gpt-oss's sinks; off-by-one: "
         "a fixed zero logit)",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "mla",
@@ -154,7 +151,6 @@ FIELDS: tuple[FieldSpec, ...] = (
         "multi-latent attention: q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim "
         "(Megatron's names); null = none",
         nullable=True,
-        fix=_MODEL_FIX,
     ),
     _spec(
         "attention_output_gate",
@@ -162,7 +158,6 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.boolean,
         "the attention output is gated (Qwen3-Next / Qwen3.5: Megatron's attention_output_gate, vLLM's "
         "attn_output_gate)",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "softmax_scale",
@@ -170,16 +165,14 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.fp32,
         "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, "
         "flash-attn: C float)",
-        fix=_MODEL_FIX,
     ),
-    _spec("causal", _ID, kinds.boolean, "causal mask", fix=_MODEL_FIX),
+    _spec("causal", _ID, kinds.boolean, "causal mask"),
     _spec(
         "sliding_window",
         _ID,
         kinds.non_negative_int,
         "left window in tokens as the kernel receives it; null = full attention",
         nullable=True,
-        fix=_MODEL_FIX,
     ),
     _spec(
         "layer_windows",
@@ -187,7 +180,6 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.layer_windows,
         "per attention layer (attention_layers), in order: the left window the kernel receives (null = full "
         "attention); tells interleaved sliding/full layers apart",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "logit_softcapping",
@@ -195,28 +187,24 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.positive_fp32,
         "attention logit soft cap c (logits -> c * tanh(logits / c)), as fp32; null = none",
         nullable=True,
-        fix=_MODEL_FIX,
     ),
     _spec(
         "rope_type",
         _ID,
         kinds.text,
         "rotary embedding type: default, linear, dynamic, yarn, llama3, mrope, none",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "rope_parameters",
         _ID,
         kinds.mapping,
         "rotary parameters: theta, scaling factors, partial rotary fraction",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "vocab_size",
         _ID,
         kinds.positive_int,
         "logical (unpadded) vocabulary the logprobs are taken over",
-        fix=_MODEL_FIX,
     ),
     _spec(
         "tokenizer",

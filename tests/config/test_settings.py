@@ -27,7 +27,7 @@ def test_defaults():
     s = load_settings(BASE)
     assert (s.on_mismatch, s.allow_dtype_difference, s.strict) == ("warn", False, False)
     assert s.report_dir == "logs/run1/attention_align"
-    assert s.to_mandate() == Mandate(dtype="bf16")
+    assert s.mandate == Mandate(dtype="bf16")
     assert load_settings({**BASE, "attention_align": None}) == s
 
 
@@ -61,7 +61,7 @@ def test_every_setting_can_be_set():
         }
     )
     assert (s.on_mismatch, s.allow_dtype_difference, s.strict) == ("error", True, True)
-    assert s.to_mandate() == Mandate(
+    assert s.mandate == Mandate(
         merge_rule=None, reduction_order="split_kv", acc_dtype="fp32", downcast="per_partial", dtype="bf16"
     )
 

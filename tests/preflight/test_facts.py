@@ -68,7 +68,7 @@ def test_a_config_that_is_no_mapping_reads_as_empty(cfg):
 @pytest.mark.parametrize("megatron_cfg", [None, "flash", 1, [], {"enabled": 0}])
 def test_megatron_off_or_malformed_keeps_the_raw_value_and_defaults(megatron_cfg):
     policy = read_policy_facts({"megatron_cfg": megatron_cfg}, {})
-    assert not policy.megatron_enabled and policy.raw["megatron_cfg"] == megatron_cfg
+    assert not policy.megatron_enabled and policy.megatron_cfg_raw == megatron_cfg
     assert policy.has_megatron_cfg is isinstance(megatron_cfg, dict)
     assert (policy.tensor_parallel_size.value, policy.apply_rope_fusion, policy.env_vars) == (1, True, {})
     assert policy.backend_raw is UNSET and policy.effective_backend == "auto"
@@ -93,15 +93,15 @@ def test_odd_megatron_values_keep_what_was_written():
     }
     policy = read_policy_facts({"megatron_cfg": mcfg, "logprob_batch_size": True, "train_micro_batch_size": 4}, {})
     assert (policy.backend_raw, policy.backend, policy.effective_backend) == ("Flash", None, None)
-    assert (policy.context_parallel_size, policy.raw["context_parallel_size"]) == (1, "2")
-    assert (policy.transformer_impl, policy.raw["transformer_impl"]) == ("transformer_engine", "TE")
+    assert (policy.context_parallel_size, policy.context_parallel_size_raw) == (1, "2")
+    assert (policy.transformer_impl, policy.transformer_impl_raw) == ("transformer_engine", "TE")
     assert policy.tensor_parallel_size.value is None  # present and null: the engine's default, not NeMo-RL's 1
     assert policy.apply_rope_fusion is True  # True is no batch size: the next key is read, and named
     assert policy.physical_batch == Fact(4, "policy.train_micro_batch_size")
     assert read_policy_facts({"logprob_batch_size": 2}, {}).physical_batch == Fact(2, "policy.logprob_batch_size")
     assert read_policy_facts({}, {}).physical_batch == Fact(None, "policy.logprob_batch_size")
-    assert policy.model_overrides == {} and policy.raw["model_overrides"] == "oops"
-    assert policy.env_vars == {} and policy.nvte_env == {} and policy.raw["env_vars"] == ["NVTE_FLASH_ATTN=1"]
+    assert policy.model_overrides == {} and policy.model_overrides_raw == "oops"
+    assert policy.env_vars == {} and policy.nvte_env == {} and policy.env_vars_raw == ["NVTE_FLASH_ATTN=1"]
 
 
 def test_env_vars_overlay_the_environment_for_nvte_and_are_strings_for_the_worker():

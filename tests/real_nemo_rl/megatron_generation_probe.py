@@ -153,7 +153,8 @@ def recipes(tree: Path) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
-    from nemo_rl_attn_align.preflight.megatron_generation import LAYOUT_KEYS, read_megatron_generation_facts
+    from nemo_rl_attn_align.preflight.facts import LAYOUT_KEYS
+    from nemo_rl_attn_align.preflight.megatron_generation import read_megatron_generation_facts
 
     register_omegaconf_resolvers()
     out = {}

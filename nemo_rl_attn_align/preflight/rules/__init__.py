@@ -18,14 +18,11 @@ from nemo_rl_attn_align.vocab.errors import Finding
 
 # Importing a rule module registers its rules, so the import order is the rule order.
 # isort: off
-from nemo_rl_attn_align.preflight.rules import values
-from nemo_rl_attn_align.preflight.rules import combinations
-from nemo_rl_attn_align.preflight.rules import alignment
+from nemo_rl_attn_align.preflight.rules import values  # noqa: F401
+from nemo_rl_attn_align.preflight.rules import combinations  # noqa: F401
+from nemo_rl_attn_align.preflight.rules import alignment  # noqa: F401
 
 # isort: on
-
-#: The rule modules, in the order their rules run.
-RULE_MODULES = (values, combinations, alignment)
 
 
 def evaluate(facts: PolicyFacts) -> list[Finding]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_rl_attn_align.preflight.facts import UNSET, PolicyFacts
-from nemo_rl_attn_align.preflight.megatron_generation import generation_model_config
 from nemo_rl_attn_align.preflight.rules.registry import MEGATRON_KEY, rule, truthy
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
@@ -59,9 +58,10 @@ def _batch_invariant_kernels(facts: PolicyFacts) -> list[Finding]:
     return out
 
 
-def _differences(training: dict[str, Any], generation: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, training value, generation value) for each attention setting that differs."""
-    t_over, g_over = training.get("model_overrides") or {}, generation.get("model_overrides") or {}
+def _differences(trained: Any, generated: Any) -> list[tuple[str, Any, Any]]:
+    """(key, training value, generation value) for each attention setting that differs, from the two
+    ``model_overrides`` as written."""
+    t_over, g_over = (None if trained is UNSET else trained) or {}, generated or {}
     if not isinstance(t_over, dict) or not isinstance(g_over, dict):
         return []
     pairs = [(f"model_overrides.{k}", t_over.get(k), g_over.get(k)) for k in GENERATION_OVERRIDE_KEYS]
@@ -70,9 +70,8 @@ def _differences(training: dict[str, Any], generation: dict[str, Any]) -> list[t
 
 @rule(Code.GENERATION_ATTENTION_DIFFERS)
 def _generation_attention(facts: PolicyFacts) -> list[Finding]:
-    generation, training = facts.raw.get("generation", UNSET), facts.raw.get("megatron_cfg")
-    found = generation_model_config({"generation": generation, "megatron_cfg": training})
-    if not facts.megatron_enabled or found is None or not found[1] or not isinstance(training, dict):
+    found = facts.generation_model
+    if not facts.megatron_enabled or found is None or not found[1] or not facts.has_megatron_cfg:
         return []
     return [
         finding(
@@ -84,5 +83,5 @@ def _generation_attention(facts: PolicyFacts) -> list[Finding]:
             f"set the same value in {MEGATRON_KEY}.{key} and policy.generation.mcore_generation_config.{key}, "
             "or leave it out of mcore_generation_config.",
         )
-        for key, trained, generated in _differences(training, found[0])
+        for key, trained, generated in _differences(facts.model_overrides_raw, found[0].get("model_overrides"))
     ]

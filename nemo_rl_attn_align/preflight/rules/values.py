@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
@@ -53,10 +54,6 @@ class ValueCheck:
     fix: str
     applies: Callable[[PolicyFacts], bool] = lambda facts: facts.megatron_enabled
     code: Code = Code.CONFIG_VALUE_INVALID
-
-
-def _raw(name: str) -> Callable[[PolicyFacts], Any]:
-    return lambda facts: facts.raw.get(name, UNSET)
 
 
 def _override(name: str, *, null_is_unset: bool = True) -> Callable[[PolicyFacts], Any]:
@@ -130,32 +127,32 @@ def _cp_attention(facts: PolicyFacts) -> bool:
 VALUE_CHECKS = (
     ValueCheck(
         "policy.model_name",
-        _raw("model_name"),
+        attrgetter("model_name_raw"),
         _not_model_id,
         "set policy.model_name to a Hugging Face model id or path.",
         applies=lambda facts: True,
     ),
     ValueCheck(
         CP_KEY,
-        _raw("context_parallel_size"),
+        attrgetter("context_parallel_size_raw"),
         _not_count,
         "set context_parallel_size to 1, 2, 4, ... (an unquoted integer).",
     ),
     ValueCheck(
         f"{MEGATRON_KEY}.transformer_impl",
-        _raw("transformer_impl"),
+        attrgetter("transformer_impl_raw"),
         _one_of(TRANSFORMER_IMPLS, "megatron-core's TransformerConfig.transformer_impl"),
         "set transformer_impl to transformer_engine (the default), local or inference_optimized.",
     ),
     ValueCheck(
         OVERRIDES_KEY,
-        _raw("model_overrides"),
+        attrgetter("model_overrides_raw"),
         _not_mapping("NeMo-RL iterates model_overrides.items() and fails."),
         "write model_overrides as a mapping of TransformerConfig fields, or remove it.",
     ),
     ValueCheck(
         f"{MEGATRON_KEY}.env_vars",
-        _raw("env_vars"),
+        attrgetter("env_vars_raw"),
         _not_mapping("NeMo-RL builds dict(env_vars) for the workers."),
         "write env_vars as a mapping of NAME: value, or remove it.",
     ),
@@ -186,7 +183,7 @@ VALUE_CHECKS = (
 def _config_values(facts: PolicyFacts) -> list[Finding]:
     """Values of the keys the rules read that NeMo-RL or Megatron cannot use at all
     (``VALUE_CHECKS``); a ``policy.megatron_cfg`` that is not a mapping hides every other one."""
-    megatron_cfg = facts.raw.get("megatron_cfg", UNSET)
+    megatron_cfg = facts.megatron_cfg_raw
     if megatron_cfg is not UNSET and not isinstance(megatron_cfg, dict):
         return [
             finding(
