@@ -116,7 +116,11 @@ def evaluate(
 
     read = functools.partial(read_recipe_facts, environ=environ, files=facts.files)  # the rounds: the same files
     preview_of = functools.partial(preview_binding, settings=settings, environ=environ)
-    step = _kernel_step(chosen, environ, options)
+    step = None
+    if chosen is not None:  # with no GPU known the kernel step chooses nothing: its machinery is not imported
+        from nemo_rl_attn_align.compare.kernel_choice import kernel_step
+
+        step = functools.partial(kernel_step, gpu=chosen, environ=environ, options=options)
     alignment = align(cfg, read, preview_of, kernels=step) if settings.preset == "aligned" else None
     final = alignment.facts if alignment is not None else facts
     kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
@@ -175,16 +179,6 @@ def _kernels(
         plan = plan_kernels(facts, gpu, source, environ, options)
         findings = [f.to_dict() for f in kernel_findings(plan, options)]
     return plan, {**plan.to_dict(), "model": facts.model.to_dict(), "findings": findings}
-
-
-def _kernel_step(gpu: str | None, environ: Mapping[str, str], options: KernelOptions):
-    """The preset's and ``--fix``'s kernel step on ``gpu`` (``kernel_choice.kernel_step``); with no GPU
-    known there is none (``kernel_step`` would choose nothing) and its machinery is not imported."""
-    if gpu is None:
-        return None
-    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
-
-    return functools.partial(kernel_step, gpu=gpu, environ=environ, options=options)
 
 
 def _kernel_step_findings(alignment: Alignment | None) -> list[dict[str, Any]]:

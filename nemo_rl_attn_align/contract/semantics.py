@@ -192,23 +192,13 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
         )
 
 
-#: The fields ``megatron_inference_semantics`` sets (the dtype is the caller's: the model's params dtype).
-MEGATRON_INFERENCE_DERIVED = (
-    "merge_rule",
-    "reduction_order",
-    "acc_dtype",
-    "downcast",
-    "reduction_engine",
-    "split_kv_policy",
-)
-
-
 def megatron_inference_semantics(
     b: ContractBuilder, flash_version: int | None, invariant: bool | None, *, preview: bool
 ) -> None:
-    """Megatron generation (megatron-core's dynamic inference engine): ``MEGATRON_INFERENCE_DERIVED``
-    for the flash-attn generation its attention layers call (2, 3 or 4; None: not known) and
-    ``batch_invariant_mode``.
+    """Megatron generation (megatron-core's dynamic inference engine): the merge rule, reduction order
+    and engine, accumulation, downcast and split-KV policy (the dtype is the caller's: the model's
+    params dtype) for the flash-attn generation its attention layers call (2, 3 or 4; None: not
+    known) and ``batch_invariant_mode``.
 
     With a dynamic inference context every layer calls flash-attn itself
     (``Attention.flash_decode_and_prefill``, megatron-core 0.19), not Transformer Engine: the
