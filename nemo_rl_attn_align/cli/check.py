@@ -116,11 +116,7 @@ def evaluate(
 
     read = functools.partial(read_recipe_facts, environ=environ, files=facts.files)  # the rounds: the same files
     preview_of = functools.partial(preview_binding, settings=settings, environ=environ)
-    step = None
-    if chosen is not None:  # with no GPU known the kernel step chooses nothing: its machinery is not imported
-        from nemo_rl_attn_align.compare.kernel_choice import kernel_step
-
-        step = functools.partial(kernel_step, gpu=chosen, environ=environ, options=options)
+    step = _kernel_step(chosen, environ, options)
     alignment = align(cfg, read, preview_of, kernels=step) if settings.preset == "aligned" else None
     final = alignment.facts if alignment is not None else facts
     kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
@@ -179,6 +175,15 @@ def _kernels(
         plan = plan_kernels(facts, gpu, source, environ, options)
         findings = [f.to_dict() for f in kernel_findings(plan, options)]
     return plan, {**plan.to_dict(), "model": facts.model.to_dict(), "findings": findings}
+
+
+def _kernel_step(gpu: str | None, environ: Mapping[str, str], options: KernelOptions):
+    """``kernel_choice.kernel_step`` on ``gpu``; None with no GPU known (it chooses nothing: not imported)."""
+    if gpu is None:
+        return None
+    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
+
+    return functools.partial(kernel_step, gpu=gpu, environ=environ, options=options)
 
 
 def _kernel_step_findings(alignment: Alignment | None) -> list[dict[str, Any]]:
