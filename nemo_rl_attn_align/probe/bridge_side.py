@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.probe import capture as capture_file
@@ -145,22 +144,6 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
     """The capture of ``spec``'s Megatron-Bridge model over ``spec.sequences``."""
     model, named = build(spec)
     return capture_model(model, spec, reference, tuple(named))
-
-
-def check_model(model: dict[str, Any], where: str) -> None:
-    """A side file's ``model`` for this engine, before any process starts: ``checkpoint`` names an
-    HF checkpoint directory; ``precision`` is one NeMo-RL takes."""
-    checkpoint = model.get("checkpoint")
-    if not isinstance(checkpoint, str) or not (Path(checkpoint) / "config.json").is_file():
-        raise UsageError(
-            f"{where}: model.checkpoint={checkpoint!r} is not a Hugging Face checkpoint directory (no config.json); "
-            "give the directory NeMo-RL's policy.model_name points at"
-        )
-    if model.get("precision", "float32") not in PRECISIONS:
-        raise UsageError(
-            f"{where}: model.precision={model['precision']!r}: use one of {', '.join(PRECISIONS)} "
-            "(NeMo-RL's policy.precision)"
-        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_attn_align.preflight.facts import PRECISIONS
 from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
 from nemo_rl_attn_align.vocab.errors import UsageError
@@ -87,10 +88,27 @@ class SideSpec:
         if raw.get("replay") is not None:
             check_name(str(raw["replay"]), str(path))
         if engine == "megatron-bridge":
-            from nemo_rl_attn_align.probe.bridge_side import check_model
-
-            check_model(raw.get("model", {}), str(path))
+            _check_checkpoint_model(raw.get("model", {}), str(path))
         return cls(**{"name": path.stem, **raw})
+
+
+def _check_checkpoint_model(model: dict[str, Any], where: str) -> None:
+    """A megatron-bridge side's ``model`` before any process starts: ``checkpoint`` is an HF checkpoint
+    directory (holding ``config.json``) or a hub id (``org/name``, read from the Hugging Face cache as
+    NeMo-RL reads ``policy.model_name``); ``precision`` is one NeMo-RL takes."""
+    checkpoint = model.get("checkpoint")
+    local = isinstance(checkpoint, str) and Path(checkpoint).exists()
+    hub_id = isinstance(checkpoint, str) and not local and checkpoint.count("/") == 1 and " " not in checkpoint
+    if not hub_id and not (local and (Path(str(checkpoint)) / "config.json").is_file()):
+        raise UsageError(
+            f"{where}: model.checkpoint={checkpoint!r} is not a Hugging Face checkpoint directory (no config.json) "
+            "or hub id; give what NeMo-RL's policy.model_name names"
+        )
+    if model.get("precision", "float32") not in PRECISIONS:
+        raise UsageError(
+            f"{where}: model.precision={model['precision']!r}: use one of {', '.join(PRECISIONS)} "
+            "(NeMo-RL's policy.precision)"
+        )
 
 
 def read_prompts(path: Path) -> list[list[int]]:

@@ -179,6 +179,14 @@ def test_a_megatron_bridge_side_file_names_a_checkpoint_and_a_precision_nemo_rl_
     side.write_text(json.dumps({"engine": "megatron-bridge", "model": {**model, "precision": "fp8"}}))
     with pytest.raises(UsageError, match=r"model.precision='fp8': use one of float32, bfloat16, float16"):
         SideSpec.read(side)
+    side.write_text(json.dumps({"engine": "megatron-bridge", "model": {"checkpoint": "Qwen/Qwen2.5-1.5B"}}))
+    assert SideSpec.read(side).model["checkpoint"] == "Qwen/Qwen2.5-1.5B"  # a hub id, as policy.model_name
+    for wrong in (str(tmp_path / "missing"), "no-slash", str(tmp_path / "train.json")):
+        side.write_text(json.dumps({"engine": "megatron-bridge", "model": {"checkpoint": wrong}}))
+        with pytest.raises(
+            UsageError, match=r"is not a Hugging Face checkpoint directory \(no config.json\) or hub id"
+        ):
+            SideSpec.read(side)
 
 
 def test_the_capture_names_what_was_replaced_to_run_on_this_machine(reference):
