@@ -23,12 +23,12 @@ _MISSING = object()
 _A = TypeVar("_A", bound="_Attributes")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON-ready form of a config value: enums by name, dtypes as text, tuples as lists."""
     if isinstance(value, enum.Enum):
         return value.name
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
     return str(value)
@@ -42,7 +42,7 @@ def read_attributes(obj: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], t
         if value is _MISSING:
             absent.append(name)
         else:
-            values[name] = _plain(value)
+            values[name] = plain(value)
     return values, tuple(absent)
 
 

@@ -2,11 +2,11 @@
 
 The training contract comes from ``policy`` / ``policy.megatron_cfg``, the rollout contract from
 ``policy.generation.vllm_cfg`` / ``vllm_kwargs`` (where NeMo-RL generates with Megatron, from the
-generation model's ``megatron_cfg`` and ``mcore_generation_config``). What the config fixes is ``configured``; what only the running engines know (the
-model's shape, read from its HF config at start, vLLM's own defaults, library versions) is
-``pending``, so the predicted binding is at best ``incomparable`` and fails only on differences
-the config already implies. ``worker_env`` predicts each side's worker environment (``env_vars``
-over the driver's).
+generation model's ``megatron_cfg`` and ``mcore_generation_config``). What the config fixes is
+``configured``; what only the running engines know (the model's shape, read from its HF config at
+start, vLLM's own defaults, library versions) is ``pending``, so the predicted binding is at best
+``incomparable`` and fails only on differences the config already implies. ``worker_env``
+predicts each side's worker environment (``env_vars`` over the driver's).
 
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
