@@ -82,10 +82,16 @@ def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> 
             b.unknown(name, f"{src}: differs between layer kinds", preview)
     windows = [kind.window for kind in layers]
     put_field(b, "layer_windows", windows, f"{src}: the left window of each attention layer", how)
+    window_field(b, windows, src, how, preview)
+
+
+def window_field(b: ContractBuilder, windows: list[int | None], source: str, how: str, preview: bool) -> None:
+    """``sliding_window`` from each layer's left window (``layer_windows``): the one window of the
+    windowed layers (None: none has one), unknown where they differ."""
     windowed = sorted({w for w in windows if w is not None})
     if len(windowed) > 1:
-        b.unknown("sliding_window", f"{src}: windowed layers differ: {windowed} (see layer_windows)", preview)
-    else:
-        full = sum(w is None for w in windows)
-        note = f" ({full} of {len(windows)} layers have no window: see layer_windows)" if windowed and full else ""
-        _put(b, "sliding_window", windowed[0] if windowed else None, src + note, how)
+        b.unknown("sliding_window", f"{source}: windowed layers differ: {windowed} (see layer_windows)", preview)
+        return
+    full = sum(w is None for w in windows)
+    note = f" ({full} of {len(windows)} layers have no window: see layer_windows)" if windowed and full else ""
+    _put(b, "sliding_window", windowed[0] if windowed else None, source + note, how)

@@ -37,7 +37,6 @@ from nemo_rl_attn_align.vocab.schema import (
     fields_of,
 )
 
-_AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.
 _MODEL_OVERRIDE_FIELDS = {
     "num_layers": "num_layers",
@@ -55,7 +54,7 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
     ``config.json`` fixes (both sides build the model from it) and the attention layers as this
     side's host builds them from it (``RecipeFacts.model``); the rest pending."""
     for name in fields_of(Tier.IDENTITY):
-        b.pending(name, _AT_START)
+        b.pending(name, "read from the HF config of policy.model_name when the worker starts")
     model = facts.model
     if model.config is not None:
         source = f"{model.config.path} (the config.json both sides load)"

@@ -19,9 +19,6 @@ from nemo_rl_attn_align.contract.contract import ContractBuilder
 from nemo_rl_attn_align.preflight.backend import CP_COMM_TYPES
 from nemo_rl_attn_align.vocab.schema import Tier, fields_of
 
-#: The ring ``cp_comm_type`` values (``preflight.backend.CP_COMM_TYPES``): TE merges per-step (out, lse) partials.
-RING_COMM_TYPES = ("p2p", "a2a+p2p")
-
 #: vLLM backends that fold (out, lse) tiles with an online softmax and accumulate in fp32.
 VLLM_ONLINE_SOFTMAX_BACKENDS = (
     "FLASH_ATTN",
@@ -37,8 +34,6 @@ VLLM_ONLINE_SOFTMAX_BACKENDS = (
 #: The fields ``vllm_semantics`` sets (the rollout's ``dtype`` is the caller's: it is read, not derived).
 VLLM_DERIVED = ("merge_rule", "reduction_order", "acc_dtype", "downcast", "reduction_engine", "split_kv_policy")
 
-_NO_KV_CACHE = ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching")
-
 
 def te_semantics(
     b: ContractBuilder, backend: str | None, dtype: str | None, cp: int, comm: Any, *, preview: bool
@@ -49,7 +44,7 @@ def te_semantics(
     not known. The preview calls it with the configured backend, the Megatron worker with the one
     Transformer Engine was seen to run."""
     b.configured("split_kv_policy", "none", "TE's training forward does not split the KV")
-    for name in _NO_KV_CACHE:
+    for name in ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching"):
         b.configured(name, None, "full-sequence forward: no KV cache")
     if backend is None or dtype is None:
         what = "the attention backend" if backend is None else "the dtype"
@@ -106,7 +101,7 @@ def _te_kv_reduction(b: ContractBuilder, preview: bool, dtype: str, cp: int, com
         f"te_cp_{comm}",
         f"context_parallel_size {cp}, cp_comm_type {comm}: TE's context-parallel attention",
     )
-    if comm in RING_COMM_TYPES:
+    if comm in ("p2p", "a2a+p2p"):  # the ring types: TE merges per-step (out, lse) partials
         b.configured(
             "reduction_order",
             "ring_step",
