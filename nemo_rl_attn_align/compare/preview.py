@@ -9,7 +9,6 @@ binds them under the settings' mandate. ``report.render.render_preview`` prints 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -29,28 +28,29 @@ if TYPE_CHECKING:
 _VLLM_BI_PROFILE = "vllm-batch-invariant-0.33"
 
 
-def predict_determinism(
-    facts: RecipeFacts,
-    environ: Mapping[str, str] | None = None,
-    training: AttentionContract | None = None,
-    rollout: AttentionContract | None = None,
+def _predict_determinism(
+    facts: RecipeFacts, environ: Mapping[str, str], training: AttentionContract, rollout: AttentionContract
 ):
-    """The determinism diff the workers would report, from the config and ``environ``, with the
-    problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree)."""
-    environ = os.environ if environ is None else environ
+    """The determinism diff the workers would report, from the config and ``environ``, with notes: the
+    problems a framework mode would stop on (e.g. Megatron's deterministic mode rejecting Tree) and
+    the vLLM batch-invariant profile assumed."""
     t_env = worker_env(facts, "training", environ)
-    problems: list[str] = []
+    notes: list[str] = []
     if facts.policy is not None and facts.policy.model_overrides.get("deterministic_mode"):
         t_env, found = PROFILES["megatron-deterministic"].apply(t_env)
-        problems.extend(found)
+        notes.extend(f"determinism: {p}" for p in found)
     r_env = worker_env(facts, "rollout", environ)
     if facts.megatron_generation is not None:  # the policy workers generate: their environment
         r_env = t_env
     elif vllm_batch_invariant(r_env):
         r_env, found = PROFILES[_VLLM_BI_PROFILE].apply(r_env)
-        problems.extend(found)
-    collective = collective_for(*(c.known_value("tp_size") for c in (training, rollout) if c is not None))
-    return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), problems
+        notes.extend(f"determinism: {p}" for p in found)
+        notes.append(
+            f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
+            f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"
+        )
+    collective = collective_for(training.known_value("tp_size"), rollout.known_value("tp_size"))
+    return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), notes
 
 
 class BindingPreview(NamedTuple):
@@ -91,13 +91,8 @@ def preview_binding(
         notes.append(f"identity pending: {model.not_found}")
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
-    diff, problems = predict_determinism(facts, environ, training, rollout)
-    notes.extend(f"determinism: {p}" for p in problems)
-    if facts.megatron_generation is None and vllm_batch_invariant(worker_env(facts, "rollout", environ)):
-        notes.append(
-            f"rollout environment predicted with {PROFILES[_VLLM_BI_PROFILE].versions}; "
-            f"{PROFILES['vllm-batch-invariant'].versions} sets NCCL_ALGO=allreduce:tree, the same allreduce meaning"
-        )
+    diff, found = _predict_determinism(facts, environ, training, rollout)
+    notes.extend(found)
     mandate: Mandate = settings.mandate
     binding = bind(training, rollout, mandate, allow_dtype_difference=settings.allow_dtype_difference, determinism=diff)
     return BindingPreview(training, rollout, binding, tuple(notes))

@@ -37,24 +37,14 @@ FIELDS = (
 
 def kind_identity(kind: LayerKind) -> dict[str, Any]:
     """One layer kind in the model's own terms (under MLA: every head has its own K and V)."""
-    if kind.mla is not None:
-        mla = kind.mla
-        return {
-            "num_attention_heads": kind.heads,
-            "num_query_groups": kind.heads,
-            "head_dim": mla.qk_head_dim + mla.qk_pos_emb_head_dim,
-            "head_dim_v": mla.v_head_dim,
-            "softmax_type": kind.softmax,
-            "mla": mla.to_dict(),
-            "attention_output_gate": kind.output_gate,
-        }
+    mla = kind.mla
     return {
         "num_attention_heads": kind.heads,
-        "num_query_groups": kind.kv_heads,
-        "head_dim": kind.head_dim_qk,
-        "head_dim_v": kind.head_dim_v,
+        "num_query_groups": kind.heads if mla is not None else kind.kv_heads,
+        "head_dim": mla.qk_head_dim + mla.qk_pos_emb_head_dim if mla is not None else kind.head_dim_qk,
+        "head_dim_v": mla.v_head_dim if mla is not None else kind.head_dim_v,
         "softmax_type": kind.softmax,
-        "mla": None,
+        "mla": mla.to_dict() if mla is not None else None,
         "attention_output_gate": kind.output_gate,
     }
 
@@ -67,18 +57,12 @@ def _put(b: ContractBuilder, name: str, value: Any, source: str, how: str) -> No
         put_field(b, name, value, source, how)
 
 
-def _unknown(b: ContractBuilder, how: str, name: str, why: str) -> None:
-    if how == "configured":
-        b.pending(name, why)
-    else:
-        b.unobservable(name, None, why)
-
-
 def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> None:
     """Set ``FIELDS`` from ``model`` (``how``: ``configured`` in a preview, ``observed`` in a record)."""
+    preview = how == "configured"
     if isinstance(model, NotRead):
         for name in FIELDS:
-            _unknown(b, how, name, model.why)
+            b.unknown(name, model.why, preview)
         return
     src = model.source
     put_field(b, "num_layers", model.num_layers, src, how)
@@ -86,22 +70,28 @@ def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> 
     layers = model.per_layer()
     if not layers:
         for name in FIELDS[2:]:
-            _unknown(b, how, name, f"{src}: the model has no softmax attention layer")
+            b.unknown(name, f"{src}: the model has no softmax attention layer", preview)
         return
     identities = [kind_identity(kind) for kind in layers]
     for name in identities[0]:
         if name == "attention_output_gate" and identities[0][name] is None:
-            _unknown(b, how, name, f"{src}: the model's modules were not shown (the gate is their attribute)")
+            b.unknown(name, f"{src}: the model's modules were not shown (the gate is their attribute)", preview)
         elif len({repr(identity[name]) for identity in identities}) == 1:
             _put(b, name, identities[0][name], src, how)
         else:
-            _unknown(b, how, name, f"{src}: differs between layer kinds")
+            b.unknown(name, f"{src}: differs between layer kinds", preview)
     windows = [kind.window for kind in layers]
     put_field(b, "layer_windows", windows, f"{src}: the left window of each attention layer", how)
+    window_field(b, windows, src, how, preview)
+
+
+def window_field(b: ContractBuilder, windows: list[int | None], source: str, how: str, preview: bool) -> None:
+    """``sliding_window`` from each layer's left window (``layer_windows``): the one window of the
+    windowed layers (None: none has one), unknown where they differ."""
     windowed = sorted({w for w in windows if w is not None})
     if len(windowed) > 1:
-        _unknown(b, how, "sliding_window", f"{src}: windowed layers differ: {windowed} (see layer_windows)")
-    else:
-        full = sum(w is None for w in windows)
-        note = f" ({full} of {len(windows)} layers have no window: see layer_windows)" if windowed and full else ""
-        _put(b, "sliding_window", windowed[0] if windowed else None, src + note, how)
+        b.unknown("sliding_window", f"{source}: windowed layers differ: {windowed} (see layer_windows)", preview)
+        return
+    full = sum(w is None for w in windows)
+    note = f" ({full} of {len(windows)} layers have no window: see layer_windows)" if windowed and full else ""
+    _put(b, "sliding_window", windowed[0] if windowed else None, source + note, how)

@@ -219,6 +219,10 @@ class ContractBuilder:
     def pending(self, name: str, source: str = "") -> ContractBuilder:
         return self.set(name, FieldValue.pending(source))
 
+    def unknown(self, name: str, why: str, preview: bool) -> ContractBuilder:
+        """A field a rule cannot know: pending in a preview, unobservable in a worker's record."""
+        return self.pending(name, why) if preview else self.unobservable(name, None, why)
+
     def build(
         self, unset: Provenance = Provenance.UNOBSERVABLE, unset_source: str = "not recorded"
     ) -> AttentionContract:

@@ -11,26 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_attn_align.contract.rope import canonical_rope
+from nemo_rl_attn_align.contract.vllm_snapshot import hf_rope
 from nemo_rl_attn_align.preflight.model_config import text_config
 
 
 def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _rope(hf: Mapping[str, Any]) -> tuple[str, dict]:
-    """RoPE of a config.json: transformers >= 5 writes one ``rope_parameters`` dict, older files
-    ``rope_theta`` and ``rope_scaling``."""
-    params = hf.get("rope_parameters")
-    if isinstance(params, Mapping):
-        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
-        plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
-        return canonical_rope(
-            params.get("rope_theta"),
-            params.get("partial_rotary_factor", hf.get("partial_rotary_factor")),
-            None if plain else scaling,
-        )
-    return canonical_rope(hf.get("rope_theta"), hf.get("partial_rotary_factor"), hf.get("rope_scaling"))
 
 
 def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,5 +46,8 @@ def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     out["logit_softcapping"] = (
         float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
     )
-    out["rope_type"], out["rope_parameters"] = _rope(hf)
+    rope = hf_rope(hf)
+    out["rope_type"], out["rope_parameters"] = canonical_rope(
+        rope["rope_theta"], rope["partial_rotary_factor"], rope["rope_scaling"]
+    )
     return out

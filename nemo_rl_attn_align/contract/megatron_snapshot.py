@@ -23,12 +23,12 @@ _MISSING = object()
 _A = TypeVar("_A", bound="_Attributes")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON-ready form of a config value: enums by name, dtypes as text, tuples as lists."""
     if isinstance(value, enum.Enum):
         return value.name
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
     return str(value)
@@ -42,7 +42,7 @@ def read_attributes(obj: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], t
         if value is _MISSING:
             absent.append(name)
         else:
-            values[name] = _plain(value)
+            values[name] = plain(value)
     return values, tuple(absent)
 
 
@@ -141,14 +141,12 @@ def _attribute_fields(cls: type, *others: str) -> tuple[str, ...]:
 ModelConfigSnapshot.ATTRIBUTES = _attribute_fields(
     ModelConfigSnapshot, "config_class", "train_micro_batch_size", "logprob_batch_size", "tokenizer"
 )
-#: The model-config attributes recorded (those missing in a megatron-core are listed as absent).
-MODEL_CONFIG_FIELDS = ModelConfigSnapshot.ATTRIBUTES
 
 
 def read_model_config(model_cfg: Any, policy_cfg: Mapping[str, Any] | None = None) -> ModelConfigSnapshot:
     """The attention-relevant attributes of the finished model config, plus the worker's batch sizes
     (when ints) and tokenizer name."""
-    values, absent = read_attributes(model_cfg, MODEL_CONFIG_FIELDS)
+    values, absent = read_attributes(model_cfg, ModelConfigSnapshot.ATTRIBUTES)
     policy_cfg = policy_cfg or {}
     batch = {
         key: policy_cfg[key] for key in ("train_micro_batch_size", "logprob_batch_size") if _is_int(policy_cfg.get(key))

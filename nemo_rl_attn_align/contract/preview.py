@@ -1,12 +1,12 @@
 """Predict both attention contracts from a resolved NeMo-RL config alone (``compare.preview`` binds them).
 
-The training contract comes from
-``policy`` / ``policy.megatron_cfg``, the rollout contract from ``policy.generation.vllm_cfg`` /
-``vllm_kwargs``. What the config fixes is ``configured``; what only the running engines know (the
-model's shape, read from its HF config at start, vLLM's own defaults, library versions) is
-``pending``, so the predicted binding is at best ``incomparable`` and fails only on differences
-the config already implies. ``worker_env`` predicts each side's worker environment (``env_vars``
-over the driver's).
+The training contract comes from ``policy`` / ``policy.megatron_cfg``, the rollout contract from
+``policy.generation.vllm_cfg`` / ``vllm_kwargs`` (where NeMo-RL generates with Megatron, from the
+generation model's ``megatron_cfg`` and ``mcore_generation_config``). What the config fixes is
+``configured``; what only the running engines know (the model's shape, read from its HF config at
+start, vLLM's own defaults, library versions) is ``pending``, so the predicted binding is at best
+``incomparable`` and fails only on differences the config already implies. ``worker_env``
+predicts each side's worker environment (``env_vars`` over the driver's).
 
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
@@ -22,9 +22,11 @@ from typing import Any
 from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import identity_fields
+from nemo_rl_attn_align.contract.megatron_inference import ENGINE
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
-from nemo_rl_attn_align.contract.semantics import te_semantics, vllm_semantics
+from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics, te_semantics, vllm_semantics
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts
 from nemo_rl_attn_align.preflight.model_config import HFModelConfig
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.kinds import dtype_or_none
@@ -35,7 +37,6 @@ from nemo_rl_attn_align.vocab.schema import (
     fields_of,
 )
 
-_AT_START = "read from the HF config of policy.model_name when the worker starts"
 #: megatron_cfg.model_overrides keys that set an identity field on the training side only.
 _MODEL_OVERRIDE_FIELDS = {
     "num_layers": "num_layers",
@@ -53,7 +54,7 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
     ``config.json`` fixes (both sides build the model from it) and the attention layers as this
     side's host builds them from it (``RecipeFacts.model``); the rest pending."""
     for name in fields_of(Tier.IDENTITY):
-        b.pending(name, _AT_START)
+        b.pending(name, "read from the HF config of policy.model_name when the worker starts")
     model = facts.model
     if model.config is not None:
         source = f"{model.config.path} (the config.json both sides load)"
@@ -205,58 +206,99 @@ def _vllm_backends(
     return backends
 
 
+def _megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> None:
+    """The rollout fields megatron-core's inference engine would record (``contract.megatron_inference``),
+    read from the generation model's ``megatron_cfg`` as NeMo-RL merges it and ``mcore_generation_config``
+    (``preflight.megatron_generation``); what only the worker knows (the installed flash-attn when no
+    version is pinned, ``max_requests``, the versions) is pending."""
+    facts, key = gen.model, gen.model_key
+    overrides = facts.model_overrides
+    dtype = dtype_or_none(facts.precision)
+    invariant = bool(overrides.get("batch_invariant_mode"))
+    pinned = overrides.get("flash_attention_version")
+    pinned = pinned if pinned in (2, 3, 4) else None
+    megatron_inference_semantics(b, pinned, invariant, preview=True)
+    if dtype is not None:
+        b.configured("dtype", dtype, "policy.precision (the generation model's params dtype)")
+        b.configured("kv_cache_dtype", dtype, "the KV buffer is allocated in the params dtype")
+    b.configured("engine", ENGINE, "policy.generation.backend: megatron")
+    if pinned:
+        b.configured("flash_attention_version", pinned, f"{key}: model_overrides.flash_attention_version")
+        b.configured("backend", f"flash_attn_{pinned}", "megatron-core calls flash-attn itself in decode and prefill")
+    else:
+        for name in ("flash_attention_version", "backend"):
+            b.pending(name, "flash-attn 4 > 3 > 2, as installed in the worker (flash_attention_version unset)")
+    configured_from(b, "kv_page_size", gen.block_size_tokens.value, gen.block_size_tokens.key)
+    chunked = gen.enable_chunked_prefill.value
+    if chunked is False:
+        b.configured("chunked_prefill_chunk", None, f"{gen.enable_chunked_prefill.key}: false")
+    else:
+        configured_from(b, "chunked_prefill_chunk", gen.max_tokens.value, gen.max_tokens.key)
+    if isinstance(chunked, bool):
+        b.configured("mode", "chunked_prefill+decode" if chunked else "prefill+decode", gen.enable_chunked_prefill.key)
+    configured_from(b, "prefix_caching", gen.enable_prefix_caching.value, gen.enable_prefix_caching.key)
+    configured_from(b, "tp_size", facts.tensor_parallel_size.value, f"{key}: tensor_model_parallel_size")
+    if dtype is not None:
+        b.configured("rope_fusion", dtype in ("bf16", "fp16"), "NeMo-RL uses flashinfer's fused RoPE for fp16/bf16")
+    b.configured("batch_invariant", invariant, f"{key}: model_overrides.batch_invariant_mode")
+    b.configured(
+        "deterministic", bool(overrides.get("deterministic_mode")), f"{key}: model_overrides.deterministic_mode"
+    )
+    b.pending("physical_batch", "max_requests follows from buffer_size_gb at engine start")
+
+
 def predict_rollout(
     recipe: RecipeFacts,
     environ: Mapping[str, str] | None = None,
     predicted_backends: Collection[str] | None = None,
 ) -> AttentionContract | None:
-    """The rollout contract a vLLM generation worker would record, or ``None`` when
-    ``policy.generation.backend`` is not vllm. ``predicted_backends``: what vLLM's selector picks for
+    """The rollout contract a vLLM (or Megatron) generation worker would record, or ``None`` when
+    ``policy.generation.backend`` is neither. ``predicted_backends``: what vLLM's selector picks for
     the attention layers on the GPU ``check --gpu`` predicts for (None: no prediction; vLLM's
     choice is assumed)."""
     if "rollout" in absent_sides(recipe):
         return None
     b = ContractBuilder("rollout", "preview-rollout")
     if recipe.megatron_generation is not None:
-        from nemo_rl_attn_align.contract.preview_megatron import predict_megatron_rollout  # its engine only
-
         _identity(b, recipe, "training")  # the policy's own Megatron model generates
-        return predict_megatron_rollout(b, recipe.megatron_generation)
-    gen = recipe.generation
-    env = worker_env(recipe, "rollout", os.environ if environ is None else environ)
-    invariant = vllm_batch_invariant(env)
-    _identity(b, recipe, "rollout")
-    model = recipe.model.config
-    dtype = dtype_or_none(gen.precision.value)
-    if dtype is not None:
-        b.configured("dtype", dtype, gen.precision.key)
-    vllm_semantics(b, _vllm_backends(b, gen.attention_backend, env, predicted_backends), invariant, preview=True)
-    b.configured("engine", "vllm", "policy.generation.backend")
-    configured_from(b, "kv_page_size", gen.block_size, "vllm_kwargs.block_size")
-    _vllm_kv_cache_dtype(b, gen, model)
-    chunked = gen.enable_chunked_prefill
-    if chunked is False:
-        b.configured("chunked_prefill_chunk", None, "vllm_kwargs.enable_chunked_prefill: false")
+        _megatron_rollout(b, recipe.megatron_generation)
     else:
-        configured_from(b, "chunked_prefill_chunk", gen.max_num_batched_tokens, "vllm_kwargs.max_num_batched_tokens")
-    b.configured(
-        "mode",
-        "prefill+decode" if chunked is False else "chunked_prefill+decode",
-        "vllm_kwargs.enable_chunked_prefill (vLLM V1 default on)",
-    )
-    caching = gen.enable_prefix_caching
-    if isinstance(caching.value, bool):
-        b.configured("prefix_caching", caching.value, caching.key)
-    else:
-        b.pending("prefix_caching", "NeMo-RL turns it on for sm80+ GPUs at engine start")
-    b.configured("cp_size", 1, "vLLM runs no context parallelism here")
-    b.configured("cp_layout", "none", "no context parallelism")
-    b.configured("cp_comm_type", None, "no context parallelism")
-    configured_from(b, "tp_size", gen.tensor_parallel_size.value, gen.tensor_parallel_size.key)
-    b.configured("rope_fusion", None, "vLLM applies RoPE in its own kernel; no switch")
-    configured_from(b, "physical_batch", gen.max_num_seqs, "vllm_kwargs.max_num_seqs")
-    b.configured("batch_invariant", invariant, "VLLM_BATCH_INVARIANT in the worker environment")
-    b.configured("deterministic", None, "vLLM has no deterministic mode apart from batch invariance")
-    b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
+        gen = recipe.generation
+        env = worker_env(recipe, "rollout", os.environ if environ is None else environ)
+        invariant = vllm_batch_invariant(env)
+        _identity(b, recipe, "rollout")
+        dtype = dtype_or_none(gen.precision.value)
+        if dtype is not None:
+            b.configured("dtype", dtype, gen.precision.key)
+        vllm_semantics(b, _vllm_backends(b, gen.attention_backend, env, predicted_backends), invariant, preview=True)
+        b.configured("engine", "vllm", "policy.generation.backend")
+        configured_from(b, "kv_page_size", gen.block_size, "vllm_kwargs.block_size")
+        _vllm_kv_cache_dtype(b, gen, recipe.model.config)
+        chunked = gen.enable_chunked_prefill
+        if chunked is False:
+            b.configured("chunked_prefill_chunk", None, "vllm_kwargs.enable_chunked_prefill: false")
+        else:
+            configured_from(
+                b, "chunked_prefill_chunk", gen.max_num_batched_tokens, "vllm_kwargs.max_num_batched_tokens"
+            )
+        b.configured(
+            "mode",
+            "prefill+decode" if chunked is False else "chunked_prefill+decode",
+            "vllm_kwargs.enable_chunked_prefill (vLLM V1 default on)",
+        )
+        caching = gen.enable_prefix_caching
+        if isinstance(caching.value, bool):
+            b.configured("prefix_caching", caching.value, caching.key)
+        else:
+            b.pending("prefix_caching", "NeMo-RL turns it on for sm80+ GPUs at engine start")
+        b.configured("cp_size", 1, "vLLM runs no context parallelism here")
+        b.configured("cp_layout", "none", "no context parallelism")
+        b.configured("cp_comm_type", None, "no context parallelism")
+        configured_from(b, "tp_size", gen.tensor_parallel_size.value, gen.tensor_parallel_size.key)
+        b.configured("rope_fusion", None, "vLLM applies RoPE in its own kernel; no switch")
+        configured_from(b, "physical_batch", gen.max_num_seqs, "vllm_kwargs.max_num_seqs")
+        b.configured("batch_invariant", invariant, "VLLM_BATCH_INVARIANT in the worker environment")
+        b.configured("deterministic", None, "vLLM has no deterministic mode apart from batch invariance")
+        b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
     b.pending("versions", "the worker's installed libraries")
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")

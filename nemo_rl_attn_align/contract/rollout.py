@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.contract.attention_identity import model_identity
+from nemo_rl_attn_align.contract.attention_identity import model_identity, window_field
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
     ContractBuilder,
@@ -95,13 +95,7 @@ def _sliding_window(b: ContractBuilder, snap: VllmSnapshot) -> None:
         b.configured("sliding_window", hf_window, source)
         return
     put_field(b, "layer_windows", windows, source, how)
-    windowed = sorted({w for w in windows if w is not None})
-    full = sum(w is None for w in windows)
-    if len(windowed) > 1:
-        b.unobservable("sliding_window", None, f"{source}: windowed layers differ: {windowed} (see layer_windows)")
-        return
-    note = f" ({full} of {len(windows)} layers have no window: see layer_windows)" if windowed and full else ""
-    getattr(b, how)("sliding_window", windowed[0] if windowed else None, source + note)
+    window_field(b, windows, source, how, preview=False)
 
 
 def _softcapping(b: ContractBuilder, snap: VllmSnapshot) -> None:

@@ -12,15 +12,12 @@ Facts behind the rules (what the kernels do) are written in the ``source`` of ea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from nemo_rl_attn_align.contract.contract import ContractBuilder
 from nemo_rl_attn_align.preflight.backend import CP_COMM_TYPES
 from nemo_rl_attn_align.vocab.schema import Tier, fields_of
-
-#: The ring ``cp_comm_type`` values (``preflight.backend.CP_COMM_TYPES``): TE merges per-step (out, lse) partials.
-RING_COMM_TYPES = ("p2p", "a2a+p2p")
 
 #: vLLM backends that fold (out, lse) tiles with an online softmax and accumulate in fp32.
 VLLM_ONLINE_SOFTMAX_BACKENDS = (
@@ -37,15 +34,6 @@ VLLM_ONLINE_SOFTMAX_BACKENDS = (
 #: The fields ``vllm_semantics`` sets (the rollout's ``dtype`` is the caller's: it is read, not derived).
 VLLM_DERIVED = ("merge_rule", "reduction_order", "acc_dtype", "downcast", "reduction_engine", "split_kv_policy")
 
-_NO_KV_CACHE = ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching")
-
-
-def _unknown(b: ContractBuilder, preview: bool) -> Callable[[str, str], Any]:
-    """Sets one field the rule cannot know: pending in a preview, unobservable in a worker's record."""
-    if preview:
-        return lambda name, why: b.pending(name, why)
-    return lambda name, why: b.unobservable(name, None, why)
-
 
 def te_semantics(
     b: ContractBuilder, backend: str | None, dtype: str | None, cp: int, comm: Any, *, preview: bool
@@ -55,16 +43,15 @@ def te_semantics(
     context-parallel size and ``cp_comm_type``. ``None`` backend or dtype: the derived fields are
     not known. The preview calls it with the configured backend, the Megatron worker with the one
     Transformer Engine was seen to run."""
-    unknown = _unknown(b, preview)
     b.configured("split_kv_policy", "none", "TE's training forward does not split the KV")
-    for name in _NO_KV_CACHE:
+    for name in ("kv_page_size", "kv_cache_dtype", "chunked_prefill_chunk", "prefix_caching"):
         b.configured(name, None, "full-sequence forward: no KV cache")
     if backend is None or dtype is None:
         what = "the attention backend" if backend is None else "the dtype"
         where = "see the pre-flight findings" if preview else "not readable from the model config"
         why = f"{what} is not known ({where})"
         for name in (*fields_of(Tier.SEMANTIC), "reduction_engine"):
-            unknown(name, why)
+            b.unknown(name, why, preview)
         return
     b.configured("dtype", dtype, "policy.precision")
     b.configured("acc_dtype", "fp32", "TE flash/fused kernels and cuBLAS (unfused) accumulate in fp32")
@@ -76,7 +63,7 @@ def te_semantics(
         "online_softmax_lse",
         f"attention_backend {backend}: TE FlashAttention/FusedAttention fold KV tiles with an online softmax",
     )
-    _te_kv_reduction(b, unknown, dtype, cp, comm)
+    _te_kv_reduction(b, preview, dtype, cp, comm)
 
 
 def _te_full_softmax(b: ContractBuilder, backend: str) -> None:
@@ -96,7 +83,7 @@ def _te_full_softmax(b: ContractBuilder, backend: str) -> None:
     )
 
 
-def _te_kv_reduction(b: ContractBuilder, unknown: Callable[[str, str], Any], dtype: str, cp: int, comm: Any) -> None:
+def _te_kv_reduction(b: ContractBuilder, preview: bool, dtype: str, cp: int, comm: Any) -> None:
     """How TE's flash/fused attention folds the KV: one kernel pass, or context parallelism's
     ring-step partials or gathered KV, by ``cp_comm_type``."""
     if cp == 1:
@@ -107,14 +94,14 @@ def _te_kv_reduction(b: ContractBuilder, unknown: Callable[[str, str], Any], dty
         return
     if comm not in CP_COMM_TYPES:
         for name in ("reduction_order", "downcast", "reduction_engine"):
-            unknown(name, f"cp_comm_type {comm!r} is not one of {', '.join(CP_COMM_TYPES)}")
+            b.unknown(name, f"cp_comm_type {comm!r} is not one of {', '.join(CP_COMM_TYPES)}", preview)
         return
     b.configured(
         "reduction_engine",
         f"te_cp_{comm}",
         f"context_parallel_size {cp}, cp_comm_type {comm}: TE's context-parallel attention",
     )
-    if comm in RING_COMM_TYPES:
+    if comm in ("p2p", "a2a+p2p"):  # the ring types: TE merges per-step (out, lse) partials
         b.configured(
             "reduction_order",
             "ring_step",
@@ -140,7 +127,6 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
     ``backends`` is what the layers run (a worker; empty: none could be read), or None when vLLM
     has not chosen yet (a preview: vLLM's choice is assumed; in batch-invariant mode that is
     FLASH_ATTN, the one vLLM runs there unless another is requested)."""
-    unknown = _unknown(b, preview)
     chosen = None if backends is None else frozenset(backends)
     if chosen is not None and not (chosen and chosen <= set(VLLM_ONLINE_SOFTMAX_BACKENDS)):
         why = (
@@ -149,7 +135,7 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
             else "no attention layer names its backend"
         )
         for name in VLLM_DERIVED:
-            unknown(name, why)
+            b.unknown(name, why, preview)
         return
     names = ", ".join(sorted(chosen)) if chosen else "vLLM's paged attention backends"
     b.configured("merge_rule", "online_softmax_lse", f"{names}: (out, lse) partials merged with an online softmax")
@@ -164,8 +150,9 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
             b.configured("reduction_order", "kv_index", why + ": one KV split, tiles folded in KV order")
             b.configured("reduction_engine", "single_kernel", why + ": no split-KV combine")
         else:
+            why = f"VLLM_BATCH_INVARIANT=1 with {names}: its split-KV policy is not known to this plugin"
             for name in ("split_kv_policy", "reduction_order", "reduction_engine"):
-                unknown(name, f"VLLM_BATCH_INVARIANT=1 with {names}: its split-KV policy is not known to this plugin")
+                b.unknown(name, why, preview)
         return
     b.configured(
         "split_kv_policy",
@@ -185,10 +172,11 @@ def vllm_semantics(b: ContractBuilder, backends: Collection[str] | None, invaria
             "FLASH_ATTN: flash-attn's split-KV combine kernel merges the partials",
         )
     else:
-        unknown(
+        b.unknown(
             "reduction_engine",
             f"{names}: the split-KV merge kernel depends on the backend"
             + (" vLLM picks at engine start" if chosen is None else ""),
+            preview,
         )
 
 
@@ -205,7 +193,6 @@ def megatron_inference_semantics(
     ``*_with_kvcache`` decode and the varlen prefill kernels over the paged cache, with
     ``num_splits=0`` (the kernel's split-KV heuristic) or 1 in batch-invariant mode; and no context
     parallelism."""
-    unknown = _unknown(b, preview)
     b.configured("cp_size", 1, "NeMo-RL pins the inference context parallelism to 1")
     b.configured("cp_layout", "none", "no context parallelism")
     b.configured("cp_comm_type", None, "no context parallelism")
@@ -216,7 +203,7 @@ def megatron_inference_semantics(
     b.configured("downcast", "final_write", "split-KV partials stay fp32 until the output is written once")
     if invariant is None:
         for name in ("split_kv_policy", "reduction_order", "reduction_engine"):
-            unknown(name, "batch_invariant_mode is not known: it decides num_splits")
+            b.unknown(name, "batch_invariant_mode is not known: it decides num_splits", preview)
         return
     if invariant:
         why = "batch_invariant_mode: megatron-core passes num_splits=1 (flash-attn 3/4 only)"

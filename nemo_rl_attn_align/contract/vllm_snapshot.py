@@ -27,11 +27,11 @@ The context-parallel sizes are ``parallel_config.prefill_context_parallel_size``
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_rl_attn_align.contract.megatron_snapshot import plain
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.model_attention import hf_left_window, left_window, vllm_layer_facts
 
@@ -96,12 +96,6 @@ class VllmSnapshot:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, one key per field (the worker's host detail keeps it as ``vllm_config``)."""
         return dataclasses.asdict(self)
-
-
-def _name(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.name
-    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 def layer_backends(static_forward_context: Mapping[str, Any]) -> dict[str, str]:
@@ -191,20 +185,22 @@ def requested_backend(vllm_config: Any, environ: Mapping[str, str]) -> tuple[str
     still read the variable when the argument is unset)."""
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     if backend is not None:
-        return _name(backend), "vllm_config.attention_config.backend (attention_backend engine arg)"
+        return plain(backend), "vllm_config.attention_config.backend (attention_backend engine arg)"
     if environ.get("VLLM_ATTENTION_BACKEND"):
         return environ["VLLM_ATTENTION_BACKEND"], "VLLM_ATTENTION_BACKEND"
     return None, _NOT_REQUESTED
 
 
 def hf_rope(hf: Any) -> dict[str, Any]:
-    """RoPE values of an HF config: ``rope_theta``, ``rope_scaling`` (None for plain RoPE),
-    ``partial_rotary_factor``, and ``rope_source``: the attribute they were read from.
+    """RoPE values of an HF config (the object, or a ``config.json`` mapping): ``rope_theta``,
+    ``rope_scaling`` (None for plain RoPE), ``partial_rotary_factor``, and ``rope_source``: the
+    attribute they were read from.
 
     transformers >= 5 keeps them in one ``rope_parameters`` dict (``{"rope_type": "default",
     "rope_theta": ...}``); older releases have ``rope_theta`` and ``rope_scaling`` attributes.
     """
-    params = getattr(hf, "rope_parameters", None)
+    get = hf.get if isinstance(hf, Mapping) else lambda name: getattr(hf, name, None)
+    params = get("rope_parameters")
     if isinstance(params, Mapping):
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
         plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
@@ -212,14 +208,14 @@ def hf_rope(hf: Any) -> dict[str, Any]:
         return {
             "rope_theta": params.get("rope_theta"),
             "rope_scaling": None if plain else scaling,
-            "partial_rotary_factor": params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None)),
+            "partial_rotary_factor": params.get("partial_rotary_factor", get("partial_rotary_factor")),
             "rope_source": "hf_config.rope_parameters"
-            + ("" if in_params or getattr(hf, "partial_rotary_factor", None) is None else " + partial_rotary_factor"),
+            + ("" if in_params or get("partial_rotary_factor") is None else " + partial_rotary_factor"),
         }
     return {
-        "rope_theta": getattr(hf, "rope_theta", None),
-        "rope_scaling": getattr(hf, "rope_scaling", None),
-        "partial_rotary_factor": getattr(hf, "partial_rotary_factor", None),
+        "rope_theta": get("rope_theta"),
+        "rope_scaling": get("rope_scaling"),
+        "partial_rotary_factor": get("partial_rotary_factor"),
         "rope_source": "hf_config.rope_theta/partial_rotary_factor/rope_scaling",
     }
 
@@ -251,7 +247,7 @@ def _model_values(
         **hf_rope(hf),
         "vocab_size": getattr(hf, "vocab_size", None),
         "tokenizer": getattr(model, "tokenizer", None),
-        "dtype": _name(getattr(model, "dtype", None)),
+        "dtype": plain(getattr(model, "dtype", None)),
     }
 
 
@@ -266,7 +262,7 @@ def _engine_values(vllm_config: Any, static_forward_context: Mapping[str, Any]) 
     sched = getattr(vllm_config, "scheduler_config", None)
     par = getattr(vllm_config, "parallel_config", None)
     return {
-        "kv_cache_dtype": _name(getattr(cache, "cache_dtype", None)),
+        "kv_cache_dtype": plain(getattr(cache, "cache_dtype", None)),
         "layer_kv_cache_dtypes": layer_kv_cache_dtypes(static_forward_context),
         "kv_cache_tensor_dtype": kv_cache_tensor_dtype(static_forward_context),
         "block_size": getattr(cache, "block_size", None),

@@ -149,17 +149,10 @@ MEGATRON_GENERATION_SOURCE = (
 )
 
 
-def megatron_generation_kernel(facts: RecipeFacts, options: KernelOptions) -> Kernel:
-    """The flash-attn generation Megatron generation runs, as megatron-core resolves it: the pinned
-    ``flash_attention_version``, else 4 > 3 > 2 as installed (NeMo-RL installs flash-attn 2; ``--fa3``
-    adds flash-attn 3; flash-attn 4 is not assumed)."""
-    gen = facts.megatron_generation
-    assert gen is not None
-    return megatron_flash_kernel(gen.model.model_overrides.get("flash_attention_version"), options)
-
-
 def megatron_flash_kernel(pinned: object, options: KernelOptions) -> Kernel:
-    """megatron-core's flash-attn generation for a ``flash_attention_version`` pin (None: unpinned)."""
+    """The flash-attn generation Megatron generation runs, as megatron-core resolves it: the pinned
+    ``flash_attention_version`` (None: unpinned), else 4 > 3 > 2 as installed (NeMo-RL installs
+    flash-attn 2; ``--fa3`` adds flash-attn 3; flash-attn 4 is not assumed)."""
     installed = {"fa4": False, "fa3": options.flash_attn_3, "fa2": True}
     version, why = resolve_flash_version(pinned, installed)
     assumes = (
@@ -265,15 +258,16 @@ def _side_kernels(
     why = _training_side(facts) if side == "training" else _rollout_side(facts)
     if why is not None:
         return (), why
-    megatron_rollout = side == "rollout" and facts.megatron_generation is not None
-    model = facts.model.side("training" if megatron_rollout else side)
+    megatron = facts.megatron_generation if side == "rollout" else None
+    model = facts.model.side("training" if megatron is not None else side)
     if isinstance(model, NotRead):
         pending = Kernel(side, pending=f"the model's attention is not known ({model.why})")
         return (KindKernel("the model's attention layers", pending),), None
     out = []
     for kind in model.kinds:
-        if megatron_rollout:
-            out.append(_kind_kernel(model, kind, None, megatron_generation_kernel(facts, options)))
+        if megatron is not None:
+            own = megatron_flash_kernel(megatron.model.model_overrides.get("flash_attention_version"), options)
+            out.append(_kind_kernel(model, kind, None, own))
         elif side == "training" and kind.variant == "dsa":
             own = Kernel(side, DSA_KERNEL, None, (), DSA_SOURCE)
             out.append(_kind_kernel(model, kind, None, own))
