@@ -2,8 +2,9 @@
 
 Runs them as fresh subprocesses, interleaved, with a third command for the floor: the interpreter
 plus OmegaConf and PyYAML, which ``check`` needs to read a recipe exactly as NeMo-RL does. Prints
-the medians, the differences and the ratio from this one run. Target (issue #13): check in
-<= 100 ms median.
+the medians, the differences and the ratios from this one run. Target (issue #31): check in at
+most 2x the floor's median (issue #13's 100 ms was set before the kernel predictions and the
+two-core machines this runs on).
 
     python benchmarks/check_walltime.py [--runs 15]
 """
@@ -65,7 +66,8 @@ def main() -> int:
     print(
         f"{'check - floor':>16}: {(check - floor) * 1e3:7.1f} ms   (the floor: interpreter + omegaconf + yaml imports)"
     )
-    print(f"target: check <= 100 ms median -> {'met' if check <= 0.1 else 'NOT met'}")
+    print(f"{'check / floor':>16}: {check / floor:7.2f}x")
+    print(f"target (issue #31): check <= 2x the floor, median -> {'met' if check <= 2 * floor else 'NOT met'}")
     return 0
 
 

@@ -7,6 +7,7 @@ exit 2. Never a traceback (``cli.main`` guards the standard streams once for eve
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,3 +88,28 @@ def test_a_full_device_is_one_line_and_exit_2(args):
     assert proc.stderr.endswith(FULL_LINE) and "Traceback" not in proc.stderr
     # the missing file's own line comes first; nothing else is said
     assert proc.stderr.count("\n") == (2 if "/missing.yaml" in args else 1)
+
+
+@pytest.mark.parametrize(("argv", "fast"), [(["check", GRPO, "--json"], True), (["examples"], False)])
+def test_the_console_script_ends_check_without_the_interpreters_teardown(monkeypatch, capsys, argv, fast):
+    """``cli.console``: ``check`` leaves through ``os._exit`` with its exit code, its output flushed
+    first (the whole JSON is there); any other command through ``sys.exit``."""
+    from nemo_rl_attn_align import cli
+
+    ended: list[tuple[str, int]] = []
+
+    def record(how: str):
+        def end(code):
+            ended.append((how, code))
+            raise SystemExit(code)
+
+        return end
+
+    monkeypatch.setattr(os, "_exit", record("os._exit"))
+    monkeypatch.setattr(sys, "exit", record("sys.exit"))
+    monkeypatch.setattr(sys, "argv", ["nemo-rl-attn-align", *argv])
+    with pytest.raises(SystemExit):
+        cli.console()
+    assert ended == [("os._exit" if fast else "sys.exit", 0)]
+    out = capsys.readouterr().out
+    assert (json.loads(out)["exit_code"] == 0) if fast else out

@@ -10,8 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_rl_attn_align.contract.rope import canonical_rope
-from nemo_rl_attn_align.contract.vllm_snapshot import hf_rope
+from nemo_rl_attn_align.contract.rope import canonical_rope, hf_rope
 from nemo_rl_attn_align.preflight.model_config import text_config
 
 

@@ -22,7 +22,6 @@ from typing import Any
 from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
 from nemo_rl_attn_align.contract.hf_model import identity_fields
-from nemo_rl_attn_align.contract.megatron_inference import ENGINE
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics, te_semantics, vllm_semantics
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
@@ -221,6 +220,8 @@ def _megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> None:
     if dtype is not None:
         b.configured("dtype", dtype, "policy.precision (the generation model's params dtype)")
         b.configured("kv_cache_dtype", dtype, "the KV buffer is allocated in the params dtype")
+    from nemo_rl_attn_align.contract.megatron_inference import ENGINE  # megatron-core's inference: only here
+
     b.configured("engine", ENGINE, "policy.generation.backend: megatron")
     if pinned:
         b.configured("flash_attention_version", pinned, f"{key}: model_overrides.flash_attention_version")

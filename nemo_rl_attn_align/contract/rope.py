@@ -5,7 +5,8 @@ model config plus ``rope_scaling``/``rope_scaling_factor`` (Llama 3.x frequency 
 ``GPTModel`` argument that Megatron-Bridge's providers carry) or ``seq_len_interpolation_factor``
 (linear); Hugging Face configs (what vLLM runs) use ``rope_theta``, ``partial_rotary_factor`` and a
 ``rope_scaling`` dict (transformers >= 5: one ``rope_parameters`` dict). ``canonical_rope`` maps
-either onto ``(rope_type, {"theta", "partial_rotary_factor", "scaling"?})``.
+either onto ``(rope_type, {"theta", "partial_rotary_factor", "scaling"?})``; ``hf_rope`` reads the
+Hugging Face values from a config object or a ``config.json`` mapping.
 """
 
 from __future__ import annotations
@@ -49,3 +50,32 @@ def megatron_scaling(
     if seq_len_interpolation_factor is not None:
         return {"rope_type": "linear", "factor": seq_len_interpolation_factor}
     return None
+
+
+def hf_rope(hf: Any) -> dict[str, Any]:
+    """RoPE values of an HF config (the object, or a ``config.json`` mapping): ``rope_theta``,
+    ``rope_scaling`` (None for plain RoPE), ``partial_rotary_factor``, and ``rope_source``: the
+    attribute they were read from.
+
+    transformers >= 5 keeps them in one ``rope_parameters`` dict (``{"rope_type": "default",
+    "rope_theta": ...}``); older releases have ``rope_theta`` and ``rope_scaling`` attributes.
+    """
+    get = hf.get if isinstance(hf, Mapping) else lambda name: getattr(hf, name, None)
+    params = get("rope_parameters")
+    if isinstance(params, Mapping):
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
+        in_params = "partial_rotary_factor" in params
+        return {
+            "rope_theta": params.get("rope_theta"),
+            "rope_scaling": None if plain else scaling,
+            "partial_rotary_factor": params.get("partial_rotary_factor", get("partial_rotary_factor")),
+            "rope_source": "hf_config.rope_parameters"
+            + ("" if in_params or get("partial_rotary_factor") is None else " + partial_rotary_factor"),
+        }
+    return {
+        "rope_theta": get("rope_theta"),
+        "rope_scaling": get("rope_scaling"),
+        "partial_rotary_factor": get("partial_rotary_factor"),
+        "rope_source": "hf_config.rope_theta/partial_rotary_factor/rope_scaling",
+    }

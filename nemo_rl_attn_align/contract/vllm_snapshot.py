@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_attn_align.contract.megatron_snapshot import plain
+from nemo_rl_attn_align.contract.rope import hf_rope
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.model_attention import hf_left_window, left_window, vllm_layer_facts
 
@@ -189,35 +190,6 @@ def requested_backend(vllm_config: Any, environ: Mapping[str, str]) -> tuple[str
     if environ.get("VLLM_ATTENTION_BACKEND"):
         return environ["VLLM_ATTENTION_BACKEND"], "VLLM_ATTENTION_BACKEND"
     return None, _NOT_REQUESTED
-
-
-def hf_rope(hf: Any) -> dict[str, Any]:
-    """RoPE values of an HF config (the object, or a ``config.json`` mapping): ``rope_theta``,
-    ``rope_scaling`` (None for plain RoPE), ``partial_rotary_factor``, and ``rope_source``: the
-    attribute they were read from.
-
-    transformers >= 5 keeps them in one ``rope_parameters`` dict (``{"rope_type": "default",
-    "rope_theta": ...}``); older releases have ``rope_theta`` and ``rope_scaling`` attributes.
-    """
-    get = hf.get if isinstance(hf, Mapping) else lambda name: getattr(hf, name, None)
-    params = get("rope_parameters")
-    if isinstance(params, Mapping):
-        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
-        plain = set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") == "default"
-        in_params = "partial_rotary_factor" in params
-        return {
-            "rope_theta": params.get("rope_theta"),
-            "rope_scaling": None if plain else scaling,
-            "partial_rotary_factor": params.get("partial_rotary_factor", get("partial_rotary_factor")),
-            "rope_source": "hf_config.rope_parameters"
-            + ("" if in_params or get("partial_rotary_factor") is None else " + partial_rotary_factor"),
-        }
-    return {
-        "rope_theta": get("rope_theta"),
-        "rope_scaling": get("rope_scaling"),
-        "partial_rotary_factor": get("partial_rotary_factor"),
-        "rope_source": "hf_config.rope_theta/partial_rotary_factor/rope_scaling",
-    }
 
 
 def _model_values(

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_rl_attn_align.compare.binding import same_value
-from nemo_rl_attn_align.contract.rope import canonical_rope, megatron_scaling
-from nemo_rl_attn_align.contract.vllm_snapshot import hf_rope
+from nemo_rl_attn_align.contract.rope import canonical_rope, hf_rope, megatron_scaling
 
 # Llama-3.1-8B's HF config.json values.
 LLAMA31_HF = SimpleNamespace(

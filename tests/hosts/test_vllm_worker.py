@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_rl_attn_align.contract import rollout as vllm_record
-from nemo_rl_attn_align.contract import vllm_snapshot
+from nemo_rl_attn_align.contract import rope, vllm_snapshot
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.hosts import _patching, vllm_worker
 from nemo_rl_attn_align.report.store import read_worker_files
@@ -165,7 +165,7 @@ def test_real_vllm_engine_is_recorded(tmp_path, monkeypatch):
     ],
 )
 def test_rope_facts_from_old_and_transformers_5_configs(hf, expected):
-    facts = vllm_snapshot.hf_rope(hf)
+    facts = rope.hf_rope(hf)
     assert facts.pop("rope_source").startswith("hf_config.rope_parameters" if hasattr(hf, "rope_parameters") else "hf")
     assert facts == expected
 
@@ -408,16 +408,16 @@ def test_the_fake_engines_layers_name_their_kv_cache_format(fake_vllm, tmp_path)
 
 
 def test_rope_sources_name_the_attribute_read():
-    new = vllm_snapshot.hf_rope(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    new = rope.hf_rope(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     assert new["rope_source"] == "hf_config.rope_parameters"
     contract = vllm_record.rollout_contract(VllmSnapshot(**new), "w")
     assert contract["rope_type"].source == "hf_config.rope_parameters['rope_type'] (absent: default)"
     assert contract["rope_parameters"].source == "hf_config.rope_parameters"
     old = vllm_record.rollout_contract(
-        VllmSnapshot(**vllm_snapshot.hf_rope(SimpleNamespace(rope_theta=1e4, rope_scaling=None))), "w"
+        VllmSnapshot(**rope.hf_rope(SimpleNamespace(rope_theta=1e4, rope_scaling=None))), "w"
     )
     assert old["rope_type"].source.startswith("hf_config.rope_scaling")
-    partial = vllm_snapshot.hf_rope(
+    partial = rope.hf_rope(
         SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, partial_rotary_factor=0.5)
     )
     assert partial["rope_source"] == "hf_config.rope_parameters + partial_rotary_factor"
