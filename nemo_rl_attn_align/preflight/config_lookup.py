@@ -38,9 +38,11 @@ def get_or_unset(node: Any, key: str) -> Any:
 
 
 def section(node: Any, key: str) -> Mapping[str, Any]:
-    """``node[key]`` when both are mappings, else an empty one (NeMo-RL's ``.get(key, {})``)."""
-    value = node.get(key) if isinstance(node, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
+    """``node[key]`` (``key`` may be dotted: ``"policy.generation"``) when every level is a mapping,
+    else an empty one (NeMo-RL's ``.get(key, {})``)."""
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else {}
 
 
 def value_at(cfg: Any, dotted: str) -> Any:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import as_env_vars, value_at
+from nemo_rl_attn_align.preflight.config_lookup import as_env_vars, section
 from nemo_rl_attn_align.probe.sides import SideSpec
 from nemo_rl_attn_align.vocab.errors import UsageError
 
@@ -55,12 +55,6 @@ class RecipeSides:
     notes: tuple[str, ...] = ()
 
 
-def _section(cfg: Mapping[str, Any], dotted: str) -> dict[str, Any]:
-    """The mapping at ``dotted`` ({} where it is absent or not a mapping)."""
-    node = value_at(cfg, dotted)
-    return dict(node) if isinstance(node, Mapping) else {}
-
-
 def as_run_starts(cfg: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     """``cfg`` with ``attention_align.preset: aligned``'s changes applied, and a note per change."""
     from nemo_rl_attn_align.compare.preset import align
@@ -79,7 +73,7 @@ def as_run_starts(cfg: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict
 
 
 def _training(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    policy, megatron = _section(cfg, "policy"), _section(cfg, "policy.megatron_cfg")
+    policy, megatron = section(cfg, "policy"), section(cfg, "policy.megatron_cfg")
     if megatron.get("enabled") is not True:
         raise UsageError(
             "policy.megatron_cfg.enabled is not true: probe CONFIG compares Megatron training with its rollouts. "
@@ -99,7 +93,7 @@ def _training(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], 
 
 
 def _rollout(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    generation = _section(cfg, "policy.generation")
+    generation = section(cfg, "policy.generation")
     if not generation:
         raise UsageError(
             "policy.generation is not set: the recipe has no rollout engine to compare (SFT, DPO). "
@@ -110,7 +104,7 @@ def _rollout(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], d
             f"policy.generation.backend={generation.get('backend')!r}: probe CONFIG runs the rollout side on vLLM. "
             "Fix: probe a recipe that generates with vLLM, or give two side files"
         )
-    vllm_cfg, kwargs = _section(cfg, "policy.generation.vllm_cfg"), _section(cfg, "policy.generation.vllm_kwargs")
+    vllm_cfg, kwargs = section(cfg, "policy.generation.vllm_cfg"), section(cfg, "policy.generation.vllm_kwargs")
     precision, notes = vllm_cfg.get("precision", "auto"), []
     if precision == "fp8":  # NeMo-RL then runs vLLM in bfloat16 with its FP8 quantization (GPU only)
         precision = "bfloat16"
@@ -130,7 +124,7 @@ def recipe_sides(
     """Both sides of the resolved recipe ``cfg`` on ``checkpoint`` (default ``policy.model_name``)."""
     environ = os.environ if environ is None else environ
     cfg, notes = as_run_starts(cfg, environ)
-    checkpoint = checkpoint or _section(cfg, "policy").get("model_name")
+    checkpoint = checkpoint or section(cfg, "policy").get("model_name")
     if not isinstance(checkpoint, str) or not checkpoint:
         raise UsageError("policy.model_name is not set: the probe needs a checkpoint. Fix: set it or pass --checkpoint")
     if Path(checkpoint).exists():

@@ -21,11 +21,12 @@ import os
 import sys
 from typing import Any
 
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe.sides import SideSpec, side_main
 
-#: Off a GPU: the environment variables turned off, and why (what the capture names).
-GPU_ONLY_ENV = {"VLLM_BATCH_INVARIANT": "VLLM_BATCH_INVARIANT off (its kernels are Triton GPU kernels)"}
+#: Off a GPU, what the capture names when vLLM's batch-invariant mode was on.
+NO_BATCH_INVARIANCE = "VLLM_BATCH_INVARIANT off (its kernels are Triton GPU kernels)"
 #: What the probe sets over the side's ``model``: hooks need eager modules, a replay needs no cached prefix.
 ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "skip_tokenizer_init": True, "seed": 0}
 
@@ -93,9 +94,10 @@ def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> ca
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
-    substitutions = (
-        [] if torch.cuda.is_available() else [why for name, why in GPU_ONLY_ENV.items() if os.environ.pop(name, None)]
-    )
+    substitutions = []
+    if not torch.cuda.is_available() and vllm_batch_invariant(os.environ):
+        del os.environ["VLLM_BATCH_INVARIANT"]
+        substitutions.append(NO_BATCH_INVARIANCE)
     import vllm
 
     llm = vllm.LLM(**{**ENGINE_DEFAULTS, **spec.model})
