@@ -18,6 +18,7 @@ from nemo_rl_attn_align.vocab.schema import (
     REDUCTION_ORDERS,
     Provenance,
 )
+from tests import behaviour_samples
 
 SAMPLES = {
     "architecture": ("Qwen2ForCausalLM", "LlamaForCausalLM"),
@@ -33,6 +34,9 @@ SAMPLES = {
         None,
         {"q_lora_rank": None, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128},
     ),
+    "rope": (behaviour_samples.ROPE, behaviour_samples.ROPE_INTERLEAVED),
+    "mask": (behaviour_samples.MASK, behaviour_samples.MASK_WINDOWED),
+    "softmax": (behaviour_samples.SOFTMAX, behaviour_samples.SOFTMAX_SOFTCAP),
     "softmax_scale": (0.0883883461356163, 0.125),  # fp32 values: the field holds what a kernel receives
     "causal": (True, False),
     "sliding_window": (None, 4096),
@@ -102,6 +106,9 @@ _json = st.recursive(
 _pos = st.integers(1, 2**40)
 
 _BY_NAME = {
+    "rope": behaviour_samples.rope_strategy(),
+    "mask": behaviour_samples.mask_strategy(),
+    "softmax": behaviour_samples.softmax_strategy(),
     "softmax_scale": st.floats(width=32, allow_nan=False, allow_infinity=False),
     "causal": st.booleans(),
     "sliding_window": st.one_of(st.none(), st.integers(0, 2**31)),

@@ -2,7 +2,10 @@
 
 ``bind(training, rollout, mandate)`` compares the two contracts tier by tier:
 
-* identity: both sides equal, bit for bit (numbers by exact value, no tolerance);
+* identity: both sides equal, bit for bit (numbers by exact value, no tolerance); the behaviour
+  fields (``rope``, ``mask``, ``softmax``: what the live modules compute) are equal when
+  ``compare.behaviour`` finds no difference, and where one is measured on both sides the configuration
+  fields that describe it (``FieldSpec.explained_by``) explain it instead of binding on their own;
 * semantic: both sides equal each other and the mandate; ``dtype`` may differ when
   ``allow_dtype_difference`` is set (a deliberate sweep, e.g. BF16 rollout against an FP32 reference);
 * recorded: every difference is listed, none rejected.
@@ -16,14 +19,17 @@ Every non-match carries a stable ``Code`` (``codes.Code``, which also gives its 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nemo_rl_attn_align.compare.behaviour import difference
 from nemo_rl_attn_align.compare.kernel_pair import KernelPair, kernel_pair
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
 from nemo_rl_attn_align.vocab.mandate import Mandate
@@ -91,7 +97,9 @@ def same_value(a: Any, b: Any) -> bool:
 @dataclass(frozen=True)
 class FieldResult:
     """The verdict on one field: its status, the code (when not a plain match), both sides' values
-    and the mandate's demand (``None`` when the tier has none)."""
+    and the mandate's demand (``None`` when the tier has none); ``fix`` where this difference has its
+    own, and ``explained_by``: the behaviour field this configuration field only explains (bound as a
+    recorded field: it neither fails nor leaves the binding incomparable)."""
 
     name: str
     tier: Tier
@@ -101,9 +109,19 @@ class FieldResult:
     rollout: FieldValue
     demand: Any
     message: str
+    fix: str = ""
+    explained_by: str | None = None
+
+    @property
+    def binds(self) -> bool:
+        """Whether this result decides the verdict: identity and semantic fields, except configuration
+        fields a measured behaviour explains and behaviour fields not measured on both sides (the
+        configuration fields then bind on their own, as for an engine without module readback)."""
+        unmeasured = self.name in BEHAVIOUR_FIELDS and self.status is Status.NOT_COMPARABLE
+        return self.tier is not Tier.RECORDED and self.explained_by is None and not unmeasured
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "field": self.name,
             "tier": self.tier.value,
             "status": self.status.value,
@@ -113,6 +131,7 @@ class FieldResult:
             "mandate": self.demand,
             "message": self.message,
         }
+        return out | ({"explained_by": self.explained_by} if self.explained_by else {})
 
 
 @dataclass(frozen=True)
@@ -125,13 +144,16 @@ class _Sides:
     t: FieldValue
     r: FieldValue
     demand: Any
+    explained_by: str | None = None
 
     @property
     def both_known(self) -> bool:
         return self.t.known and self.r.known
 
-    def result(self, status: Status, code: Code | None, message: str) -> FieldResult:
-        return FieldResult(self.name, self.tier, status, code, self.t, self.r, self.demand, message)
+    def result(self, status: Status, code: Code | None, message: str, fix: str = "") -> FieldResult:
+        return FieldResult(
+            self.name, self.tier, status, code, self.t, self.r, self.demand, message, fix, self.explained_by
+        )
 
     def match(self) -> FieldResult:
         return self.result(Status.MATCH, None, f"{self.name}: {self.t.value!r} on both sides")
@@ -147,13 +169,29 @@ class _Sides:
         return self.result(Status.NOT_COMPARABLE, code, f"{self.name}: not comparable: {why}")
 
 
-def _bind_field(name: str, t: FieldValue, r: FieldValue, mandate: Mandate | None, allow_dtype: bool) -> FieldResult:
-    """Field ``name`` bound under its tier's rule."""
-    tier = field_spec(name).tier
-    if tier is Tier.SEMANTIC:
+def _bind_field(
+    name: str, t: FieldValue, r: FieldValue, mandate: Mandate | None, allow_dtype: bool, measured: frozenset[str]
+) -> FieldResult:
+    """Field ``name`` bound under its tier's rule (``measured``: the behaviour fields known on both sides)."""
+    spec = field_spec(name)
+    if spec.tier is Tier.SEMANTIC:
         demand = mandate.demand(name) if mandate is not None else None
-        return _bind_semantic(_Sides(name, tier, t, r, demand), allow_dtype)
-    return _bind_equal_or_recorded(_Sides(name, tier, t, r, None))
+        return _bind_semantic(_Sides(name, spec.tier, t, r, demand), allow_dtype)
+    if name in BEHAVIOUR_FIELDS:
+        return _bind_behaviour(_Sides(name, spec.tier, t, r, None))
+    explained = spec.explained_by if spec.explained_by in measured else None
+    return _bind_equal_or_recorded(_Sides(name, spec.tier, t, r, None, explained))
+
+
+def _bind_behaviour(s: _Sides) -> FieldResult:
+    """A behaviour field: the same function on both sides, or the first place they differ."""
+    if not s.both_known:
+        return s.not_comparable()
+    found = difference(s.name, s.t.value, s.r.value)
+    if found is None:
+        layers = len(s.t.value["layers"])
+        return s.result(Status.MATCH, None, f"{s.name}: the same on both sides ({layers} attention layers measured)")
+    return s.result(Status.MISMATCH, Code.ATTN_BEHAVIOUR_MISMATCH, found.message, found.fix)
 
 
 def _bind_equal_or_recorded(s: _Sides) -> FieldResult:
@@ -162,6 +200,13 @@ def _bind_equal_or_recorded(s: _Sides) -> FieldResult:
         return s.not_comparable()
     if same_value(s.t.value, s.r.value):
         return s.match()
+    if s.explained_by is not None:
+        return s.result(
+            Status.DIFFERENT,
+            Code.ATTN_EXPLAINED_DIFFERENCE,
+            f"{s.name}: training {s.t.value!r}, rollout {s.r.value!r} (configuration; the measured "
+            f"{s.explained_by} decides)",
+        )
     if s.tier is Tier.RECORDED:
         return s.result(
             Status.DIFFERENT,
@@ -210,6 +255,8 @@ def _bind_semantic(s: _Sides, allow_dtype: bool) -> FieldResult:
 
 
 def _fix(result: FieldResult) -> str:
+    if result.fix:
+        return result.fix
     if result.status is Status.MISMATCH:
         return field_spec(result.name).fix
     if result.code is Code.ATTN_PENDING:
@@ -255,7 +302,7 @@ class BindingReport:
     @property
     def comparable(self) -> bool:
         """Every identity and semantic field was compared on observed or configured values."""
-        return not any(r.tier is not Tier.RECORDED for r in self.with_status(Status.NOT_COMPARABLE))
+        return not any(r.binds for r in self.with_status(Status.NOT_COMPARABLE))
 
     @property
     def verdict(self) -> Verdict:
@@ -277,13 +324,13 @@ class BindingReport:
     def summary_line(self) -> str:
         """One line: the verdict and what drove it."""
         parts = []
-        for label, statuses, tiers in (
-            ("mismatch", (Status.MISMATCH,), (Tier.IDENTITY, Tier.SEMANTIC)),
-            ("not comparable", (Status.NOT_COMPARABLE,), (Tier.IDENTITY, Tier.SEMANTIC)),
-            ("allowed", (Status.ALLOWED,), (Tier.SEMANTIC,)),
-            ("recorded difference", (Status.DIFFERENT,), (Tier.RECORDED,)),
+        for label, statuses, binds in (
+            ("mismatch", (Status.MISMATCH,), True),
+            ("not comparable", (Status.NOT_COMPARABLE,), True),
+            ("allowed", (Status.ALLOWED,), True),
+            ("recorded difference", (Status.DIFFERENT,), False),
         ):
-            names = [r.name for r in self.with_status(*statuses) if r.tier in tiers]
+            names = [r.name for r in self.with_status(*statuses) if r.binds is binds]
             if names:
                 parts.append(f"{len(names)} {label} ({', '.join(names)})")
         if self.determinism is not None:
@@ -309,6 +356,22 @@ class BindingReport:
         }
 
 
+def _with_explanation(result: FieldResult, results: Sequence[FieldResult]) -> FieldResult:
+    """A behaviour mismatch with what the configuration fields it measures read on each side."""
+    if result.name not in BEHAVIOUR_FIELDS or result.status is not Status.MISMATCH:
+        return result
+    read = [
+        f"{r.name} {r.training.value!r} on both sides"
+        if r.status is Status.MATCH
+        else f"{r.name} training {r.training.value!r}, rollout {r.rollout.value!r}"
+        for r in results
+        if r.explained_by == result.name and r.training.known and r.rollout.known
+    ]
+    if not read:
+        return result
+    return dataclasses.replace(result, message=f"{result.message}; configuration read: {'; '.join(read)}")
+
+
 def bind(
     training: AttentionContract,
     rollout: AttentionContract,
@@ -324,7 +387,11 @@ def bind(
         if not isinstance(contract, AttentionContract):
             raise TypeError(f"{label} must be an AttentionContract, got {type(contract).__name__}")
     order = fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC) + fields_of(Tier.RECORDED)
-    results = tuple(_bind_field(name, training[name], rollout[name], mandate, allow_dtype_difference) for name in order)
+    measured = frozenset(name for name in BEHAVIOUR_FIELDS if training[name].known and rollout[name].known)
+    results = tuple(
+        _bind_field(name, training[name], rollout[name], mandate, allow_dtype_difference, measured) for name in order
+    )
+    results = tuple(_with_explanation(result, results) for result in results)
     kernels = kernel_pair(training, rollout)
     return BindingReport(
         training.worker_id, rollout.worker_id, results, mandate, allow_dtype_difference, determinism, kernels

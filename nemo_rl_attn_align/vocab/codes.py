@@ -220,6 +220,19 @@ class Code(str, enum.Enum):
 
     # --- binding (docs/report-schema.md "Codes") ---------------------------------------------
     ATTN_IDENTITY_MISMATCH = ("ATTN_IDENTITY_MISMATCH", BINDING, ERROR, "an identity field differs between the sides")
+    ATTN_BEHAVIOUR_MISMATCH = (
+        "ATTN_BEHAVIOUR_MISMATCH",
+        BINDING,
+        ERROR,
+        "the two sides' live modules compute a different RoPE, mask or softmax (a behaviour field differs)",
+    )
+    ATTN_EXPLAINED_DIFFERENCE = (
+        "ATTN_EXPLAINED_DIFFERENCE",
+        BINDING,
+        INFO,
+        "a configuration field differs while the behaviour field it describes was measured on both sides "
+        "(listed as the explanation)",
+    )
     ATTN_SEMANTIC_SIDES_DIFFER = (
         "ATTN_SEMANTIC_SIDES_DIFFER",
         BINDING,

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.vocab import kinds
+from nemo_rl_attn_align.vocab import behaviour, kinds
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.kinds import ContractError
 
 # part of the schema's API: the engines' readers (contract/training.py, rollout.py, preview.py,
@@ -29,10 +30,10 @@ from nemo_rl_attn_align.vocab.suggest import did_you_mean
 
 #: Version of the contract schema; ``from_dict`` reads the earlier ones, whose records lack the
 #: fields added since (``FIELDS_ADDED``: read as unobservable, not recorded then), and rejects any other.
-CONTRACT_SCHEMA_VERSION = 3
+CONTRACT_SCHEMA_VERSION = 4
 FIELDS_SINCE_2 = ("attention_layers", "head_dim_v", "softmax_type", "mla", "attention_output_gate")
 #: The fields each schema version added.
-FIELDS_ADDED = {2: FIELDS_SINCE_2, 3: ("gpu",)}
+FIELDS_ADDED = {2: FIELDS_SINCE_2, 3: ("gpu",), 4: BEHAVIOUR_FIELDS}
 
 #: The two sides a contract can describe.
 SIDES = ("training", "rollout")
@@ -85,7 +86,10 @@ SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One contract field: its tier, how its value is checked, whether ``None`` is a value, and docs."""
+    """One contract field: its tier, how its value is checked, whether ``None`` is a value, and docs.
+
+    ``explained_by`` names the behaviour field (``vocab.behaviour``) that measures what this
+    configuration field describes: where that one is known on both sides, this one explains it."""
 
     name: str
     tier: Tier
@@ -93,6 +97,7 @@ class FieldSpec:
     nullable: bool
     doc: str
     fix: str = ""
+    explained_by: str | None = None
 
     def validate(self, value: Any) -> Any:
         """The canonical form of ``value`` for this field, or ``ContractError``."""
@@ -103,9 +108,10 @@ class FieldSpec:
         return self.check(value, f"field {self.name}")
 
 
-def _spec(name, tier, check, doc, *, nullable=False, fix=None):
+def _spec(name, tier, check, doc, *, nullable=False, fix=None, explained_by=None):
     """A ``FieldSpec``; an identity field's fix, unless given, is ``_MODEL_FIX``."""
-    return FieldSpec(name, tier, check, nullable, doc, fix if fix is not None else _MODEL_FIX if tier is _ID else "")
+    fix = fix if fix is not None else _MODEL_FIX if tier is _ID else ""
+    return FieldSpec(name, tier, check, nullable, doc, fix, explained_by)
 
 
 _ID, _SEM, _REC = Tier.IDENTITY, Tier.SEMANTIC, Tier.RECORDED
@@ -143,6 +149,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.choice(*SOFTMAX_TYPES),
         "the attention softmax: vanilla, or with a sink logit per head (learnable: gpt-oss's sinks; off-by-one: "
         "a fixed zero logit)",
+        explained_by="softmax",
     ),
     _spec(
         "mla",
@@ -159,20 +166,46 @@ FIELDS: tuple[FieldSpec, ...] = (
         "the attention output is gated (Qwen3-Next / Qwen3.5: Megatron's attention_output_gate, vLLM's "
         "attn_output_gate)",
     ),
+    # identity measured: what the live modules compute (vocab.behaviour), explained by the fields below
+    _spec(
+        "rope",
+        _ID,
+        behaviour.rope,
+        "each attention layer's rotary embedding as its module computes it: the channel pairs it rotates, the angle "
+        "at fixed positions, the magnitude",
+        fix="the two engines rotate differently: see the difference and the rope_* fields",
+    ),
+    _spec(
+        "mask",
+        _ID,
+        behaviour.mask,
+        "the mask each attention layer's kernel is given: causal, and the keys before the query it sees (a query sees "
+        "window + 1 tokens; null: all)",
+        fix="the two kernels see different tokens: see the difference and the window fields",
+    ),
+    _spec(
+        "softmax",
+        _ID,
+        behaviour.softmax,
+        "the softmax as each attention layer's module holds it: scale, logit soft cap, sinks",
+        fix="the two softmaxes differ: see the difference and the softmax_* fields",
+    ),
     _spec(
         "softmax_scale",
         _ID,
         kinds.fp32,
         "the scale the kernel multiplies QK^T by, resolved (never a default), rounded to fp32 as kernels take it (TE, "
         "flash-attn: C float)",
+        explained_by="softmax",
     ),
-    _spec("causal", _ID, kinds.boolean, "causal mask"),
+    _spec("causal", _ID, kinds.boolean, "causal mask", explained_by="mask"),
     _spec(
         "sliding_window",
         _ID,
         kinds.non_negative_int,
         "left window in tokens as the kernel receives it; null = full attention",
         nullable=True,
+        explained_by="mask",
     ),
     _spec(
         "layer_windows",
@@ -180,6 +213,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.layer_windows,
         "per attention layer (attention_layers), in order: the left window the kernel receives (null = full "
         "attention); tells interleaved sliding/full layers apart",
+        explained_by="mask",
     ),
     _spec(
         "logit_softcapping",
@@ -187,18 +221,21 @@ FIELDS: tuple[FieldSpec, ...] = (
         kinds.positive_fp32,
         "attention logit soft cap c (logits -> c * tanh(logits / c)), as fp32; null = none",
         nullable=True,
+        explained_by="softmax",
     ),
     _spec(
         "rope_type",
         _ID,
         kinds.text,
         "rotary embedding type: default, linear, dynamic, yarn, llama3, mrope, none",
+        explained_by="rope",
     ),
     _spec(
         "rope_parameters",
         _ID,
         kinds.mapping,
         "rotary parameters: theta, scaling factors, partial rotary fraction",
+        explained_by="rope",
     ),
     _spec(
         "vocab_size",

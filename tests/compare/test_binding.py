@@ -17,13 +17,17 @@ from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.vocab.errors import Severity
 from nemo_rl_attn_align.vocab.kinds import DTYPES
 from nemo_rl_attn_align.vocab.mandate import Mandate
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.schema import (
     DOWNCASTS,
+    FIELD_NAMES,
+    FIELDS,
     MERGE_RULES,
     REDUCTION_ORDERS,
     ContractError,
     Provenance,
     Tier,
+    field_spec,
     fields_of,
 )
 from tests.contract_samples import MANDATE_OF_SAMPLES, SAMPLES, contracts, full_contract
@@ -35,10 +39,18 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "report-schema.md"
 _SAME = object()
 
 
-def _pair(field=None, training=_SAME, rollout=_SAME, provenance=Provenance.OBSERVED):
-    """Two full contracts, ``field`` set to ``training`` / ``rollout`` where given."""
-    changes_t = {field: FieldValue(training, provenance)} if training is not _SAME else {}
-    changes_r = {field: FieldValue(rollout, provenance)} if rollout is not _SAME else {}
+#: Behaviour fields as an engine that offers no readback of its modules records them.
+UNMEASURED = {name: FieldValue.unobservable(None, "not measured") for name in BEHAVIOUR_FIELDS}
+#: The configuration fields a behaviour field explains.
+EXPLAINED = [spec.name for spec in FIELDS if spec.explained_by]
+
+
+def _pair(field=None, training=_SAME, rollout=_SAME, provenance=Provenance.OBSERVED, measured=True):
+    """Two full contracts, ``field`` set to ``training`` / ``rollout`` where given (``measured``
+    false: no behaviour field recorded, as by a host without module readback)."""
+    base = {} if measured else dict(UNMEASURED)
+    changes_t = {**base, **({field: FieldValue(training, provenance)} if training is not _SAME else {})}
+    changes_r = {**base, **({field: FieldValue(rollout, provenance)} if rollout is not _SAME else {})}
     return full_contract("training", "policy-0", **changes_t), full_contract("rollout", "vllm-0", **changes_r)
 
 
@@ -51,13 +63,45 @@ def test_identical_sides_under_their_mandate_pass_and_are_comparable():
 
 @pytest.mark.parametrize("name", fields_of(Tier.IDENTITY))
 def test_a_difference_in_any_identity_field_fails(name):
-    report = bind(*_pair(name, rollout=SAMPLES[name][1]), MANDATE)
-    assert report.verdict is Verdict.FAIL and not report.passed and report.comparable
+    report = bind(*_pair(name, rollout=SAMPLES[name][1], measured=name in BEHAVIOUR_FIELDS), MANDATE)
+    assert report.verdict is Verdict.FAIL and not report.passed
+    assert report.comparable
     result = report.result(name)
-    assert (result.status, result.code) == (Status.MISMATCH, Code.ATTN_IDENTITY_MISMATCH)
+    code = Code.ATTN_BEHAVIOUR_MISMATCH if name in BEHAVIOUR_FIELDS else Code.ATTN_IDENTITY_MISMATCH
+    assert (result.status, result.code) == (Status.MISMATCH, code)
     assert [r.name for r in report.with_status(Status.MISMATCH)] == [name]
-    (finding,) = report.findings()
-    assert finding.severity is Severity.ERROR and finding.key == f"contract.identity.{name}" and finding.fix
+    (finding,) = [f for f in report.findings() if f.severity is Severity.ERROR]
+    assert finding.key == f"contract.identity.{name}" and finding.fix
+
+
+@pytest.mark.parametrize("name", EXPLAINED)
+def test_a_configuration_field_explains_its_measured_behaviour_and_binds_without_it(name):
+    """Where its behaviour field was measured on both sides, a configuration field that differs is
+    listed as the explanation (the behaviour decides); where it was not, it binds as identity."""
+    report = bind(*_pair(name, rollout=SAMPLES[name][1]), MANDATE)
+    result = report.result(name)
+    assert (result.status, result.code) == (Status.DIFFERENT, Code.ATTN_EXPLAINED_DIFFERENCE)
+    assert result.explained_by == field_spec(name).explained_by and not result.binds
+    assert report.verdict is Verdict.PASS and report.to_dict()["fields"][list(FIELD_NAMES).index(name)]["explained_by"]
+    no_readback = full_contract("rollout", "vllm-0", **{name: FieldValue.unobservable(None, "no readback")})
+    unknown = bind(full_contract("training", "policy-0"), no_readback, MANDATE)
+    assert unknown.result(name).status is Status.NOT_COMPARABLE and unknown.verdict is Verdict.PASS
+
+
+def test_a_behaviour_mismatch_names_the_layer_and_position_and_what_the_configuration_read():
+    t, r = _pair("mask", rollout=SAMPLES["mask"][1])
+    t = t.replace(layer_windows=FieldValue.observed([None, None]))
+    r = r.replace(layer_windows=FieldValue.observed([4095, None]))
+    result = bind(t, r, MANDATE).result("mask")
+    assert result.status is Status.MISMATCH and result.code is Code.ATTN_BEHAVIOUR_MISMATCH
+    assert "layer 0: from query position 4096 on" in result.message
+    assert "training kernel sees every earlier token, the rollout kernel 4096 tokens" in result.message
+    assert (
+        "configuration read: " in result.message
+        and "layer_windows training [None, None], rollout [4095, None]" in result.message
+    )
+    assert "causal True on both sides" in result.message
+    assert "layers" in result.fix
 
 
 @pytest.mark.parametrize("name", fields_of(Tier.RECORDED))
@@ -135,12 +179,16 @@ def test_dtype_difference_fails_unless_allowed():
 @pytest.mark.parametrize("name", fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC))
 def test_an_unknown_field_is_never_a_match(name, provenance, code):
     value = None if provenance is Provenance.PENDING else SAMPLES[name][0]  # unobservable keeps the equal request
-    rollout = full_contract("rollout", "r", **{name: FieldValue(value, provenance, "no readback")})
-    report = bind(full_contract(), rollout, MANDATE)
+    rollout = full_contract("rollout", "r", **{**UNMEASURED, name: FieldValue(value, provenance, "no readback")})
+    unmeasured_other = {field: fv for field, fv in UNMEASURED.items() if field != name}
+    report = bind(full_contract(**unmeasured_other), rollout, MANDATE)
     result = report.result(name)
     assert (result.status, result.code) == (Status.NOT_COMPARABLE, code)
-    assert report.passed and not report.comparable and report.verdict is Verdict.INCOMPARABLE
     assert "rollout is" in result.message
+    if name in BEHAVIOUR_FIELDS:  # unmeasured, the configuration fields bind on their own, as before
+        assert report.passed and report.comparable and report.verdict is Verdict.PASS and not result.binds
+    else:
+        assert report.passed and not report.comparable and report.verdict is Verdict.INCOMPARABLE
 
 
 def test_unknown_recorded_fields_do_not_make_the_binding_incomparable():
@@ -197,7 +245,13 @@ mandates = st.builds(
 def test_a_contract_bound_to_itself_passes(contract, allow):
     report = bind(contract, contract, None, allow_dtype_difference=allow)
     assert report.passed
-    known = all(contract[n].known for n in fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC))
+    measured = {n for n in BEHAVIOUR_FIELDS if contract[n].known}
+    binding = [
+        n
+        for n in fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC)
+        if field_spec(n).explained_by not in measured and n not in BEHAVIOUR_FIELDS
+    ]
+    known = all(contract[n].known for n in binding)
     assert report.comparable is known
     assert report.verdict is (Verdict.PASS if known else Verdict.INCOMPARABLE)
     own = Mandate(**{n: contract.value(n) if contract[n].known else None for n in fields_of(Tier.SEMANTIC)})
@@ -226,7 +280,7 @@ def test_the_verdict_follows_the_field_statuses(pair, mandate, allow):
     mismatched = any(r.status is Status.MISMATCH for r in report.results)
     assert report.passed is not mismatched
     assert all(r.tier is not Tier.RECORDED for r in report.with_status(Status.MISMATCH))
-    assert all(r.tier is Tier.RECORDED for r in report.with_status(Status.DIFFERENT))
+    assert all(not r.binds for r in report.with_status(Status.DIFFERENT))
     assert all(r.name == "dtype" for r in report.with_status(Status.ALLOWED))
     for r in report.with_status(Status.MATCH):
         assert r.training.known and r.rollout.known  # a match is only ever claimed on known values

@@ -45,6 +45,9 @@ def test_every_field_has_a_tier_a_doc_and_two_sample_values():
         "softmax_type",
         "mla",
         "attention_output_gate",
+        "rope",
+        "mask",
+        "softmax",
         "softmax_scale",
         "causal",
         "sliding_window",
@@ -63,7 +66,7 @@ def test_a_record_of_an_earlier_schema_loads_with_the_newer_fields_unobservable(
     data = full_contract().to_dict()
     data["schema_version"] = version
     newer = [name for since, names in FIELDS_ADDED.items() if since > version for name in names]
-    assert "gpu" in newer and (version > 1) is ("mla" not in newer)
+    assert "rope" in newer and (version > 2) is ("gpu" not in newer) and (version > 1) is ("mla" not in newer)
     for name in newer:
         del data["fields"][name]
     loaded = AttentionContract.from_dict(data)
@@ -82,6 +85,9 @@ def test_identity_and_semantic_fields_name_a_fix():
 
 # A wrong value for every kind of field: each must be refused naming the field.
 BAD_VALUES = {
+    "rope": [{}, {"positions": [1], "kinds": [], "layers": [[0, 0]]}, {"positions": [2], "kinds": [], "layers": []}],
+    "mask": [[], {"kinds": [{"causal": True, "window": -1}], "layers": [[0, 0]]}],
+    "softmax": [{"kinds": [{"scale": 0.1, "softcap": None, "sinks": "yes"}], "layers": [[0, 0]]}],
     "architecture": [""],
     "num_layers": [0, -1, True, 2.0, "28"],
     "num_attention_heads": [0],
