@@ -120,13 +120,16 @@ def test_binding_preview_is_shown_and_only_warns_by_default():
     proc = check(MISMATCH)
     assert proc.returncode == 0
     assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
-    assert "on_mismatch=warn: the run warns and goes on" in proc.stdout
+    assert (
+        "binding preview: fail (semantic); attention_align.on_mismatch: identity error, semantic warn: the run warns and goes on"
+        in proc.stdout
+    )
 
 
 def test_failing_preview_with_on_mismatch_error_exits_1():
     proc = check(MISMATCH, "++attention_align.on_mismatch=error")
     assert proc.returncode == 1
-    assert "on_mismatch=error: the run stops at start" in proc.stdout
+    assert "binding preview: fail (semantic); attention_align.on_mismatch: error: the run stops at start" in proc.stdout
 
 
 def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():
@@ -161,5 +164,6 @@ def test_sft_has_no_binding_to_preview():
 def test_json_carries_the_preview_and_settings():
     doc = json.loads(check("--json", MISMATCH).stdout)
     align = doc["attention_align"]
-    assert align["settings"]["on_mismatch"] == "warn"
+    assert align["settings"]["on_mismatch"] == {"identity": "error", "semantic": "warn"}
+    assert align["binding"]["failed_tiers"] == ["semantic"]
     assert align["verdict"] == "fail" and align["training"]["side"] == "training"

@@ -2,8 +2,8 @@
 
 Reads the config exactly as NeMo-RL's recipes do, builds the backend plan, runs every rule,
 validates the ``attention_align:`` block and previews the training/rollout attention binding.
-Exit 0: it can work (warnings allowed); 1: a rule is violated, or the preview fails the binding
-while ``attention_align.on_mismatch`` is ``error`` (the run would stop at start); 2: the input is
+Exit 0: it can work (warnings allowed); 1: a rule is violated, or the preview fails a binding
+tier whose ``attention_align.on_mismatch`` is ``error`` (the run would stop at start); 2: the input is
 unusable. Imports neither torch nor megatron-core.
 """
 
@@ -127,7 +127,8 @@ def evaluate(
     else:
         preview = alignment.preview if alignment is not None else preview_of(facts)
     preview_dict = preview.to_dict()
-    stops_at_start = settings.on_mismatch == "error" and preview_dict["verdict"] == "fail"
+    failed = preview_dict["binding"]["failed_tiers"] if preview_dict["binding"] else []
+    stops_at_start = preview_dict["verdict"] == "fail" and settings.on_mismatch.applied(failed) == "error"
     kernel_errors = any(f["severity"] == "error" for f in kernels["findings"])
     ok = plan.ok and not stops_at_start and not kernel_errors
     aligned = alignment.config if alignment is not None else cfg
@@ -225,7 +226,6 @@ def _fix(cfg: Mapping[str, Any], read, preview_of, kernels) -> dict[str, Any]:
     }
 
 
-#: What a failed binding does to the run, by ``attention_align.on_mismatch``.
 def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code. Python's cyclic garbage collector is paused
     meanwhile: ``check`` makes no garbage cycles worth collecting, and the collector's passes over

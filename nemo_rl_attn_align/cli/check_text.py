@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nemo_rl_attn_align.config.settings import OnMismatch
+
 CONSEQUENCE = {
     "error": "the run stops at start",
     "warn": "the run warns and goes on",
@@ -13,9 +15,17 @@ CONSEQUENCE = {
 }
 
 
-def short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
+def finding_tier(finding: dict[str, Any]) -> str:
+    """The binding tier a failing finding belongs to (``contract.<tier>.<field>``; a determinism
+    difference is semantic)."""
+    parts = finding["key"].split(".")
+    return parts[1] if parts[0] == "contract" and len(parts) > 2 else "semantic"
+
+
+def short_preview(preview: dict[str, Any], on_mismatch: OnMismatch) -> str:
     """The binding preview in a few lines: the verdict's summary, what fails it, the notes. A
-    failing field is labelled ``error`` only where the run would stop (``on_mismatch: error``)."""
+    failing field is labelled ``error`` only where the run would stop (its tier's ``on_mismatch``
+    is ``error``)."""
     from nemo_rl_attn_align.vocab.errors import format_finding
 
     binding = preview["binding"]
@@ -23,9 +33,10 @@ def short_preview(preview: dict[str, Any], on_mismatch: str) -> str:
         lines = ["binding preview: not applicable (the config has no training and rollout side to bind)"]
     else:
         lines = [f"binding preview ('pending' = known once the engines run): {binding['summary']}"]
-        label = "error" if on_mismatch == "error" else "warning"
         failing = [f for f in binding["findings"] if f["severity"] == "error"]
-        lines += [f"  {format_finding({**f, 'severity': label})}" for f in failing]
+        for f in failing:
+            label = "error" if on_mismatch.applied([finding_tier(f)]) == "error" else "warning"
+            lines.append(f"  {format_finding({**f, 'severity': label})}")
         if failing:
             lines.append(
                 "  (check --fix lists the overrides that remove these; attention_align.preset: aligned applies them)"
@@ -141,8 +152,13 @@ def render_text(result: dict[str, Any]) -> str:
     lines.append(result["preview_text"])
     align = result["attention_align"]
     if align["verdict"] == "fail":
-        on_mismatch = align["settings"]["on_mismatch"]
-        lines.append(f"binding preview: fail; attention_align.on_mismatch={on_mismatch}: {CONSEQUENCE[on_mismatch]}")
+        on_mismatch = OnMismatch.of(align["settings"]["on_mismatch"])
+        failed = align["binding"]["failed_tiers"]
+        mode = on_mismatch.applied(failed)
+        lines.append(
+            f"binding preview: fail ({', '.join(failed)}); attention_align.on_mismatch: {on_mismatch.text()}: "
+            f"{CONSEQUENCE[mode]}"
+        )
     lines.extend(_fix_lines(result["fix"]))
     if result["verdict"] == "ok":
         lines.append("verdict: OK: these attention settings can work")
@@ -151,5 +167,5 @@ def render_text(result: dict[str, Any]) -> str:
     elif any(f["severity"] == "error" for f in result["kernels"]["findings"]):
         lines.append(f"verdict: FAIL: a side has no attention kernel on {result['kernels']['gpu']}")
     else:
-        lines.append("verdict: FAIL: the binding preview fails and attention_align.on_mismatch is error")
+        lines.append("verdict: FAIL: the binding preview fails a tier whose attention_align.on_mismatch is error")
     return "\n".join(lines)

@@ -305,6 +305,15 @@ class BindingReport:
         return not any(r.binds for r in self.with_status(Status.NOT_COMPARABLE))
 
     @property
+    def failed_tiers(self) -> list[str]:
+        """The tiers that fail the binding (``attention_align.on_mismatch`` acts per tier): those with a
+        mismatch, and ``semantic`` for a blocking determinism difference."""
+        failed = {r.tier.value for r in self.with_status(Status.MISMATCH)}
+        if self.determinism is not None and self.determinism.blocking:
+            failed.add(Tier.SEMANTIC.value)
+        return [tier.value for tier in Tier if tier.value in failed]
+
+    @property
     def verdict(self) -> Verdict:
         if not self.passed:
             return Verdict.FAIL
@@ -347,6 +356,7 @@ class BindingReport:
             "passed": self.passed,
             "comparable": self.comparable,
             "summary": self.summary_line(),
+            "failed_tiers": self.failed_tiers,
             "mandate": self.mandate.to_dict() if self.mandate is not None else None,
             "allow_dtype_difference": self.allow_dtype_difference,
             "fields": [r.to_dict() for r in self.results],

@@ -2,7 +2,9 @@
 
 ```yaml
 attention_align:
-  on_mismatch: warn            # error | warn | record (default warn)
+  on_mismatch:                 # error | warn | record: one for both tiers, or per tier
+    identity: error            # the two sides compute different functions (default error)
+    semantic: warn             # the reduction differs (order, accumulation, dtype; default warn)
   preset: aligned              # optional: apply the settings that make both sides run one contract
   allow_dtype_difference: false
   strict: false                # true: a failure inside the plugin's own observability stops the run
@@ -23,10 +25,12 @@ attention_align:
     seq_len: 2048
 ```
 
-``on_mismatch``: ``error`` stops the run, after writing the report, when the binding fails: when
-the algorithm's ``setup()`` has returned, or at the first training step when Transformer Engine's
-read-back turns the verdict to fail; ``warn`` prints the summary and continues; ``record`` only
-writes the report (and prints where).
+``on_mismatch``: what a failed binding does, per tier (``OnMismatch``; one word sets both): ``error``
+stops the run, after writing the report, when that tier fails: when the algorithm's ``setup()`` has
+returned ("step 0"), or at the first training step when Transformer Engine's read-back turns the
+verdict to fail; ``warn`` prints the summary and continues; ``record`` only writes the report (and
+prints where). By default an identity mismatch (the two sides' modules compute different functions,
+or read different models) stops the run and a semantic one warns.
 Every bad value raises ``UsageError`` with one line naming the full dotted key, the value and the
 fix (all bad keys of the block on that line). Stdlib only: ``check`` reads this block in well under a
 millisecond, and the NeMo-RL driver hook imports nothing heavy for it.
@@ -49,7 +53,10 @@ from nemo_rl_attn_align.vocab.names import BLOCK
 from nemo_rl_attn_align.vocab.schema import ContractError, field_spec
 from nemo_rl_attn_align.vocab.suggest import did_you_mean
 
+#: ``on_mismatch`` modes, strictest first.
 ON_MISMATCH = ("error", "warn", "record")
+#: The binding tiers ``on_mismatch`` acts on (the recorded tier never fails).
+ON_MISMATCH_TIERS = ("identity", "semantic")
 PRESETS = ("aligned",)
 #: Directory name of the report under ``logger.log_dir`` when ``report_dir`` is not set.
 REPORT_SUBDIR = BLOCK
@@ -68,11 +75,46 @@ class DriftSettings:
 
 
 @dataclass(frozen=True)
+class OnMismatch:
+    """``attention_align.on_mismatch``: the mode for a failed identity tier and for a failed semantic
+    tier (a blocking determinism difference counts as semantic)."""
+
+    identity: str = "error"
+    semantic: str = "warn"
+
+    @classmethod
+    def of(cls, value: Any) -> OnMismatch:
+        """The modes of a checked value: one mode for both tiers, or a mapping tier -> mode (a tier
+        left out keeps its default). Raises ``ValueError`` for anything else."""
+        if isinstance(value, str) and value in ON_MISMATCH:
+            return cls(value, value)
+        if isinstance(value, Mapping) and set(value) <= set(ON_MISMATCH_TIERS):
+            if all(isinstance(mode, str) and mode in ON_MISMATCH for mode in value.values()):
+                return cls(**{str(tier): mode for tier, mode in value.items()})
+        raise ValueError(f"on_mismatch {shown(value)} is not one of {', '.join(ON_MISMATCH)} or a mapping of tiers")
+
+    def applied(self, failed: Any = ()) -> str:
+        """The mode that applies: the strictest of the ``failed`` tiers' modes, or of every tier's
+        when none failed (what the run would do if one did)."""
+        tiers = [tier for tier in ON_MISMATCH_TIERS if tier in failed] or list(ON_MISMATCH_TIERS)
+        return min((getattr(self, tier) for tier in tiers), key=ON_MISMATCH.index)
+
+    def text(self) -> str:
+        """``error`` when both tiers agree, else ``identity error, semantic warn``."""
+        if self.identity == self.semantic:
+            return self.identity
+        return ", ".join(f"{tier} {getattr(self, tier)}" for tier in ON_MISMATCH_TIERS)
+
+    def to_dict(self) -> dict[str, str]:
+        return {tier: getattr(self, tier) for tier in ON_MISMATCH_TIERS}
+
+
+@dataclass(frozen=True)
 class AlignSettings:
     """The validated ``attention_align`` block (``report_dir`` and ``mandate.dtype`` resolved by
     ``load_settings``)."""
 
-    on_mismatch: str = "warn"
+    on_mismatch: OnMismatch = field(default_factory=OnMismatch)
     preset: str | None = None
     allow_dtype_difference: bool = False
     strict: bool = False
@@ -104,6 +146,17 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], Any]:
         return value
 
     return check
+
+
+def _on_mismatch(value: Any) -> OnMismatch:
+    if isinstance(value, Mapping):
+        unknown = [str(tier) for tier in value if tier not in ON_MISMATCH_TIERS]
+        if unknown:
+            raise _Invalid(f"has no tier {shown(unknown[0])} (tiers: {', '.join(ON_MISMATCH_TIERS)})")
+        for mode in value.values():
+            _choice(ON_MISMATCH)(mode)
+        return OnMismatch.of(dict(value))
+    return OnMismatch.of(_choice(ON_MISMATCH)(value))
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -146,7 +199,8 @@ def _mandate_value(name: str) -> Callable[[Any], Any]:
 
 
 _FIXES = {
-    "on_mismatch": f"set {BLOCK}.on_mismatch to one of {', '.join(ON_MISMATCH)}",
+    "on_mismatch": f"set {BLOCK}.on_mismatch to one of {', '.join(ON_MISMATCH)}, or to a mapping "
+    f"{{identity: MODE, semantic: MODE}} of them",
     "preset": f"set {BLOCK}.preset to aligned, or remove it",
     "allow_dtype_difference": f"set {BLOCK}.allow_dtype_difference to true or false (a YAML boolean, unquoted)",
     "strict": f"set {BLOCK}.strict to true or false (a YAML boolean, unquoted)",
@@ -160,7 +214,7 @@ _POSITIVE = _optional(_integer(1))
 #: Each section's keys and how each value is checked (``None``: a nested section).
 _SECTIONS: dict[str, dict[str, Callable[[Any], Any] | None]] = {
     "": {
-        "on_mismatch": _choice(ON_MISMATCH),
+        "on_mismatch": _on_mismatch,
         "preset": _optional(_choice(PRESETS)),
         "allow_dtype_difference": _boolean,
         "strict": _boolean,

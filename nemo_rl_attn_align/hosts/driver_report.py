@@ -6,16 +6,17 @@ Collection points (the report's ``collected_at``; ``report.finalize`` does each)
 * ``setup``: NeMo-RL's ``setup()`` blocks on its worker groups before it returns (the policy's and
   the vLLM generation's actors build their engines in their constructors, and ``setup()`` calls
   them), so every worker has written its ``model_config`` / ``model_built`` / ``engine_ready``
-  record. The human summary is printed here, once. ``on_mismatch: error`` and verdict ``fail``
-  stop the run here with ``AttentionMismatch``, after the report is written; ``warn`` prints and
+  record ("step 0"). The human summary is printed here, once. A failed tier whose ``on_mismatch``
+  is ``error`` (by default: identity, e.g. the two sides' modules compute a different RoPE or mask)
+  stops the run here with ``AttentionMismatch``, after the report is written; ``warn`` prints and
   goes on; ``record`` prints one line with the report's path.
 * ``setup_failed``: ``setup()`` raised (a worker died, a config error of NeMo-RL's): what the
   workers recorded is written, one line is printed, and NeMo-RL's error propagates unchanged.
 * ``first_step``: the first ``Logger.log_metrics(metrics, step, prefix="train")`` whose metrics hold
   a training ``loss``: the policy workers have run their first forward, so Transformer Engine's
   read-back (stage ``first_forward``) and any read-back mismatch are in. Printed only when something
-  changed; ``on_mismatch: error`` stops the run here too when the read-back turned the verdict to
-  ``fail``.
+  changed; a failed tier whose ``on_mismatch`` is ``error`` stops the run here too when the
+  read-back turned the verdict to ``fail``.
 * every ``train`` metrics call carrying NeMo-RL's drift metrics (``token_mult_prob_error``,
   ``gen_kl_error``, ``policy_kl_error``, ``js_divergence_error``): the figures are appended to
   the run's drift log (``report.drift_log``; one line, the report is not rewritten, nothing

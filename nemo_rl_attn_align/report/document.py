@@ -101,7 +101,7 @@ def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete:
 
 def _settings_section(settings: AlignSettings) -> dict[str, Any]:
     return {
-        "on_mismatch": settings.on_mismatch,
+        "on_mismatch": settings.on_mismatch.to_dict(),
         "allow_dtype_difference": settings.allow_dtype_difference,
         "mandate": settings.mandate.to_dict(),
     }

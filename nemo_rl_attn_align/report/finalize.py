@@ -2,7 +2,7 @@
 
 The driver calls ``finalize``: it collects the worker files, binds the training side to the rollout
 side, writes ``<report_dir>/attention_align_report.json`` (atomically), prints the human summary
-once and, with ``on_mismatch: error``, raises ``AttentionMismatch`` when the verdict is ``fail``.
+once and raises ``AttentionMismatch`` when a failed tier's ``on_mismatch`` is ``error``.
 Called again later in the run (``Collection.previous``: the earlier document) it keeps the drift
 figures and prints only what changed.
 """
@@ -15,21 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
-from nemo_rl_attn_align.config.settings import AlignSettings
+from nemo_rl_attn_align.config.settings import AlignSettings, OnMismatch
 from nemo_rl_attn_align.report.document import RunDescription, collect, with_logged_drift, write_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
+from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity
 
 
 class AttentionMismatch(RuleViolation):
-    """Raised by ``finalize`` / ``enforce`` with ``on_mismatch: error`` when the binding failed."""
+    """Raised by ``finalize`` / ``enforce`` when a tier whose ``on_mismatch`` is ``error`` failed."""
 
     stops_run = True  # the plugin's guards let it through: stopping the run is its purpose
 
 
 def _announcement(doc: Mapping[str, Any], previous: Mapping[str, Any] | None, path: Path, final: bool) -> str | None:
     """What ``finalize`` prints: the summary the first time, then only changes, one line at the end."""
-    point, verdict, mode = doc["collected_at"], doc["verdict"], doc["settings"]["on_mismatch"]
+    point, verdict = doc["collected_at"], doc["verdict"]
+    mode = OnMismatch.of(doc["settings"]["on_mismatch"]).applied(failed_tiers(doc))
     if previous is None:
         if mode == "record" or final:
             missing = f"; missing: {', '.join(doc['workers']['missing'])}" if doc["workers"]["missing"] else ""
@@ -50,9 +52,21 @@ def _announcement(doc: Mapping[str, Any], previous: Mapping[str, Any] | None, pa
     return None
 
 
+def failed_tiers(doc: Mapping[str, Any]) -> list[str]:
+    """The tiers that fail a report: the binding's, and ``identity`` where workers of one side diverge
+    (they run different models or settings)."""
+    if doc["verdict"] != Verdict.FAIL.value:
+        return []
+    failed = list((doc.get("binding") or {}).get("failed_tiers", []))
+    if any(f["code"] == Code.REPORT_WORKER_DIVERGES.value for f in doc["findings"]) and "identity" not in failed:
+        failed.insert(0, "identity")
+    return failed
+
+
 def raise_for_mismatch(doc: Mapping[str, Any]) -> None:
-    """``on_mismatch: error`` and verdict ``fail``: raise ``AttentionMismatch`` with the error findings."""
-    if doc["settings"]["on_mismatch"] == "error" and doc["verdict"] == Verdict.FAIL.value:
+    """A failed tier whose ``on_mismatch`` is ``error``: raise ``AttentionMismatch`` with the error findings."""
+    failed = failed_tiers(doc)
+    if failed and OnMismatch.of(doc["settings"]["on_mismatch"]).applied(failed) == "error":
         errors = [Finding.from_dict(f) for f in doc["findings"] if f["severity"] == Severity.ERROR.value]
         raise AttentionMismatch(errors)
 
@@ -83,7 +97,7 @@ def finalize(
     Printed, at most one message per call: the first time, the summary (``record``: one line with
     the path; ``final``: one line, e.g. after a failed setup); later, what changed, if anything
     (``record``: nothing); at the final call, one line with the verdict and the path when nothing
-    changed. ``enforce`` and ``on_mismatch: error`` and verdict ``fail``: ``AttentionMismatch``,
+    changed. ``enforce`` and a failed tier whose ``on_mismatch`` is ``error``: ``AttentionMismatch``,
     raised after the report is written and printed."""
     folder = Path(settings.report_dir)
     doc = collect(folder, settings, run)

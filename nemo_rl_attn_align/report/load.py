@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Verdict
-from nemo_rl_attn_align.config.settings import AlignSettings
+from nemo_rl_attn_align.config.settings import AlignSettings, OnMismatch
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, REPORT_KIND, collect, with_logged_drift
 from nemo_rl_attn_align.report.store import (
     REPORT_SCHEMA_VERSION,
@@ -68,6 +68,10 @@ def _check_report(doc: Any, where: str) -> dict[str, Any]:
         raise ReportError(
             f"{where}: report section {wrong[0]} is {type(doc[wrong[0]]).__name__}; the report is malformed"
         )
+    try:  # a mapping of tiers, or one mode (reports written before on_mismatch was per tier)
+        OnMismatch.of(doc["settings"].get("on_mismatch"))
+    except ValueError as err:
+        raise ReportError(f"{where}: settings: {err}; the report is malformed") from None
     return doc
 
 

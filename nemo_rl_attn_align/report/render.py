@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_attn_align.compare.binding import Status
+from nemo_rl_attn_align.config.settings import OnMismatch
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Severity, format_finding
 from nemo_rl_attn_align.vocab.schema import SIDES
@@ -146,7 +147,7 @@ def render_summary(doc: Mapping[str, Any], full: bool = False) -> str:
     stale = f"; stale files of other runs: {len(workers['stale'])}" if workers.get("stale") else ""
     lines = [
         f"nemo-rl-attn-align report: verdict {doc['verdict'].upper()} (on_mismatch: "
-        f"{doc['settings']['on_mismatch']}{point})",
+        f"{OnMismatch.of(doc['settings']['on_mismatch']).text()}{point})",
         "workers: "
         + "; ".join(sides or ["none recorded"])
         + f"; missing: {', '.join(workers['missing']) or 'none'}; unreadable: {len(workers['unreadable'])}"

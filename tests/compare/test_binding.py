@@ -13,11 +13,11 @@ from nemo_rl_attn_align.compare.determinism import compare
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import FieldValue
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.vocab.errors import Severity
 from nemo_rl_attn_align.vocab.kinds import DTYPES
 from nemo_rl_attn_align.vocab.mandate import Mandate
-from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.schema import (
     DOWNCASTS,
     FIELD_NAMES,

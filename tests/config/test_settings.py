@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.config.settings import load_settings
+from nemo_rl_attn_align.config.settings import OnMismatch, load_settings
 from nemo_rl_attn_align.vocab.errors import UsageError
 from nemo_rl_attn_align.vocab.mandate import Mandate
 from tests.conftest import EXAMPLES
@@ -25,7 +25,7 @@ def _load(block, base=BASE):
 
 def test_defaults():
     s = load_settings(BASE)
-    assert (s.on_mismatch, s.allow_dtype_difference, s.strict) == ("warn", False, False)
+    assert (s.on_mismatch, s.allow_dtype_difference, s.strict) == (OnMismatch("error", "warn"), False, False)
     assert s.report_dir == "logs/run1/attention_align"
     assert s.mandate == Mandate(dtype="bf16")
     assert load_settings({**BASE, "attention_align": None}) == s
@@ -60,7 +60,7 @@ def test_every_setting_can_be_set():
             },
         }
     )
-    assert (s.on_mismatch, s.allow_dtype_difference, s.strict) == ("error", True, True)
+    assert (s.on_mismatch, s.allow_dtype_difference, s.strict) == (OnMismatch("error", "error"), True, True)
     assert s.mandate == Mandate(
         merge_rule=None, reduction_order="split_kv", acc_dtype="fp32", downcast="per_partial", dtype="bf16"
     )
@@ -79,6 +79,11 @@ def test_every_setting_can_be_set():
         ),
         ({"on_mismatch": "Warn"}, ["did you mean 'warn'"]),
         ({"on_mismatch": None}, ["attention_align.on_mismatch=None"]),
+        (
+            {"on_mismatch": {"identty": "warn"}},
+            ["attention_align.on_mismatch=", "has no tier 'identty'", "identity: MODE"],
+        ),
+        ({"on_mismatch": {"semantic": "stop"}}, ["attention_align.on_mismatch=", "must be one of error, warn, record"]),
         ({"allow_dtype_difference": "yes"}, ["attention_align.allow_dtype_difference='yes'", "YAML boolean"]),
         ({"strict": 1}, ["attention_align.strict=1"]),
         ({"report_dir": ""}, ["attention_align.report_dir=''", "non-empty"]),
@@ -134,16 +139,29 @@ def test_from_a_real_yaml_with_inheritance_interpolation_and_overrides(write_yam
     )
     cfg = load_config(path, ["attention_align.on_mismatch=error", "++attention_align.allow_dtype_difference=true"])
     s = load_settings(cfg)
-    assert (s.on_mismatch, s.allow_dtype_difference, s.report_dir) == ("error", True, "logs/exp7/align")
+    assert (s.on_mismatch.text(), s.allow_dtype_difference, s.report_dir) == ("error", True, "logs/exp7/align")
     assert s.mandate.reduction_order == "split_kv" and s.mandate.dtype == "bf16"
     bad = load_config(path, ["attention_align.on_mismatch=abort"])
     with pytest.raises(UsageError, match=re.escape("attention_align.on_mismatch='abort'")):
         load_settings(bad)
 
 
+def test_on_mismatch_is_per_tier_and_one_word_sets_both():
+    """An identity mismatch stops the run by default, a semantic one warns; one word sets both tiers;
+    a mapping sets the tiers it names."""
+    assert _load({}).on_mismatch.to_dict() == {"identity": "error", "semantic": "warn"}
+    assert _load({"on_mismatch": "warn"}).on_mismatch == OnMismatch("warn", "warn")
+    per_tier = _load({"on_mismatch": {"semantic": "error"}}).on_mismatch
+    assert per_tier == OnMismatch("error", "error") and per_tier.text() == "error"
+    relaxed = _load({"on_mismatch": {"identity": "record"}}).on_mismatch
+    assert relaxed.text() == "identity record, semantic warn"
+    assert relaxed.applied(["semantic"]) == "warn" and relaxed.applied(["identity", "semantic"]) == "warn"
+    assert OnMismatch().applied(["identity"]) == "error" and OnMismatch().applied([]) == "error"
+
+
 def test_the_packaged_example_loads_with_defaults():
     s = load_settings(load_config(EXAMPLES / "grpo_math_1B_megatron_flash.yaml"))
-    assert s.report_dir == "logs/grpo_megatron_flash/attention_align" and s.on_mismatch == "warn"
+    assert s.report_dir == "logs/grpo_megatron_flash/attention_align" and s.on_mismatch == OnMismatch("error", "warn")
 
 
 def test_settings_are_frozen():
@@ -156,7 +174,7 @@ def test_reading_the_settings_imports_no_validation_library():
     """The block is validated with the standard library: ``check`` and the driver hook pay no
     pydantic import (~70 ms)."""
     code = (
-        "import sys\nfrom nemo_rl_attn_align.config.settings import load_settings\n"
+        "import sys\nfrom nemo_rl_attn_align.config.settings import OnMismatch, load_settings\n"
         "load_settings({'attention_align': {'on_mismatch': 'error', 'drift': {'heads': 2}}})\n"
         "print('pydantic' in sys.modules)"
     )

@@ -109,7 +109,7 @@ def test_grpo_run_reports_once_and_the_read_back_reaches_the_report(ray_cluster,
     assert "rollout: 2 of 2 workers recorded" in out.stdout  # only the exported shim brings the plugin there
     assert "stand-in run_grpo: finished" in out.stdout
     assert out.stdout.count(SUMMARY) == 1  # the summary, once, by the driver
-    assert f"{SUMMARY} INCOMPARABLE (on_mismatch: warn; collected at setup)" in out.stdout
+    assert f"{SUMMARY} INCOMPARABLE (on_mismatch: identity error, semantic warn; collected at setup)" in out.stdout
     assert out.stdout.count("attention_align (first_step): the report changed since setup:") == 1
     assert "verdict INCOMPARABLE -> FAIL" in out.stdout and "but the model ran local" in out.stdout
     assert out.stdout.count("attention_align (train_end): verdict fail, unchanged since first_step") == 1

@@ -96,7 +96,7 @@ def test_summary_once_at_setup_then_only_changes_then_one_line(driver, tmp_path)
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1), **SPLIT_KV)
     run.at_setup()
     assert len(printed) == 1 and printed[0].startswith(
-        "nemo-rl-attn-align report: verdict FAIL (on_mismatch: warn; collected at setup)"
+        "nemo-rl-attn-align report: verdict FAIL (on_mismatch: identity error, semantic warn; collected at setup)"
     )
     assert "reduction_order" in printed[0] and "policy-rank0 [model_built]" in printed[0]
 
@@ -156,7 +156,7 @@ def test_on_mismatch_comes_from_the_validated_settings_only(driver, tmp_path, mo
     ``NEMO_RL_ATTN_ALIGN_ON_MISMATCH=Error`` once turned ``error`` into "never stop")."""
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_ON_MISMATCH", "Error")
     run, _ = driver(config(tmp_path, on_mismatch="error"))
-    assert run.settings.on_mismatch == "error"
+    assert run.settings.on_mismatch.text() == "error"
     assert "on_mismatch" not in json.loads(os.environ[handoff.SETTINGS_ENV])  # the workers never act on it
     worker(run, "training", "policy-rank0", training_peers(1))
     worker(run, "rollout", "vllm-rank0-worker0", rollout_peers(1, 1), **SPLIT_KV)

@@ -323,7 +323,7 @@ def test_report_command_exit_codes(tmp_path, capsys):
     assert main(["report", str(passing)]) == 0
     out = capsys.readouterr().out
     assert (
-        "verdict PASS" in out and "match on both sides (46)" in out and not re.search(r"architecture\s+identity", out)
+        "verdict PASS" in out and "match on both sides (49)" in out and not re.search(r"architecture\s+identity", out)
     )
     assert main(["report", "--all", str(passing)]) == 0
     assert re.search(r"architecture\s+identity\s+match\s+Qwen2ForCausalLM \[obs\]", capsys.readouterr().out)
