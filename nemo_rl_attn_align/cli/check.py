@@ -214,15 +214,24 @@ def _fix(cfg: Mapping[str, Any], read, preview_of, kernels) -> dict[str, Any]:
             "changes": [],
             "none_because": "the config has no training and rollout side to bind",
             "kernels": None,
+            "recommended": [],
         }
+    recommended = [c.to_dict() for c in alignment.recommended]
     if alignment.refusal is not None:
-        return {"overrides": [], "changes": [], "none_because": alignment.refusal.line(), "kernels": None}
+        return {
+            "overrides": [],
+            "changes": [],
+            "none_because": alignment.refusal.line(),
+            "kernels": None,
+            "recommended": recommended,
+        }
     changes = minimal(cfg, alignment, read, preview_of)
     return {
         "overrides": [c.override() for c in changes],
         "changes": [c.to_dict() for c in changes],
         "none_because": None,
         "kernels": alignment.kernels.to_dict() if alignment.kernels else None,
+        "recommended": recommended,
     }
 
 

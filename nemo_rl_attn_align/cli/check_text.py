@@ -55,6 +55,7 @@ def _preset_lines(preset: dict[str, Any] | None) -> list[str]:
         from nemo_rl_attn_align.vocab.errors import format_finding
 
         lines.append(f"  cannot align: {format_finding(preset['refusal'])}")
+    lines += [f"  not applied, recommended: {c['key']}={c['value']!r}: {c['reason']}" for c in preset["recommended"]]
     return lines + _pair_lines(preset["kernels"])
 
 
@@ -69,10 +70,15 @@ def _pair_lines(kernels: dict[str, Any] | None) -> list[str]:
 def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
     if fix is None:
         return []
+    also = [f"fix: also recommended: {c['override']} ({c['reason']})" for c in fix["recommended"]]
     if fix["none_because"] is not None:
-        return [f"fix: none: {fix['none_because']}"]
+        return [f"fix: none: {fix['none_because']}", *also]
     if not fix["overrides"]:
-        return ["fix: none needed: the semantic and determinism tiers already pass", *_pair_lines(fix["kernels"])]
+        return [
+            "fix: none needed: the semantic and determinism tiers already pass",
+            *_pair_lines(fix["kernels"]),
+            *also,
+        ]
     lines = ["fix: add after the recipe on the command line:", "  " + " ".join(fix["overrides"])]
     lines += [f"  ({c['key']}: {c['reason']})" for c in fix["changes"] if c["alters_run"]]
     split = fix["kernels"] and fix["kernels"]["finding"]
@@ -80,7 +86,7 @@ def _fix_lines(fix: dict[str, Any] | None) -> list[str]:
         from nemo_rl_attn_align.vocab.errors import format_finding
 
         lines.append(f"  {format_finding(split)}")
-    return lines + _pair_lines(fix["kernels"])
+    return lines + _pair_lines(fix["kernels"]) + also
 
 
 def _kernel_line(name: str, kernel: dict[str, Any]) -> list[str]:

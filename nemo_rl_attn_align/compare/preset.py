@@ -22,7 +22,9 @@ The preset (run by the driver before any worker starts, and shown by ``check``) 
 determinism settings (environment variables); a cause that needs the parallel layout or the rollout
 precision changed is refused with one finding. ``check --fix`` may also change those, each such
 change labelled with its cost, and prints the smallest set of Hydra overrides that turns the preview
-to pass. Stdlib only.
+to pass. Both also name what no tier demands but a recorded difference calls for (``recommended``):
+``apply_rope_fusion: false`` where the two sides' RoPE differ only by training's fused kernel.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
 #: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.
 CUBLAS_DETERMINISTIC = ":4096:8"
 _VLLM_ENV = "policy.generation.vllm_cfg.env_vars"
+#: NeMo-RL's switch for Transformer Engine's fused RoPE kernel in training (its default: true).
+ROPE_FUSION_KEY = "policy.megatron_cfg.apply_rope_fusion"
+#: The fields that say what RoPE each side computes, beside the fusion.
+_ROPE_FIELDS = ("rope", "rope_type", "rope_parameters")
 _MEGATRON_ENV = "policy.megatron_cfg.env_vars"
 #: How many preview rounds ``align`` runs at most (each removes at least one cause).
 MAX_ROUNDS = 6
@@ -59,7 +65,8 @@ class Alignment:
     """What ``align`` did: the changes, the preview after them, why it stopped short (``None`` when
     the semantic and determinism tiers pass, or when the config has no two sides to bind), the
     changed config and its facts, and the kernel step's choice (``kernel_choice``; None: no GPU to
-    choose for)."""
+    choose for). ``recommended``: what the preview calls for beyond the tiers (``recommended``),
+    named, never applied."""
 
     changes: tuple[Change, ...]
     preview: Any  # preview.BindingPreview after the changes
@@ -72,12 +79,17 @@ class Alignment:
     def aligned(self) -> bool:
         return self.refusal is None and self.preview.binding is not None
 
+    @property
+    def recommended(self) -> tuple[Change, ...]:
+        return recommended(self.preview)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "changes": [c.to_dict() for c in self.changes],
             "aligned": self.aligned,
             "refusal": self.refusal.to_dict() if self.refusal else None,
             "kernels": self.kernels.to_dict() if self.kernels else None,
+            "recommended": [c.to_dict() for c in self.recommended],
         }
 
 
@@ -136,6 +148,29 @@ def blocking_causes(preview: Any) -> list[tuple[str, str, Any]]:
     if binding.determinism is not None:
         causes += [("determinism", e.name, e) for e in binding.determinism.entries if e.blocking]
     return causes
+
+
+def recommended(preview: Any) -> tuple[Change, ...]:
+    """What no tier demands but the preview's recorded differences call for: unfused RoPE in training
+    where training runs Transformer Engine's fused RoPE kernel, the rollout does not, and nothing else
+    about RoPE differs (the measured ``rope``, where known, and the configuration read). Fused and
+    unfused RoPE round differently in bf16: NeMo-RL #1801 saw ``token_mult_prob_error`` spike on every
+    step with fusion on (with bias-activation fusion), on 6.4% of steps with both off."""
+    binding = preview.binding
+    if binding is None:
+        return ()
+    fusion = binding.result("rope_fusion")
+    if fusion.status is not Status.DIFFERENT or fusion.training.value is not True or fusion.rollout.value is True:
+        return ()
+    if any(binding.result(name).status is Status.MISMATCH for name in _ROPE_FIELDS):
+        return ()
+    reason = (
+        "training applies RoPE with Transformer Engine's fused kernel, the rollout with its own: they round "
+        "differently in bf16 (NeMo-RL #1801: token_mult_prob_error spiked on every step with fusion on); unfused "
+        "RoPE costs a little training speed; `nemo-rl-attn-align probe CONFIG` measures RoPE's share of the "
+        "logprob difference"
+    )
+    return (Change(ROPE_FUSION_KEY, False, reason, alters_run=True),)
 
 
 def _refuse(where: str, value: Any, message: str, fix: str) -> Finding:

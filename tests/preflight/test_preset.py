@@ -177,3 +177,36 @@ def test_a_parent_that_is_not_a_mapping_is_refused_not_a_traceback(value):
     assert "is not a mapping" in result.refusal.message
     proc = check(GRPO, "++attention_align.preset=aligned", f"policy.megatron_cfg.env_vars={value}")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_fused_rope_in_training_is_named_never_applied_and_gone_once_unfused():
+    """NeMo-RL's default fused RoPE in training against vLLM's own RoPE: the preset and ``--fix``
+    name ``apply_rope_fusion: false`` (recorded tier: nothing fails over it), the preset never applies
+    it, and with it set nothing is recommended."""
+    _, result, _ = aligned()
+    (change,) = result.recommended
+    assert (change.key, change.value, change.alters_run) == ("policy.megatron_cfg.apply_rope_fusion", False, True)
+    assert "#1801" in change.reason and change not in result.changes
+    assert result.to_dict()["recommended"] == [change.to_dict()]
+    _, unfused, _ = aligned("++policy.megatron_cfg.apply_rope_fusion=false")
+    assert unfused.recommended == ()
+    proc = check(GRPO, "--fix")
+    assert "fix: also recommended: '++policy.megatron_cfg.apply_rope_fusion=false'" in proc.stdout
+    assert "'++policy.megatron_cfg.apply_rope_fusion=false'" not in proc.stdout.split("fix: also recommended")[0]
+
+
+def test_no_fusion_advice_where_rope_itself_differs():
+    """Where the two sides' RoPE differ beyond the fusion, turning the fusion off is not the fix."""
+    import dataclasses
+
+    from nemo_rl_attn_align.compare.binding import Status
+    from nemo_rl_attn_align.compare.preset import recommended
+
+    _, result, _ = aligned()
+    binding = result.preview.binding
+    assert binding.result("rope_type").status is not Status.MISMATCH and recommended(result.preview)
+    results = tuple(
+        dataclasses.replace(r, status=Status.MISMATCH) if r.name == "rope_type" else r for r in binding.results
+    )
+    broken = result.preview._replace(binding=dataclasses.replace(binding, results=results))
+    assert recommended(broken) == ()
