@@ -59,7 +59,7 @@ def _per_layer(check_kind: Callable[[Any, str], Any], extra: tuple[str, ...] = (
         kinds = [
             check_kind(kind, f"{where}.kinds[{i}]") for i, kind in enumerate(_items(data["kinds"], where, "kinds"))
         ]
-        layers = []
+        layers: list[list[int]] = []
         for i, entry in enumerate(_items(data["layers"], where, "[layer, kind] pairs")):
             at = f"{where}.layers[{i}]"
             if not isinstance(entry, (list, tuple)) or len(entry) != 2:
