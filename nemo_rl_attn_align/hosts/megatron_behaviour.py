@@ -118,7 +118,9 @@ def _rotary_of(layer: AttentionLayer) -> tuple[Any, str]:
         return None, f"no rotary (position_embedding_type {kind})"
     if hasattr(rotary, "rope_local"):  # Megatron-Bridge's Gemma 3: (local, global) stacked
         if "Gemma3SelfAttention" not in _class_names(layer.attention):
-            raise NotReadable(f"{type(rotary).__name__} gives two embeddings; {type(layer.attention).__name__} picks one")
+            raise NotReadable(
+                f"{type(rotary).__name__} gives two embeddings; {type(layer.attention).__name__} picks one"
+            )
         is_local = getattr(sys.modules[type(layer.attention).__module__], "_is_local_attn_layer", None)
         if is_local is None:
             raise NotReadable(f"{type(layer.attention).__module__} has no _is_local_attn_layer")
@@ -299,7 +301,8 @@ def _core_reader(index: int) -> Callable[[AttentionLayer], tuple[dict, str]]:
 
 def _field(layers: list[AttentionLayer], reader: Callable[[AttentionLayer], tuple[dict, str]], field: str) -> Any:
     """The field's value from each layer's kind, and a source grouping the layers by how each was read."""
-    kinds, how = {}, {}
+    kinds: dict[int, dict] = {}
+    how: dict[str, list[int]] = {}
     for layer in layers:
         try:
             kinds[layer.index], read = reader(layer)

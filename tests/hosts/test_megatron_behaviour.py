@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from nemo_rl_attn_align.compare.behaviour import difference
