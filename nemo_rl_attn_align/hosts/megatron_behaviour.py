@@ -256,9 +256,24 @@ def _softmax_kind(scale: Any, softcap: Any, core: Any) -> dict[str, Any]:
     return {"scale": float(scale), "softcap": float(softcap) if softcap else None, "sinks": _sinks(core)}
 
 
+#: Transformer Engine's kernel modules inside its ``DotProductAttention``; before TE 2.15 only they
+#: hold the softmax scale.
+TE_KERNELS = ("flash_attention", "fused_attention", "unfused_attention")
+
+
 def _te_softmax(core: Any) -> tuple[dict, str]:
-    kind = _softmax_kind(_held(core, "softmax_scale"), getattr(core, "softcap", None), core)
-    return kind, f"{type(core).__name__}.softmax_scale/softcap/softmax_type"
+    """TE's scale (on the module, else on its kernel modules, which must agree), soft cap (none before
+    TE had one), sinks."""
+    name = type(core).__name__
+    if hasattr(core, "softmax_scale"):
+        scale, where = core.softmax_scale, f"{name}.softmax_scale"
+    else:
+        scales = {getattr(getattr(core, k, None), "softmax_scale", None) for k in TE_KERNELS} - {None}
+        if len(scales) != 1:
+            raise NotReadable(f"{name}'s kernel modules hold softmax scales {sorted(scales)}")
+        [scale], where = scales, f"{name}.{{{','.join(TE_KERNELS)}}}.softmax_scale"
+    kind = _softmax_kind(scale, getattr(core, "softcap", None), core)
+    return kind, f"{where}/softcap/softmax_type"
 
 
 def _local_softmax(core: Any) -> tuple[dict, str]:
