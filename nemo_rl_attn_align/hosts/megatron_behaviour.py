@@ -208,6 +208,8 @@ def _mask_kind(window: Any, causal: bool, what: str) -> dict[str, Any]:
     """``{"causal", "window"}`` from a kernel's inclusive ``(left, right)`` window (None/-1: none)."""
     if window is None:
         return {"causal": causal, "window": None}
+    if not isinstance(window, (list, tuple)) or len(window) != 2:
+        raise NotReadable(f"{what} {window!r} is not a (left, right) window")
     left, right = (int(w) for w in window)
     if causal and right not in (0, -1):
         raise NotReadable(f"{what} {tuple(window)}: a causal mask with a right window")
@@ -270,7 +272,7 @@ def _te_softmax(core: Any) -> tuple[dict, str]:
     else:
         scales = {getattr(getattr(core, k, None), "softmax_scale", None) for k in TE_KERNELS} - {None}
         if len(scales) != 1:
-            raise NotReadable(f"{name}'s kernel modules hold softmax scales {sorted(scales)}")
+            raise NotReadable(f"{name}'s kernel modules hold softmax scales {sorted(map(float, scales))}")
         [scale], where = scales, f"{name}.{{{','.join(TE_KERNELS)}}}.softmax_scale"
     kind = _softmax_kind(scale, getattr(core, "softcap", None), core)
     return kind, f"{where}/softcap/softmax_type"
