@@ -270,9 +270,10 @@ def _te_softmax(core: Any) -> tuple[dict, str]:
     if hasattr(core, "softmax_scale"):
         scale, where = core.softmax_scale, f"{name}.softmax_scale"
     else:
-        scales = {getattr(getattr(core, k, None), "softmax_scale", None) for k in TE_KERNELS} - {None}
+        held = (getattr(getattr(core, k, None), "softmax_scale", None) for k in TE_KERNELS)
+        scales = {float(scale) for scale in held if scale is not None}
         if len(scales) != 1:
-            raise NotReadable(f"{name}'s kernel modules hold softmax scales {sorted(map(float, scales))}")
+            raise NotReadable(f"{name}'s kernel modules hold softmax scales {sorted(scales)}")
         [scale], where = scales, f"{name}.{{{','.join(TE_KERNELS)}}}.softmax_scale"
     kind = _softmax_kind(scale, getattr(core, "softcap", None), core)
     return kind, f"{where}/softcap/softmax_type"
