@@ -9,19 +9,15 @@ Mistral bridge shows as a window one token wider.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import module_json
 from tests.real_nemo_rl.conftest import LANE_VARIABLE
 
 pytestmark = pytest.mark.real_nemo_rl
 
-REPO = Path(__file__).resolve().parents[2]
 MODELS = ("llama", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt_oss")
 WINDOW = 8  # bridge_behaviour.WINDOW: Hugging Face's sliding_window, the query included
 
@@ -29,17 +25,7 @@ WINDOW = 8  # bridge_behaviour.WINDOW: Hugging Face's sliding_window, the query 
 def _run(*args: str) -> dict:
     if os.environ.get(LANE_VARIABLE) != "nemo_rl":
         pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has Megatron-Bridge")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.real_nemo_rl.bridge_behaviour", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return module_json("tests.real_nemo_rl.bridge_behaviour", *args)
 
 
 @pytest.fixture(scope="module")

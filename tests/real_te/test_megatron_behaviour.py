@@ -4,19 +4,14 @@ keeps the softmax scale on the module, 2.14.1 only on its kernel modules)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.real_te
+from tests.conftest import module_json
+from tests.real_te import TE_PATHS
 
-REPO = Path(__file__).resolve().parents[2]
-TE_PATHS = [p for p in os.environ.get("ATTN_ALIGN_TEST_TE_PATHS", "").split(os.pathsep) if p]
+pytestmark = pytest.mark.real_te
 
 #: Per case of ``core_behaviour.CASES``: the mask kind and the softmax kind.
 EXPECTED = (
@@ -28,18 +23,7 @@ EXPECTED = (
 
 @pytest.mark.parametrize("te_path", [None, *TE_PATHS])
 def test_the_mask_and_softmax_are_what_transformer_engines_module_holds(te_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (te_path, str(REPO), env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.real_te.core_behaviour"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+    out = module_json("tests.real_te.core_behaviour", first_on_path=te_path)
     for read, (mask, softmax) in zip(out["read"], EXPECTED, strict=True):
         assert read["problems"] == []
         assert read["mask"][:2] == ["observed", {"kinds": [mask], "layers": [[0, 0]]}], out["te"]
