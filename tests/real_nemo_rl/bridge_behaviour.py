@@ -1,4 +1,4 @@
-"""``python -m tests.real_nemo_rl.bridge_behaviour [revert-2656]``: the behaviour fields the Megatron
+"""``python -m tests.real_nemo_rl.bridge_behaviour [upstream]``: the behaviour fields the Megatron
 worker records (``hosts.megatron_behaviour``) for models Megatron-Bridge builds from tiny configs of
 transformers' own config classes, beside what Hugging Face's own model computes for the same config.
 
@@ -13,17 +13,19 @@ is Transformer Engine's, so its mask and softmax here are the local module's, no
 The reference per layer: the window Hugging Face's ``layer_types`` / ``sliding_window`` give
 (``sliding_window - 1`` keys before the query), the scale and soft cap of its attention, and its
 rotary module's (cos, sin) at ``ROPE_POSITIONS`` (angles and magnitudes of half-split pairs, as its
-``rotate_half`` pairs them). ``revert-2656`` first re-introduces Megatron-Bridge #2656 into the
-installed Mistral bridge: its ``provider_bridge`` source with ``sliding_window - 1`` made
-``sliding_window`` again, executed in the bridge's module. Prints one JSON line: model -> {"training":
-{field: [provenance, value, source]}, "hf": {"rope", "mask", "softmax"}}.
+``rotate_half`` pairs them). ``upstream`` builds two upstream bugs instead: Megatron-Bridge #2656
+re-introduced into the installed Mistral bridge (its ``provider_bridge`` source with
+``sliding_window - 1`` made ``sliding_window`` again, executed in the bridge's module), and Gemma 2
+with ``attention_backend: local``, under which Megatron-Bridge 0.6.2's ``provide()`` replaces
+Gemma 2's own core attention by megatron-core's (no soft cap, every layer windowed). Prints one JSON
+line: model -> {"training": {field: [provenance, value, source]}, "problems", "hf": {"rope", "mask",
+"softmax"}}.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import sys
 import textwrap
@@ -99,14 +101,19 @@ def _cpu_spec(provider: Any) -> None:
     provider.transformer_layer_spec = spec
 
 
-def megatron_model(model_type: str):
+def megatron_model(model_type: str, attention_backend: str | None = None):
+    """The model Megatron-Bridge provides for the tiny config (``attention_backend``: as NeMo-RL's
+    ``megatron_cfg.attention_backend`` sets it on the provider)."""
     import torch
+    from megatron.core.transformer.enums import AttnBackend
 
     bridge, _ = import_bridge()
     provider = bridge.AutoBridge.from_hf_config(hf_config(model_type)).to_megatron_provider(load_weights=False)
     provider.bf16 = provider.fp16 = False
     provider.params_dtype = provider.pipeline_dtype = torch.float32
     _cpu_spec(provider)
+    if attention_backend is not None:
+        provider.attention_backend = AttnBackend[attention_backend]
     provider.layernorm_zero_centered_gamma = False  # Gemma's norm: torch's LayerNorm lacks it (no attention change)
     if provider.num_moe_experts:  # gpt-oss's experts: without TE's kernels and CUDA streams
         provider.moe_permute_fusion = provider.moe_grouped_gemm = False
@@ -176,18 +183,17 @@ def main(argv: list[str]) -> int:
     from nemo_rl_attn_align.hosts import megatron_behaviour
 
     ensure_model_parallel()
-    models = list(MODELS)
-    if argv == ["revert-2656"]:
+    backends: dict[str, str | None] = dict.fromkeys(MODELS)
+    if argv == ["upstream"]:
         import_bridge()
         revert_2656()
-        models = ["mistral"]
+        backends = {"mistral": None, "gemma2": "local"}
     out = {}
-    for model_type in models:
-        print(model_type, file=sys.stderr)
-        fields, problems = megatron_behaviour.read(megatron_model(model_type))
+    for model_type, backend in backends.items():
+        fields, problems = megatron_behaviour.read(megatron_model(model_type, backend))
         training = {name: [f.provenance.value, f.value, f.source] for name, f in fields.items()}
         out[model_type] = {"training": training, "problems": problems, "hf": hugging_face(model_type)}
-    print(json.dumps(out, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
+    print(json.dumps(out))
     return 0
 
 
