@@ -334,19 +334,22 @@ def _field(layers: list[AttentionLayer], reader: Callable[[AttentionLayer], tupl
     return per_layer(kinds), source
 
 
+#: Each field's reader of one layer, made once per read (the rope reader keeps what it evaluated).
+_READERS: dict[str, Callable[[], Callable[[AttentionLayer], tuple[dict, str]]]] = {
+    "rope": _rope_reader,
+    "mask": lambda: _core_reader(0),
+    "softmax": lambda: _core_reader(1),
+}
+
+
 def read(model: Any) -> tuple[dict[str, FieldValue], list[str]]:
     """The three behaviour fields of ``model`` (observed, or unobservable with the reason), and the
     problems to note: failures other than a layer this reader cannot read."""
     fields: dict[str, FieldValue] = {}
     problems: list[str] = []
-    try:
-        layers = attention_layers(model)
-    except NotReadable as err:
-        return dict.fromkeys(BEHAVIOUR_FIELDS, FieldValue.unobservable(None, str(err))), problems
-    readers = {"rope": _rope_reader(), "mask": _core_reader(0), "softmax": _core_reader(1)}
     for field in BEHAVIOUR_FIELDS:
         try:
-            value, source = _field(layers, readers[field], field)
+            value, source = _field(attention_layers(model), _READERS[field](), field)
             fields[field] = FieldValue.observed(field_spec(field).validate(value), source)
         except NotReadable as err:
             fields[field] = FieldValue.unobservable(None, str(err))
