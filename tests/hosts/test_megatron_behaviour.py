@@ -45,6 +45,21 @@ class YarnConfig(TransformerConfig):
     yarn_correction_range_round_to_int: bool = False
 
 
+@pytest.fixture(autouse=True)
+def _own_nvte_variables():
+    """Megatron asserts the NVTE_* variables fit the backend, then sets them: each build starts with
+    none, and the test leaves them as it found them."""
+    import os
+
+    saved = {k: v for k, v in os.environ.items() if k.startswith("NVTE_")}
+    for name in saved:
+        del os.environ[name]
+    yield
+    for name in [k for k in os.environ if k.startswith("NVTE_")]:
+        del os.environ[name]
+    os.environ.update(saved)
+
+
 def gpt(config_class=TransformerConfig, gpt_args: dict | None = None, **config) -> GPTModel:
     ensure_model_parallel()
     cfg = config_class(**{**TINY, "use_cpu_initialization": True, **config})
