@@ -24,7 +24,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from nemo_rl_attn_align.compare.behaviour import difference
 from nemo_rl_attn_align.hosts import megatron_behaviour
-from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
+from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel, own_nvte_environment
 from nemo_rl_attn_align.vocab.behaviour import layer_kinds
 from tests.behaviour_samples import default_rates, rope_kind, rope_value
 
@@ -49,15 +49,8 @@ class YarnConfig(TransformerConfig):
 def _own_nvte_variables():
     """Megatron asserts the NVTE_* variables fit the backend, then sets them: each build starts with
     none, and the test leaves them as it found them."""
-    import os
-
-    saved = {k: v for k, v in os.environ.items() if k.startswith("NVTE_")}
-    for name in saved:
-        del os.environ[name]
-    yield
-    for name in [k for k in os.environ if k.startswith("NVTE_")]:
-        del os.environ[name]
-    os.environ.update(saved)
+    with own_nvte_environment():
+        yield
 
 
 def gpt(config_class=TransformerConfig, gpt_args: dict | None = None, **config) -> GPTModel:

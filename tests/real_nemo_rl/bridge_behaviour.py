@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import sys
 import textwrap
 from typing import Any
 
 from nemo_rl_attn_align.probe.bridge_side import _cpu_settings, import_bridge
-from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
+from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel, own_nvte_environment
 from nemo_rl_attn_align.vocab.behaviour import ROPE_POSITIONS, per_layer
 
 TINY = {
@@ -119,9 +118,7 @@ def megatron_model(model_type: str, attention_backend: str | None = None):
         provider.moe_permute_fusion = provider.moe_grouped_gemm = False
         provider.moe_token_dispatcher_type = "allgather"
     provider.finalize()
-    for name in [k for k in os.environ if k.startswith("NVTE_")]:  # Megatron asserts, then sets them per model
-        del os.environ[name]
-    with cpu_only():
+    with cpu_only(), own_nvte_environment():  # Megatron asserts the NVTE variables, then sets them
         return provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
 
 
