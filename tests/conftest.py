@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +16,23 @@ from tests.example_models import write_example_model_cache, write_transformers_c
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "configs"
+
+
+def module_json(module: str, *args: str, first_on_path: str | None = None, timeout: int = 900) -> Any:
+    """What ``python -m module args`` (run in the repository, which is on its path after
+    ``first_on_path``) prints as JSON on its last line; a failed run fails the test with its stderr."""
+    outer = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join(p for p in (first_on_path, str(REPO), outer) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def preview_of(cfg, environ=None, settings=None):

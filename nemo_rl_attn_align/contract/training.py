@@ -13,6 +13,7 @@ from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
     ContractBuilder,
+    FieldValue,
     put_field,
 )
 from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
@@ -179,12 +180,15 @@ def training_contract(
     worker_id: str,
     observed: Mapping[str, Any] | None = None,
     versions: Mapping[str, str] | None = None,
+    behaviour: Mapping[str, FieldValue] | None = None,
 ) -> AttentionContract:
     """The training-side contract for one worker.
 
     ``observed`` is ``te_readback``'s result (``backend``, ``engine``, ``status``, ``source``,
     ``flash_attention_version``); without it the backend is what the config requested, recorded as
-    not yet observed. ``snapshot`` None (the model config could not be read) still gives a whole contract.
+    not yet observed. ``behaviour``: the fields ``rope``, ``mask`` and ``softmax`` as
+    ``hosts.megatron_behaviour`` read them from the built model (before it is built: unobservable).
+    ``snapshot`` None (the model config could not be read) still gives a whole contract.
     """
     b = ContractBuilder("training", worker_id)
     snapshot = snapshot if snapshot is not None else ModelConfigSnapshot.unread()
@@ -197,4 +201,6 @@ def training_contract(
     _backend_fields(b, snapshot, src, seen, not_read, cp_size)
     if versions:
         put_field(b, "versions", dict(versions), "importlib.metadata", "observed")
+    for name, value in (behaviour or {}).items():
+        b.set(name, value)
     return b.build(unset_source="not known to the Megatron worker at setup")

@@ -53,6 +53,8 @@ class TrainingRecord(HostRecord):
         self.policy_cfg: dict = {}
         self.snapshot: ModelConfigSnapshot | None = None
         self.observed: dict | None = None
+        #: the behaviour fields read from the built model (``megatron_behaviour``), by name
+        self.behaviour: dict[str, Any] = {}
         self.nvte: dict[str, str | None] = {}
         self.layout: str | None = None
         self.backend_mapped_by: str | None = None
@@ -79,7 +81,9 @@ class TrainingRecord(HostRecord):
     def contract(self):
         from nemo_rl_attn_align.contract.training import VERSIONED, training_contract
 
-        return training_contract(self.snapshot, self.worker_id, self.observed, versions.library_versions(VERSIONED))
+        return training_contract(
+            self.snapshot, self.worker_id, self.observed, versions.library_versions(VERSIONED), self.behaviour
+        )
 
     def detail(self) -> dict[str, Any]:
         return {
@@ -144,10 +148,21 @@ def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
 
 
 def _after_model_built(model: Any) -> None:
-    """Record the NVTE variables Megatron set, then read back what TE runs at the first forward:
-    two steps, each guarded on its own, so a failed record never stops the read-back."""
+    """Read what the built model's attention computes, record it with the NVTE variables Megatron
+    set, then read back what TE runs at the first forward: each step guarded on its own, so a failed
+    step never stops the next."""
+    record.guarded("reading the attention behaviour", lambda: _read_behaviour(model))
     record.guarded("recording the built model", _record_built_model)
     record.guarded("watching the first forward", lambda: _watch_first_forward(model))
+
+
+def _read_behaviour(model: Any) -> None:
+    """The behaviour fields of the live model (``megatron_behaviour``); a failed read is a note."""
+    from nemo_rl_attn_align.hosts import megatron_behaviour
+
+    record.behaviour, problems = megatron_behaviour.read(model)
+    for problem in problems:
+        record.note(problem)
 
 
 def _record_built_model() -> None:

@@ -103,7 +103,7 @@ class LayerKind:
             parts.append(f"MLA (kv_lora_rank {self.mla.kv_lora_rank}, rope {self.mla.qk_pos_emb_head_dim})")
         if self.sparse:
             parts.append("sparse (indexer)")
-        which = "all layers" if len(self.layers) == num_layers else f"layers {_ranges(self.layers)}"
+        which = "all layers" if len(self.layers) == num_layers else f"layers {layer_ranges(self.layers)}"
         return f"{which} ({len(self.layers)} of {num_layers}): {', '.join(parts)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,7 +113,7 @@ class LayerKind:
         return out
 
 
-def _ranges(indices: Sequence[int]) -> str:
+def layer_ranges(indices: Sequence[int]) -> str:
     """``0,2,4`` as written, runs as ``0-3``."""
     parts, start = [], None
     for i, index in enumerate(indices):

@@ -70,13 +70,13 @@ def build(spec: SideSpec) -> Any:
         settings["params_dtype"] = getattr(torch, settings["params_dtype"])
     config = TransformerConfig(**{"use_cpu_initialization": True, **settings})
     torch.manual_seed(spec.seed)
-    with _own_nvte_environment():
+    with own_nvte_environment():
         model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), **gpt)
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 @contextlib.contextmanager
-def _own_nvte_environment():
+def own_nvte_environment():
     """Megatron asserts and then sets ``NVTE_*`` for its backend while it builds; the probe leaves
     its process's environment as it found it (the run it probes, or the next side in a test)."""
     saved = {k: v for k, v in os.environ.items() if k.startswith("NVTE_")}

@@ -4,7 +4,7 @@ The identity tier's configuration fields (``rope_type``, ``layer_windows``, ``so
 say what each side *read*; two engines can read the same ``config.json`` and still compute different
 functions (a window one token wider, the windowed layers swapped, a YaRN correction band rounded on
 one side only). The three behaviour fields say what each side's modules *do*, measured on the live
-modules by the hooks (``hosts.behaviour``):
+modules by the hooks (``hosts.megatron_behaviour``, over ``hosts.behaviour_probe``):
 
 * ``rope``: each attention layer's rotary embedding, evaluated at ``ROPE_POSITIONS``: which channel
   pairs it rotates together, by which angle at each position, and by what magnitude (YaRN's mscale);

@@ -130,6 +130,44 @@ def test_a_failed_model_config_record_still_reads_back_the_backend(hooked, tmp_p
     assert contract["num_layers"].provenance.value == "unobservable"  # not guessed
 
 
+def test_the_built_models_behaviour_is_in_the_record_written_at_model_built(hooked, tmp_path):
+    """rope, mask and softmax read from the live model (hosts.megatron_behaviour) before any forward."""
+    worker_module = hooked("v0_6")
+    cfg = policy_config("local", standin_model={"window_size": (7, 0), "window_attn_skip_freq": 2})
+    worker_module.MegatronPolicyWorker(cfg)
+    assert detail(tmp_path)["stage"] == "model_built"
+    contract, _ = contract_of(tmp_path)
+    assert {contract[f].provenance.value for f in ("rope", "mask", "softmax")} == {"observed"}
+    assert contract.value("mask")["layers"] == [[0, 0], [1, 1]]  # layer_number 1 windowed, 2 full
+    assert contract.value("mask")["kinds"] == [{"causal": True, "window": 7}, {"causal": True, "window": None}]
+    head_dim = 64 // 4
+    [rope] = contract.value("rope")["kinds"]
+    assert rope["pairs"] == [[i, i + head_dim // 2] for i in range(head_dim // 2)]
+    assert contract.value("softmax")["kinds"] == [{"scale": 0.25, "softcap": None, "sinks": "none"}]
+    assert "DotProductAttention.scale_mask_softmax.window_size" in contract["mask"].source
+
+
+def test_a_failed_behaviour_read_is_a_finding_and_the_field_unobservable(hooked, tmp_path, monkeypatch, caplog):
+    from nemo_rl_attn_align.hosts import megatron_behaviour
+
+    def broken(index):
+        def read(layer):
+            raise RuntimeError("a module this reader did not expect")
+
+        return read
+
+    monkeypatch.setattr(megatron_behaviour, "_core_reader", broken)
+    worker_module = hooked("v0_6")
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_attn_align"):
+        worker_module.MegatronPolicyWorker(policy_config("local")).get_logprobs()
+    contract, _ = contract_of(tmp_path)
+    why = "reading the mask behaviour failed: RuntimeError: a module this reader did not expect"
+    assert contract["mask"].provenance.value == "unobservable" and contract["mask"].source == why
+    assert contract["rope"].provenance.value == "observed"
+    assert why in detail(tmp_path)["findings"] and any(why in r.getMessage() for r in caplog.records)
+    assert detail(tmp_path)["stage"] == "first_forward"  # the worker went on
+
+
 def test_v06_before_1628_gets_the_mapping_from_the_plugin(hooked, tmp_path):
     hooked("v0_6")
     setup = sys.modules["nemo_rl.models.megatron.setup"]

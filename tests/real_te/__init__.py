@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+#: Other Transformer Engine versions (folders installed with --target) that the lane sets beside the
+#: venv's own; a test runs each first on PYTHONPATH in a subprocess.
+TE_PATHS = [p for p in os.environ.get("ATTN_ALIGN_TEST_TE_PATHS", "").split(os.pathsep) if p]
 
 
 def require_te() -> None:
