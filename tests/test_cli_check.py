@@ -121,8 +121,8 @@ def test_binding_preview_is_shown_and_only_warns_by_default():
     assert proc.returncode == 0
     assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
     assert (
-        "binding preview: fail (semantic); attention_align.on_mismatch: identity error, semantic warn: the run warns and goes on"
-        in proc.stdout
+        "binding preview: fail (semantic); attention_align.on_mismatch: identity error, semantic warn: "
+        "the run warns and goes on" in proc.stdout
     )
 
 
