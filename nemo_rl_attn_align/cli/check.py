@@ -110,6 +110,7 @@ def evaluate(
     environ = os.environ if environ is None else environ
     cfg = load_config(config_path, overrides)
     facts = read_recipe_facts(cfg, environ)
+    facts.require_usable_model()
     plan = build_plan(facts)
     settings = load_settings(cfg)
     chosen, source, options = _gpu(kernel_options)
