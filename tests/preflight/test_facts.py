@@ -96,7 +96,9 @@ def test_odd_megatron_values_keep_what_was_written():
     }
     policy = read_policy_facts({"megatron_cfg": mcfg, "logprob_batch_size": True, "train_micro_batch_size": 4}, {})
     assert (policy.backend_raw, policy.backend, policy.effective_backend) == ("Flash", None, None)
-    assert (policy.context_parallel_size, policy.context_parallel_size_raw) == (1, "2")
+    assert policy.context_parallel_size == 1
+    counts = {fact.key: fact.value for fact in policy.counts}
+    assert counts["policy.megatron_cfg.context_parallel_size"] == "2" and counts["policy.logprob_batch_size"] is True
     assert (policy.transformer_impl, policy.transformer_impl_raw) == ("transformer_engine", "TE")
     assert policy.tensor_parallel_size.value is None  # present and null: the engine's default, not NeMo-RL's 1
     assert policy.apply_rope_fusion is True  # True is no batch size: the next key is read, and named
