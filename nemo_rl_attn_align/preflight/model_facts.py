@@ -203,7 +203,7 @@ def _rollout(config: Mapping[str, Any], architecture: str) -> HostModel | NotRea
 
 def read_model_facts(
     model_name: Any,
-    config: HFModelConfig | Any | None = UNSET,
+    config: HFModelConfig | ConfigNotRead | Any | None = UNSET,
     *,
     training_overrides: Any = None,
     rollout_overrides: Any = None,
