@@ -115,7 +115,7 @@ def _refusal(values: Any, key: str) -> NotRead | None:
     if problem is None:
         return None
     name, value, why = problem
-    return NotRead(f"{name}={shown(value)} {why} (README: Limits on input). Fix: correct {name} in the recipe.")
+    return NotRead(f"{name}={shown(value)} {why} (README: Limits on input). Fix: correct {name} in the recipe")
 
 
 def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
