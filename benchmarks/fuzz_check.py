@@ -274,10 +274,12 @@ def hostile_cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
     ]
 
 
-def _run_measured(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str, float, float, float]:
+def run_measured(argv: list[str], cwd: Path, env: dict, preexec_fn=None) -> tuple[int, str, str, float, float, float]:
+    """``argv`` as a process: exit code, stdout, stderr, wall seconds, peak RSS in MB and CPU seconds
+    (``wait4``); ``preexec_fn`` runs in the child before it starts ``argv``."""
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd, env=env)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd, env=env, preexec_fn=preexec_fn)
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         finally:
@@ -319,10 +321,10 @@ def hostile(timeout_note: float = 1.0, memory_mb: float = 100.0) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         tmp_path = Path(tmp)
-        baseline = _run_measured([sys.executable, "-c", "import nemo_rl_attn_align.cli"], tmp_path, env)
+        baseline = run_measured([sys.executable, "-c", "import nemo_rl_attn_align.cli"], tmp_path, env)
         cases = hostile_cases(tmp_path)
         # Subprocesses first: a child's peak RSS (wait4) starts from this process's size at fork.
-        measured = [_run_measured(argv, tmp_path, env) for _, argv, _ in cases]
+        measured = [run_measured(argv, tmp_path, env) for _, argv, _ in cases]
         cwd = os.getcwd()
         os.chdir(tmp_path)
         try:

@@ -78,8 +78,8 @@ POOLS: dict[str, list] = {
     f"{_M}.pipeline_dtype": [*PRECISIONS, UNSET, "bf16", None, 1, {}],
     f"{_M}.transformer_impl": [*IMPLS, UNSET, "TE", "te", "Local", "", None, 1, True, ["local"]],
     f"{_M}.context_parallel_size": [1, 2, 4, 8, True, "2", "1", 2.0, 1.0, 0, -1, None, 1.5, [2], {}, 10**30, UNSET],
-    f"{_M}.tensor_model_parallel_size": [1, UNSET],
-    f"{_M}.pipeline_model_parallel_size": [1, UNSET],
+    f"{_M}.tensor_model_parallel_size": [1, 1, 1, UNSET, True, "2", 2.0],
+    f"{_M}.pipeline_model_parallel_size": [1, 1, 1, UNSET, True, False, 0],
     f"{_MO}.softmax_type": [*SOFTMAX_TYPES, UNSET, "sinks", "", None, 1, ["vanilla"]],
     f"{_MO}.batch_invariant_mode": [True, False, UNSET, 1, 0, "false", "yes", "", None, [], [0]],
     f"{_MO}.cp_comm_type": [*CP_COMM_TYPES, UNSET, "ring", "allgather", "", None, ["p2p", "a2a"], ["bogus"], [], 3],
@@ -159,7 +159,9 @@ def _truthy(value: Any) -> bool:
 
 
 def _is_int_count(value: Any) -> bool:
-    return isinstance(value, int) and value >= 1  # True is Python's 1, as Megatron's arithmetic sees it
+    # not a bool: NeMo-RL lays its workers out with np.arange(world_size).reshape(pp, -1, cp, tp), which
+    # raises TypeError on one
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def rejection(cfg: dict) -> str | None:
@@ -206,9 +208,10 @@ def _megatron_rejection(mcfg: dict, precision: Any) -> str | None:
     if not is_unset(impl) and not (isinstance(impl, str) and impl in IMPLS):
         return "TransformerConfig.transformer_impl Literal"
     impl = "transformer_engine" if is_unset(impl) else impl
-    cp = mcfg.get("context_parallel_size", 1)
-    if not _is_int_count(cp):
-        return "context_parallel_size is not an integer >= 1"
+    for size in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        if not _is_int_count(mcfg[size]):
+            return f"{size} is not an integer >= 1 (NeMo-RL's layout reshape)"
+    cp = mcfg["context_parallel_size"]
     overrides = mcfg.get("model_overrides", UNSET)
     if not isinstance(overrides, dict) and not is_unset(overrides) and bool(overrides):
         return "NeMo-RL iterates model_overrides.items()"

@@ -118,11 +118,24 @@ def test_fix_names_the_backends_that_run_there():
 def test_another_te_version_and_an_unknown_one():
     kernels = check_json(GRPO, "--gpu", "sm90", "--te", "2.20.2")["kernels"]
     assert kernels["training"][0]["source"].startswith("Transformer Engine 2.20.2's own selector")
-    kernels = check_json(GRPO, "--gpu", "sm90", "--te", "9.9")["kernels"]
-    assert kernels["training"][0]["pending"] == (
-        "no Transformer Engine table (--te 9.9 has no table (the tables have 2.14.1, 2.20.2))"
+    for version in ("9.9", "not.a.version"):
+        result = check_json(GRPO, "--gpu", "sm90", "--te", version)
+        assert result["exit_code"] == 2 and result["error"].startswith(
+            f"--te '{version}' is no Transformer Engine version the kernel tables know (they know 2.14.1, 2.20.2)"
+        )
+
+
+@pytest.mark.parametrize("flag, version", [("--te", "not.a.version"), ("--vllm", "9.9.9"), ("--vllm", "")])
+def test_an_unknown_version_is_one_line_and_exit_2_with_or_without_a_gpu(flag, version):
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", "check", GRPO, flag, version],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
-    assert check_json(GRPO, "--gpu", "sm90", "--te", "9.9")["exit_code"] == 0
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{flag} {version!r} is no" in proc.stderr and "(they know " in proc.stderr
 
 
 def test_without_a_gpu_the_kernels_are_pending_and_a_bad_gpu_is_a_usage_error():
@@ -291,8 +304,8 @@ def test_vllm_attention_backend_variable_is_ignored_by_the_tabled_vllm_versions(
 def test_another_vllm_version_and_an_unknown_one():
     kernels = check_json(GRPO, "--gpu", "sm90", "--vllm", "0.33.0")["kernels"]
     assert kernels["rollout"][0]["source"].startswith("vLLM 0.33.0's own selector")
-    kernels = check_json(GRPO, "--gpu", "sm90", "--vllm", "9.9")["kernels"]
-    assert kernels["rollout"][0]["pending"].startswith("no vLLM table (--vllm 9.9 has no table")
+    result = check_json(GRPO, "--gpu", "sm90", "--vllm", "9.9")
+    assert result["exit_code"] == 2 and "(they know 0.25.1, 0.32.0, 0.33.0, 0.34.0)" in result["error"]
 
 
 GPT_OSS = ("policy.model_name=openai/gpt-oss-20b", "policy.megatron_cfg.attention_backend=auto")

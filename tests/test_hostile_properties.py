@@ -12,14 +12,19 @@ thousands.
 from __future__ import annotations
 
 import copy
+import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_rl_attn_align.config.examples import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.preflight.expected_workers import expected_workers
+from nemo_rl_attn_align.preflight.facts import COUNT_KEYS, LAYOUT
+from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 from . import hostile_inputs as hi
@@ -102,8 +107,9 @@ def test_the_oracle_rejects_what_the_issue_found_accepted():
         return hi.rejection(cfg)
 
     mcfg = "policy__megatron_cfg__"
-    for value in ("2", 2.0, 0, -1):
+    for value in ("2", 2.0, 0, -1, True):
         assert with_(**{f"{mcfg}context_parallel_size": value})
+        assert with_(**{f"{mcfg}tensor_model_parallel_size": value})
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
         assert "KeyError" in with_(**{f"{mcfg}{key}": hi.UNSET})
     assert with_(**{f"{mcfg}transformer_impl": "TE"})
@@ -112,3 +118,85 @@ def test_the_oracle_rejects_what_the_issue_found_accepted():
     for value in (True, "32", 2.0):
         assert with_(attention_align__drift__heads=value)
     assert with_() is None and with_(**{f"{mcfg}context_parallel_size": 2}) is None
+
+
+#: Each spelling YAML (YAML 1.1, as OmegaConf reads a file) or Hydra's override grammar reads as a boolean.
+_BOOLEAN_SPELLINGS = st.sampled_from(
+    [("yaml", word) for word in ("true", "yes", "on", "True", "false", "no", "off")]
+    + [("override", word) for word in ("true", "false", "True")]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(sorted(COUNT_KEYS)), spelling=_BOOLEAN_SPELLINGS)
+def test_no_boolean_is_taken_as_a_number(key, spelling):
+    """Every count or size the facts read (``facts.COUNT_KEYS``) set to a boolean, in any spelling:
+    a finding names the key; an error (exit 1) where NeMo-RL's worker layout fails on a boolean, a
+    ``NUMBER_IS_BOOLEAN`` warning where the host would read it as 1 or 0."""
+    form, word = spelling
+    cfg = copy.deepcopy(BASE)
+    if key.startswith("generation.mcore_"):
+        hi.set_path(cfg, "policy.generation.backend", "megatron")
+    dotted = f"policy.{key}"
+    with tempfile.TemporaryDirectory() as tmp:
+        path, overrides = Path(tmp) / "c.yaml", []
+        if form == "yaml":
+            hi.set_path(cfg, dotted, "__BOOLEAN__")
+            hi.write_config(path, cfg)
+            path.write_text(path.read_text().replace("__BOOLEAN__", word))
+        else:
+            hi.write_config(path, cfg)
+            overrides = [f"++{dotted}={word}"]
+        outcome = hi.run_check(path, overrides, as_json=True)
+    assert outcome.problems == [], outcome.problems
+    findings = [f for f in json.loads(outcome.stdout)["plan"]["findings"] if f["key"] == dotted]
+    assert findings and isinstance(findings[0]["value"], bool), (key, word, outcome.stdout[-800:])
+    if COUNT_KEYS[key] == LAYOUT:
+        assert findings[0]["code"] == "CONFIG_VALUE_INVALID" and outcome.exit_code == 1
+    else:
+        assert findings[0]["code"] == "NUMBER_IS_BOOLEAN" and findings[0]["severity"] == "warning"
+
+
+class _Tracked(dict):
+    """A config mapping that notes the dotted key of every integer read from it (``[]`` or ``.get``)."""
+
+    def __init__(self, data: dict, path: str, seen: set[str]):
+        super().__init__({k: _Tracked(v, f"{path}{k}.", seen) if isinstance(v, dict) else v for k, v in data.items()})
+        self._path, self._seen = path, seen
+
+    def _note(self, key, value):
+        if isinstance(value, int) and not isinstance(value, bool):
+            self._seen.add(f"{self._path}{key}")
+        return value
+
+    def __getitem__(self, key):
+        return self._note(key, super().__getitem__(key))
+
+    def get(self, key, default=None):
+        return self._note(key, super().__getitem__(key)) if key in self else default
+
+
+#: Integers of a recipe outside ``policy`` that the facts and the expected workers read, and why no
+#: boolean is taken there as a number.
+_READ_OUTSIDE_POLICY = {
+    "grpo.num_prompts_per_step": "positive_int: a boolean is no count (the batch size stays unknown)",
+    "grpo.num_generations_per_prompt": "positive_int: a boolean is no count (the batch size stays unknown)",
+    "cluster.num_nodes": "a positive-int check: a boolean leaves the worker count unknown",
+    "cluster.gpus_per_node": "a positive-int check: a boolean leaves the worker count unknown",
+}
+
+
+@pytest.mark.parametrize("backend", ["vllm", "megatron"])
+def test_the_count_keys_are_every_integer_the_facts_read(backend):
+    """``COUNT_KEYS`` is complete: reading the example recipe (every count key set) into its facts and
+    its expected workers reads no other integer, so the property above covers every number read."""
+    cfg = copy.deepcopy(BASE)
+    hi.set_path(cfg, "policy.generation.backend", backend)
+    for key in COUNT_KEYS:
+        hi.set_path(cfg, f"policy.{key}", 1)
+    seen: set[str] = set()
+    tracked = _Tracked(cfg, "", seen)
+    read_recipe_facts(tracked, {})
+    expected_workers(tracked)
+    assert "grpo.num_prompts_per_step" in seen  # the tracking sees reads beyond the count keys' own reader
+    assert seen - {f"policy.{key}" for key in COUNT_KEYS} - set(_READ_OUTSIDE_POLICY) == set()

@@ -110,6 +110,7 @@ def evaluate(
     environ = os.environ if environ is None else environ
     cfg = load_config(config_path, overrides)
     facts = read_recipe_facts(cfg, environ)
+    facts.require_usable_model()
     plan = build_plan(facts)
     settings = load_settings(cfg)
     chosen, source, options = _gpu(kernel_options)
@@ -235,6 +236,23 @@ def _fix(cfg: Mapping[str, Any], read, preview_of, kernels) -> dict[str, Any]:
     }
 
 
+def _require_table_versions(options: KernelOptions) -> None:
+    """``--te`` / ``--vllm`` name a version the kernel tables know, else the ``UsageError`` listing those
+    they know (the kernel machinery is imported only when one is given)."""
+    if options.te is None and options.vllm is None:
+        return
+    from nemo_rl_attn_align.preflight.kernels import unknown_version
+    from nemo_rl_attn_align.vocab.errors import UsageError
+
+    for side, requested in (("training", options.te), ("rollout", options.vllm)):
+        unknown = unknown_version(side, requested) if requested is not None else None
+        if unknown is not None:
+            raise UsageError(
+                f"{unknown}. Fix: pass one of them, or leave the flag out (the installed version, "
+                "else NeMo-RL main's pin)."
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``check``; returns the exit code. Python's cyclic garbage collector is paused
     meanwhile: ``check`` makes no garbage cycles worth collecting, and the collector's passes over
@@ -256,6 +274,7 @@ def _run(args: argparse.Namespace) -> int:
 
     options = KernelOptions(flash_attn_3=args.fa3, te=args.te, vllm=args.vllm, gpu=args.gpu)
     try:
+        _require_table_versions(options)
         config_path, overrides = split_config_and_overrides(args.args)
         with hosts_read_here():  # an architecture the table lacks: read by the host where it is installed
             result = evaluate(config_path, overrides, full=args.full, fix=args.fix, kernel_options=options)

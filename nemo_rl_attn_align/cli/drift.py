@@ -135,6 +135,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any]]:
         "seq_len": args.seq_len,
     }
     facts = read_recipe_facts(cfg)
+    facts.require_usable_model()
     shape = drift_shape.resolve_shape(facts, flags)
     dtypes = drift_shape.parse_dtypes(args.dtypes)
     gpu = parse_gpu(args.gpu)

@@ -88,7 +88,7 @@ def preview_binding(
     if model.config is not None:
         notes.append(f"identity read from {model.config.path} (local; never fetched)")
     elif training is not None and rollout is not None:
-        notes.append(f"identity pending: {model.not_found}")
+        notes.append(f"identity pending: {model.unread}")
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
     diff, found = _predict_determinism(facts, environ, training, rollout)

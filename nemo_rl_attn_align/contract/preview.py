@@ -66,12 +66,15 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
     b.configured("causal", True, "decoder-only LM: causal mask")
     files = facts.files
     if isinstance(files.tokenizer_name, str) and files.tokenizer_name:
-        identity, how = files.tokenizer  # the workers' rule: local files by content
-        b.configured(
-            "tokenizer",
-            identity,
-            f"policy.tokenizer.name: {how} (NeMo-RL tokenizes once and feeds token ids to both sides)",
-        )
+        tokenizer = files.tokenizer  # the workers' rule: local files by content
+        if tokenizer.identity is None:
+            b.pending("tokenizer", f"policy.tokenizer.name: {tokenizer.how}")
+        else:
+            b.configured(
+                "tokenizer",
+                tokenizer.identity,
+                f"policy.tokenizer.name: {tokenizer.how} (NeMo-RL tokenizes once and feeds token ids to both sides)",
+            )
     else:
         b.pending("tokenizer", "policy.tokenizer.name is not set")
     if facts.rollout_batch_size:

@@ -225,8 +225,8 @@ def _model_fields(b: ContractBuilder, snap: VllmSnapshot) -> None:
         put_field(b, "rope_type", rope_type, "hf_config.rope_scaling (null: default; else its rope_type or type)")
     put_field(b, "rope_parameters", rope_params, rope_source)
     put_field(b, "vocab_size", snap.vocab_size, "hf_config.vocab_size")
-    identity, how = tokenizer_identity(snap.tokenizer)
-    put_field(b, "tokenizer", identity, f"model_config.tokenizer: {how}")
+    tokenizer = tokenizer_identity(snap.tokenizer)
+    put_field(b, "tokenizer", tokenizer.identity, f"model_config.tokenizer: {tokenizer.how}")
 
 
 def _engine_fields(b: ContractBuilder, snap: VllmSnapshot) -> None:

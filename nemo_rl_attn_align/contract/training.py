@@ -114,8 +114,8 @@ def model_identity_fields(b: ContractBuilder, snap: ModelConfigSnapshot, src: st
     put_field(b, "rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
     put_field(b, "vocab_size", snap.vocab_size, src + "vocab_size")
     if snap.tokenizer:
-        identity, how = tokenizer_identity(snap.tokenizer)
-        put_field(b, "tokenizer", identity, f"policy.tokenizer.name: {how}", "configured")
+        tokenizer = tokenizer_identity(snap.tokenizer)
+        put_field(b, "tokenizer", tokenizer.identity, f"policy.tokenizer.name: {tokenizer.how}", "configured")
 
 
 def _parallel_fields(b: ContractBuilder, snap: ModelConfigSnapshot, src: str) -> int:

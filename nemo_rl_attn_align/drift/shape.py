@@ -75,7 +75,7 @@ def main_kind(facts: RecipeFacts) -> tuple[LayerKind | None, str]:
             kind = max(model.kinds, key=lambda k: len(k.layers))
             return kind, f"{model.source}, {kind.describe(model.num_layers)}"
         why.append(f"{side}: {model.source} has no softmax attention layer")
-    return None, facts.model.not_found or "; ".join(why)
+    return None, facts.model.unread or "; ".join(why)
 
 
 def _sources(facts: RecipeFacts) -> list[tuple[str, dict]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.preflight.architecture_rules import ABSENT, MISSING, evaluate, keys, layer_kind
+from nemo_rl_attn_align.vocab.limits import MAX_MODEL_LAYERS, integer_problem, shown
 
 TABLE = Path(__file__).with_name("tables") / "architectures.json"
 SCHEMA = 1
@@ -119,6 +120,8 @@ def rollout_layers(architecture: str, config: Mapping[str, Any]) -> tuple[dict[s
     count = _value(table["num_layers"], config, "the number of layers")
     if isinstance(count, NotRead):
         return count
+    if (why := integer_problem(count, MAX_MODEL_LAYERS)) is not None:
+        return NotRead(f"the number of layers {shown(count)} {why} (README: Limits on input)")
     layers_entry = table["layers"]
     if "not_understood" in layers_entry:
         return NotRead(f"{source.host}'s layers of {architecture}: {layers_entry['not_understood']}")
@@ -126,8 +129,8 @@ def rollout_layers(architecture: str, config: Mapping[str, Any]) -> tuple[dict[s
     for index in range(count):
         kind = layer_kind(layers_entry["partition"], config, index)
         if kind is None or kind not in layers_entry["kinds"]:
-            shown = layers_entry["partition"].get("key", "its layer index")
-            return NotRead(f"layer {index}'s kind ({shown}: {kind!r}) was never seen when the table was generated")
+            where = layers_entry["partition"].get("key", "its layer index")
+            return NotRead(f"layer {index}'s kind ({where}: {kind!r}) was never seen when the table was generated")
         rules = layers_entry["kinds"][kind]
         if rules is None:
             layers.append(None)

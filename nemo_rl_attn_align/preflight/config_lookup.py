@@ -23,8 +23,9 @@ class Fact:
 
 
 def is_count(value: Any) -> bool:
-    """An integer >= 1 as NeMo-RL and Megatron use it (``True`` is Python's 1, so it counts)."""
-    return isinstance(value, int) and value >= 1
+    """An integer >= 1 as NeMo-RL and Megatron use it (not a bool: YAML's ``true``, ``yes`` and ``on``
+    are booleans, and NeMo-RL's ``np.arange(...).reshape`` of the layout raises on one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def positive_int(value: Any) -> int | None:

@@ -55,6 +55,33 @@ LAYOUT_KEYS = (
     "expert_tensor_parallel_size",
     "context_parallel_size",
 )
+#: The counts and sizes of a ``policy`` section the facts read (dotted keys under ``policy``), each
+#: with what its host does with a value that is not an integer >= 1. ``LAYOUT``: NeMo-RL lays its
+#: workers out with ``np.arange(world_size).reshape(...)`` of it (``lm_policy.py``,
+#: ``vllm_generation.py``), which raises TypeError on a boolean, a float or a string. ``LENIENT``: the
+#: host reads true as 1 and false as 0 (Python arithmetic; vLLM's pydantic engine arguments), so a
+#: boolean there is taken as a number the recipe never wrote.
+LAYOUT, LENIENT = "layout", "lenient"
+COUNT_KEYS: dict[str, str] = {
+    "megatron_cfg.tensor_model_parallel_size": LAYOUT,
+    "megatron_cfg.pipeline_model_parallel_size": LAYOUT,
+    "megatron_cfg.context_parallel_size": LAYOUT,
+    "megatron_cfg.expert_model_parallel_size": LENIENT,
+    "megatron_cfg.expert_tensor_parallel_size": LENIENT,
+    "logprob_batch_size": LENIENT,
+    "train_micro_batch_size": LENIENT,
+    "max_total_sequence_length": LENIENT,
+    "generation.vllm_cfg.tensor_parallel_size": LAYOUT,
+    "generation.vllm_cfg.pipeline_parallel_size": LAYOUT,
+    "generation.vllm_kwargs.block_size": LENIENT,
+    "generation.vllm_kwargs.max_num_batched_tokens": LENIENT,
+    "generation.vllm_kwargs.max_num_seqs": LENIENT,
+    "generation.vllm_kwargs.attention_config.flash_attn_version": LENIENT,
+    "generation.mcore_generation_config.block_size_tokens": LENIENT,
+    "generation.mcore_generation_config.max_tokens": LENIENT,
+    "generation.colocated.resources.gpus_per_node": LENIENT,
+    "generation.colocated.resources.num_nodes": LENIENT,
+}
 #: TE switches beyond the three Megatron sets that the worker environment may carry.
 TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
 
@@ -108,12 +135,14 @@ class PolicyFacts:
     #: fields above hold what the other rules use (a default where the value is unusable, then an error).
     megatron_cfg_raw: Any = UNSET
     model_name_raw: Any = UNSET
-    context_parallel_size_raw: Any = UNSET
     transformer_impl_raw: Any = UNSET
     model_overrides_raw: Any = UNSET
     env_vars_raw: Any = UNSET
     #: ``generation_model_config``: what Megatron generation's model runs (None unless it generates).
     generation_model: tuple[dict[str, Any], bool, str] | None = None
+    #: The ``COUNT_KEYS`` the recipe sets where its host reads them (Megatron's when Megatron trains,
+    #: vLLM's or Megatron generation's by the generation backend), as written.
+    counts: tuple[Fact, ...] = ()
 
     @property
     def has_megatron_cfg(self) -> bool:
@@ -186,6 +215,20 @@ def generation_model_config(policy_cfg: Any) -> tuple[dict[str, Any], bool, str]
     return merged, True, "policy.megatron_cfg merged with policy.generation.mcore_generation_config"
 
 
+def _counts(policy_cfg: Mapping[str, Any], megatron: bool) -> tuple[Fact, ...]:
+    """``COUNT_KEYS`` that ``policy_cfg`` sets where the host reads them (``PolicyFacts.counts``)."""
+    backend = section(policy_cfg, "generation").get("backend")
+    read = {"megatron_cfg": megatron, "generation.vllm_": backend == "vllm", "generation.mcore_": backend == "megatron"}
+    out = []
+    for key in COUNT_KEYS:
+        if all(read[prefix] for prefix in read if key.startswith(prefix)):
+            *parents, leaf = key.split(".")
+            node = section(policy_cfg, ".".join(parents)) if parents else policy_cfg
+            if leaf in node:
+                out.append(Fact(node[leaf], f"policy.{key}"))
+    return tuple(out)
+
+
 def _nvte_env(
     env_vars: Any, environ: Mapping[str, str], names: tuple[str, ...] = NVTE_VARIABLES
 ) -> dict[str, tuple[str, str]]:
@@ -256,9 +299,9 @@ def read_policy_facts(
         ),
         megatron_cfg_raw=megatron_cfg,
         model_name_raw=model_name,
-        context_parallel_size_raw=cp,
         transformer_impl_raw=impl,
         model_overrides_raw=overrides,
         env_vars_raw=env_vars,
         generation_model=generation_model_config(policy_cfg),
+        counts=_counts(policy_cfg, megatron_enabled(policy_cfg)),
     )

@@ -42,6 +42,7 @@ from nemo_rl_attn_align.preflight.model_attention import HostModel, LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
+from nemo_rl_attn_align.vocab.limits import shown
 
 #: The host versions NeMo-RL main pins (7ea279a pyproject: transformer-engine @ v2.14.1, vllm 0.25.1).
 NEMO_RL_PINS = {"training": "2.14.1", "rollout": "0.25.1"}
@@ -185,15 +186,25 @@ def installed_table_version(side: str) -> tuple[str, str] | None:
     return None
 
 
+def unknown_version(side: str, requested: str) -> str | None:
+    """Why ``requested`` (``--te`` / ``--vllm``) is no version ``side``'s kernel tables hold, with the
+    versions they do hold; None when one holds it."""
+    tables = kernel_table.versions(side)
+    if requested in tables:
+        return None
+    name, _, flag = HOSTS[side]
+    known = ", ".join(sorted(tables, key=_version_key)) or "none"
+    return f"{flag} {shown(requested)} is no {name} version the kernel tables know (they know {known})"
+
+
 def table_version(side: str, requested: str | None = None) -> tuple[str | None, str]:
     """The host version whose table answers for ``side``: ``requested`` (``--te`` / ``--vllm``), else
     the installed host's, else NeMo-RL main's pin, else the newest; and why that one."""
     flag = HOSTS[side][2]
     tables = kernel_table.versions(side)
     if requested is not None:
-        if requested in tables:
-            return requested, flag
-        return None, f"{flag} {requested} has no table (the tables have {', '.join(sorted(tables, key=_version_key))})"
+        unknown = unknown_version(side, requested)
+        return (requested, flag) if unknown is None else (None, unknown)
     installed = installed_table_version(side)
     if installed is not None:
         return installed

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_attn_align.vocab.limits import MAX_MODEL_LAYERS, integer_problem, shown
+
 #: megatron-core's hybrid layer symbols (``models/hybrid/hybrid_layer_allocation.Symbols``): attention.
 HYBRID_ATTENTION = "*"
 #: ``TransformerConfig.experimental_attention_variant`` values and what their layers are.
@@ -173,13 +175,15 @@ def _int(value: Any) -> int | None:
 def megatron_symbols(attributes: Mapping[str, Any]) -> list[str] | str:
     """Each layer's attention as megatron-core builds it (``self``, ``mla``, ``dsa``, or another
     symbol for a layer without softmax attention); a string says why it is not known."""
-    count = _int(attributes.get("num_layers"))
+    count: Any = attributes.get("num_layers")
     pattern = attributes.get("hybrid_layer_pattern")
     if isinstance(pattern, str) and pattern:
+        if len(pattern) > MAX_MODEL_LAYERS:
+            return f"hybrid_layer_pattern has {len(pattern)} symbols, over the limit of {MAX_MODEL_LAYERS} layers"
         main = pattern.split("/")[0].replace("|", "")  # parse_hybrid_pattern: "/" starts the MTP part
         return ["self" if symbol == HYBRID_ATTENTION else symbol for symbol in main]
-    if count is None:
-        return "num_layers is not an integer"
+    if (why := integer_problem(count, MAX_MODEL_LAYERS)) is not None:
+        return f"num_layers={shown(count)} {why}"
     variant = attributes.get("experimental_attention_variant")
     attention = "mla" if attributes.get("multi_latent_attention") else "self"
     if variant is None:

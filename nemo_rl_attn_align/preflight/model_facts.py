@@ -27,10 +27,22 @@ from nemo_rl_attn_align.preflight import architectures
 from nemo_rl_attn_align.preflight.architectures import NotRead
 from nemo_rl_attn_align.preflight.config_lookup import UNSET
 from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, HostModel, megatron_model, vllm_model
-from nemo_rl_attn_align.preflight.model_config import HFModelConfig, load_model_config, not_found_line
+from nemo_rl_attn_align.preflight.model_config import (
+    ConfigNotRead,
+    HFModelConfig,
+    config_problems,
+    load_model_config,
+    not_found_line,
+)
+from nemo_rl_attn_align.vocab.limits import shown
 
 #: Host fields of a provider the plugin does not read whose names say they change attention per layer.
 PER_LAYER_OWN_FIELDS = ("window", "attn_pattern", "sink", "softmax")
+#: Where each side's overrides of the model's config.json are set in a recipe.
+TRAINING_OVERRIDES = "policy.hf_config_overrides"
+ROLLOUT_OVERRIDES = "policy.generation.vllm_kwargs.hf_overrides"
+#: Where Megatron's ``TransformerConfig`` attributes are overridden in a recipe.
+MODEL_OVERRIDES = "policy.megatron_cfg.model_overrides"
 #: How long a host reading run here may take (vLLM imports for tens of seconds on 2 cores).
 LIVE_TIMEOUT_S = 300
 _HOSTS = {"training": ("megatron", "megatron.bridge", "Megatron-Bridge"), "rollout": ("vllm", "vllm", "vLLM")}
@@ -58,6 +70,15 @@ class ModelFacts:
     rollout: HostModel | NotRead = NotRead("no config.json was read")
     #: Model overrides applied to the training side, by key.
     applied: Mapping[str, Any] = field(default_factory=dict)
+    #: A config.json that is there but cannot be used (unreadable, not JSON, a value over a limit),
+    #: or a recipe override of the model's values over a limit, in one line: ``check`` and ``drift``
+    #: stop on it (exit 2), a run's driver notes it and goes on.
+    unusable: str | None = None
+
+    @property
+    def unread(self) -> str | None:
+        """Why no config.json was read (not on this machine, or not usable), in one line; None when one was."""
+        return self.not_found or self.unusable
 
     @property
     def architecture(self) -> str | None:
@@ -75,6 +96,7 @@ class ModelFacts:
             "config": str(self.config.path) if self.config else None,
             "architecture": self.architecture,
             "not_found": self.not_found,
+            **({"unusable": self.unusable} if self.unusable else {}),
             "training": side(self.training),
             "rollout": side(self.rollout),
         }
@@ -84,6 +106,16 @@ def _overridden(config: Mapping[str, Any], overrides: Any) -> dict[str, Any]:
     """``config`` with ``overrides`` (a mapping) set on its top level, as ``from_pretrained(**kwargs)``
     and vLLM's ``hf_overrides`` set them."""
     return {**config, **overrides} if isinstance(overrides, Mapping) else dict(config)
+
+
+def _refusal(values: Any, key: str) -> NotRead | None:
+    """``NotRead`` naming the first of ``values`` (a mapping at recipe key ``key``, set on the model's
+    config) that breaks a limit of a model's values (``model_config.config_problems``), else None."""
+    problem = next(config_problems(values, f"{key}."), None) if isinstance(values, Mapping) else None
+    if problem is None:
+        return None
+    name, value, why = problem
+    return NotRead(f"{name}={shown(value)} {why} (README: Limits on input). Fix: correct {name} in the recipe")
 
 
 def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
@@ -134,29 +166,25 @@ def _read_by_host(side: str, config_json: str) -> dict[str, Any] | NotRead:
     return NotRead(f"{name} could not read it here: {answer['error']}") if "error" in answer else answer
 
 
-def _training(
-    config: Mapping[str, Any], architecture: str, model_overrides: Mapping[str, Any]
-) -> tuple[HostModel | NotRead, dict[str, Any]]:
-    """Megatron's layers: the table's (else the host's own) provider attributes, ``model_overrides`` on top."""
+def _training(config: Mapping[str, Any], architecture: str, applied: Mapping[str, Any]) -> HostModel | NotRead:
+    """Megatron's layers: the table's (else the host's own) provider attributes, the ``model_overrides``
+    that apply to them (``applied``) on top."""
     found = architectures.training_attributes(architecture, config)
     if isinstance(found, NotRead):
         live = _live("training", config)
         if isinstance(live, NotRead):
-            return NotRead(f"{found.why}; {live.why}"), {}
+            return NotRead(f"{found.why}; {live.why}")
         reading, source = live, "Megatron-Bridge run here (the architecture table lacks it)"
     else:
         reading, source = found[0], found[1].label
-    attributes = dict(reading["attributes"])
-    applied = {k: v for k, v in model_overrides.items() if k in MEGATRON_ATTRIBUTES}
-    attributes.update(applied)
+    attributes = {**reading["attributes"], **applied}
     own = [name for name in reading.get("own_fields", []) if any(word in name for word in PER_LAYER_OWN_FIELDS)]
     if own:
-        why = f"{reading['provider']} builds its layers with its own {', '.join(own)}, which the plugin does not read"
-        return NotRead(why), applied
+        return NotRead(
+            f"{reading['provider']} builds its layers with its own {', '.join(own)}, which the plugin does not read"
+        )
     model = megatron_model(attributes, "Megatron-Bridge", f"{source} ({reading['provider']})")
-    if isinstance(model, str):
-        return NotRead(f"{reading['provider']}: {model}"), applied
-    return model, applied
+    return NotRead(f"{reading['provider']}: {model}") if isinstance(model, str) else model
 
 
 def _rollout(config: Mapping[str, Any], architecture: str) -> HostModel | NotRead:
@@ -175,7 +203,7 @@ def _rollout(config: Mapping[str, Any], architecture: str) -> HostModel | NotRea
 
 def read_model_facts(
     model_name: Any,
-    config: HFModelConfig | Any | None = UNSET,
+    config: HFModelConfig | ConfigNotRead | Any | None = UNSET,
     *,
     training_overrides: Any = None,
     rollout_overrides: Any = None,
@@ -185,13 +213,24 @@ def read_model_facts(
     Hugging Face cache this process's environment names; ``config``, when already read) and the overrides."""
     model = load_model_config(model_name) if config is UNSET else config
     if model is None:
-        line = not_found_line(model_name)
-        return ModelFacts(None, line, NotRead(line), NotRead(line))
+        model = ConfigNotRead(not_found_line(model_name), missing=True)
+    if isinstance(model, ConfigNotRead):
+        missing, unusable = (model.line, None) if model.missing else (None, model.line)
+        return ModelFacts(None, missing, NotRead(model.line), NotRead(model.line), unusable=unusable)
     arch = model.config.get("architectures")
     architecture = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
     if architecture is None:
         why = f"{model.path} names no architectures[0], which both hosts dispatch on"
         return ModelFacts(model, None, NotRead(why), NotRead(why))
-    training, applied = _training(_overridden(model.config, training_overrides), architecture, model_overrides or {})
-    rollout = _rollout(_overridden(model.config, rollout_overrides), architecture)
-    return ModelFacts(model, None, training, rollout, applied)
+    applied = {k: v for k, v in (model_overrides or {}).items() if k in MEGATRON_ATTRIBUTES}
+    training_refused = _refusal(training_overrides, TRAINING_OVERRIDES) or _refusal(applied, MODEL_OVERRIDES)
+    rollout_refused = _refusal(rollout_overrides, ROLLOUT_OVERRIDES)
+    refused = training_refused or rollout_refused
+    return ModelFacts(
+        model,
+        None,
+        training_refused or _training(_overridden(model.config, training_overrides), architecture, applied),
+        rollout_refused or _rollout(_overridden(model.config, rollout_overrides), architecture),
+        applied,
+        unusable=refused.why if refused else None,
+    )

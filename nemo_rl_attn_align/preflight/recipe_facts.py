@@ -20,21 +20,36 @@ from nemo_rl_attn_align.preflight.config_lookup import UNSET, positive_int, valu
 from nemo_rl_attn_align.preflight.facts import PolicyFacts, policy_not_a_mapping, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts, read_generation_facts
 from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts, read_megatron_generation_facts
-from nemo_rl_attn_align.preflight.model_config import HFModelConfig, load_model_config
+from nemo_rl_attn_align.preflight.model_config import ConfigNotRead, HFModelConfig, load_model_config
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts
 from nemo_rl_attn_align.preflight.shape_facts import ShapeFacts, read_shape_facts
-from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
+from nemo_rl_attn_align.preflight.tokenizer import TokenizerIdentity, tokenizer_identity
+from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.limits import shown
 
 
 @dataclass(frozen=True)
 class LocalFiles:
-    """The recipe's files on this machine: the model's ``config.json`` (None: not here) and the
-    tokenizer's ``(identity, how)``, each with the name it was read for."""
+    """The recipe's files on this machine: the model's ``config.json`` (``ConfigNotRead``: not here,
+    or not usable) and the tokenizer's identity, each with the name it was read for."""
 
     model_name: Any
-    model_config: HFModelConfig | None
+    model_config: HFModelConfig | ConfigNotRead
     tokenizer_name: Any
-    tokenizer: tuple[str | None, str]
+    tokenizer: TokenizerIdentity
+
+    @property
+    def unusable(self) -> str | None:
+        """One line when the model's config.json or a tokenizer file is there but cannot be used
+        (unreadable, not JSON, a value over a limit); None when they are usable or not here."""
+        if isinstance(self.model_config, ConfigNotRead) and not self.model_config.missing:
+            return self.model_config.line
+        if self.tokenizer.unreadable is not None:
+            return (
+                f"tokenizer {shown(self.tokenizer_name)}: {self.tokenizer.unreadable}; NeMo-RL's tokenizer loads it. "
+                "Fix: make it readable, or set policy.tokenizer.name to a directory whose tokenizer files can be read."
+            )
+        return None
 
 
 def read_local_files(model_name: Any, tokenizer_name: Any, known: LocalFiles | None = None) -> LocalFiles:
@@ -70,6 +85,15 @@ class RecipeFacts:
     def megatron_enabled(self) -> bool:
         """Whether NeMo-RL trains this policy with Megatron (see ``megatron_enabled``)."""
         return self.policy is not None and self.policy.megatron_enabled
+
+    def require_usable_model(self) -> None:
+        """Raise the ``UsageError`` for a model config.json or tokenizer file that is there but cannot
+        be used, or a recipe override of the model's values over a limit (``check`` and ``drift`` stop
+        on it: exit 2; a run's driver goes on, that side's model or the tokenizer identity pending)."""
+        generation = self.megatron_generation.model.model if self.megatron_generation is not None else None
+        for line in (self.files.unusable, self.model.unusable, generation.unusable if generation else None):
+            if line is not None:
+                raise UsageError(line)
 
     def require_policy(self) -> PolicyFacts:
         """``policy``, or the ``UsageError`` for a ``policy`` section that is not a mapping."""

@@ -64,6 +64,12 @@ class Code(str, enum.Enum):
         WARNING,
         "a Megatron flag is not true/false; Megatron reads it by truthiness (1, 'false', 'no' are on).",
     )
+    NUMBER_IS_BOOLEAN = (
+        "NUMBER_IS_BOOLEAN",
+        RULE,
+        WARNING,
+        "a count or size is true/false (YAML reads true, yes, on as true); the host takes it as the number 1 or 0.",
+    )
     ATTN_BACKEND_INVALID = (
         "ATTN_BACKEND_INVALID",
         RULE,

@@ -8,6 +8,7 @@ values; ``benchmarks/fuzz_check.py --hostile`` measures that each refusal takes 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from typing import Any
@@ -42,6 +43,57 @@ MAX_REPORT_BYTES = 64 << 20
 #: Longest value shown inside an error line (longer ones are cut, with their length).
 MAX_SHOWN_CHARS = 120
 
+#: Largest model ``config.json`` (``policy.model_name``'s); published ones are 1-60 KB. A MiB of JSON
+#: parses in tens of milliseconds into at most a few tens of MB, whatever it holds.
+MAX_MODEL_CONFIG_BYTES = 1 << 20
+#: Most digits of an integer in a model's ``config.json`` (CPython 3.11's own default for ``int()``;
+#: 3.10 has none and converts a longer one in time growing with the square of its length).
+MAX_INT_DIGITS = 4_300
+#: The most of each attention-relevant number of a model (the least is 1). The published models stay
+#: far below: 126 layers (Llama 3.1 405B), 128 heads, head dims of 576 (vLLM's MLA head), hidden
+#: sizes of 18,432, 10.5 M positions (Llama 4 Scout), 262,144 tokens of vocabulary (Gemma 3).
+MAX_MODEL_LAYERS = 1_024
+MAX_ATTENTION_HEADS = 1_024
+MAX_HEAD_DIM = 4_096
+MAX_MODEL_WIDTH = 1 << 18
+MAX_POSITIONS = 1 << 30
+MAX_VOCAB_SIZE = 1 << 24
+#: The model's attention-relevant integers, by name, and the most each may be (the least is 1): the
+#: keys of a ``config.json`` the hosts' readings and the identity fields read (``text_config`` and
+#: ``thinker_config.text_config`` alike), and the Megatron ``TransformerConfig`` attributes
+#: ``policy.megatron_cfg.model_overrides`` may set. The layer count decides how many layers the
+#: readings lay out; the others are bounded so that no arithmetic on them runs away.
+MODEL_INTEGERS: dict[str, int] = {
+    "num_hidden_layers": MAX_MODEL_LAYERS,
+    "num_layers": MAX_MODEL_LAYERS,
+    "num_attention_heads": MAX_ATTENTION_HEADS,
+    "num_key_value_heads": MAX_ATTENTION_HEADS,
+    "num_query_groups": MAX_ATTENTION_HEADS,
+    "head_dim": MAX_HEAD_DIM,
+    "kv_channels": MAX_HEAD_DIM,
+    "qk_nope_head_dim": MAX_HEAD_DIM,
+    "qk_head_dim": MAX_HEAD_DIM,
+    "qk_rope_head_dim": MAX_HEAD_DIM,
+    "qk_pos_emb_head_dim": MAX_HEAD_DIM,
+    "v_head_dim": MAX_HEAD_DIM,
+    "hidden_size": MAX_MODEL_WIDTH,
+    "q_lora_rank": MAX_MODEL_WIDTH,
+    "kv_lora_rank": MAX_MODEL_WIDTH,
+    "sliding_window": MAX_POSITIONS,
+    "max_position_embeddings": MAX_POSITIONS,
+    "vocab_size": MAX_VOCAB_SIZE,
+}
+#: The model's attention-relevant real numbers and the open-closed range each must lie in.
+MODEL_NUMBERS: dict[str, tuple[float, float]] = {
+    "rope_theta": (0.0, 1e12),
+    "partial_rotary_factor": (0.0, 1.0),
+    "query_pre_attn_scalar": (0.0, 1e6),
+    "attn_logit_softcapping": (0.0, 1e6),
+}
+#: Largest tokenizer file hashed in full for the tokenizer's identity (Gemma 3's ``tokenizer.json``
+#: is 33 MB; sha256 reads about 1.5 GB/s here); of a larger one, this many bytes and its size.
+MAX_TOKENIZER_HASH_BYTES = 64 << 20
+
 
 class InputRefused(ValueError):
     """A file or value refused by a limit; ``str(err)`` is one line naming it and the limit."""
@@ -60,18 +112,29 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def read_text(path: os.PathLike[str] | str, limit: int, what: str) -> str:
-    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes.
-
-    Opens without blocking (a FIFO never hangs), refuses anything but a regular file and any file
-    over ``limit`` before reading it; ``InputRefused`` (one line), ``OSError`` from the open itself
-    (missing, permission, symlink loop, name too long) and ``UnicodeDecodeError`` propagate."""
+def open_regular(path: os.PathLike[str] | str, what: str) -> tuple[int, os.stat_result]:
+    """A file descriptor of the regular file ``path`` and its ``fstat``, opened without blocking (a
+    FIFO never hangs); anything but a regular file is ``InputRefused`` (closed again), and the
+    ``OSError`` of the open itself (missing, permission, symlink loop, name too long) propagates."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise InputRefused(f"{what} {shown_path(path)} is a {_kind(info.st_mode)}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def read_text(path: os.PathLike[str] | str, limit: int, what: str) -> str:
+    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes.
+
+    Refuses anything but a regular file (``open_regular``) and any file over ``limit`` before reading
+    it; ``InputRefused`` (one line), ``OSError`` from the open itself and ``UnicodeDecodeError`` propagate."""
+    fd, info = open_regular(path, what)
+    try:
         if info.st_size > limit:
             raise InputRefused(f"{what} {shown_path(path)} is {info.st_size} bytes, over the limit of {limit}")
         chunks, size = [], 0
@@ -86,6 +149,50 @@ def read_text(path: os.PathLike[str] | str, limit: int, what: str) -> str:
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits, over the limit of {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def read_json(path: os.PathLike[str] | str, limit: int, what: str) -> Any:
+    """The parsed JSON of the regular file ``path`` (``read_text``'s bounds), nested at most
+    ``MAX_NESTING`` deep, no integer longer than ``MAX_INT_DIGITS``. Raises ``InputRefused`` (a
+    limit), ``OSError`` (the open), ``UnicodeDecodeError`` or ``ValueError`` (not JSON); NaN and
+    Infinity are read as Python's json reads them, for the caller to judge."""
+    deep = InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels")
+    try:
+        data = json.loads(read_text(path, limit, what), parse_int=_bounded_int)
+    except RecursionError:
+        raise deep from None
+    if nesting_depth(data) > MAX_NESTING:
+        raise deep
+    return data
+
+
+def kind_of(value: Any) -> str:
+    """How an error line names the type of a parsed JSON or YAML value ("a boolean", "null", ...)."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "a list", dict: "a mapping"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+def integer_problem(value: Any, most: int, least: int = 1) -> str | None:
+    """Why ``value`` is not an integer from ``least`` to ``most`` (None when it is): a boolean, a
+    float such as 2.0, a string such as "2" are not integers."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"is {kind_of(value)}, not an integer from {least} to {most}"
+    return None if least <= value <= most else f"is not an integer from {least} to {most}"
+
+
+def number_problem(value: Any, low: float, high: float) -> str | None:
+    """Why ``value`` is not a finite number above ``low`` and at most ``high`` (None when it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {kind_of(value)}, not a number above {low:g} and at most {high:g}"
+    return None if low < value <= high else f"is not a number above {low:g} and at most {high:g}"  # NaN fails
 
 
 def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:

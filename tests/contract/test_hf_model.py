@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+
+import pytest
 
 from nemo_rl_attn_align.compare.binding import Status
 from nemo_rl_attn_align.config.loader import load_config
@@ -52,12 +55,65 @@ def test_local_directory_and_hub_cache_are_found_never_fetched(tmp_path):
     assert find_config("bad\0name", {}) is None
 
 
-def test_unusable_files_are_skipped(tmp_path):
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("[1, 2]")
-    assert load_model_config(str(tmp_path / "m"), {}) is None
-    (tmp_path / "m" / "config.json").write_text("{broken")
-    assert load_model_config(str(tmp_path / "m"), {}) is None
+def test_missing_unreadable_and_malformed_say_so_in_one_line(tmp_path):
+    model = tmp_path / "m"
+    missing = load_model_config(str(model), {})
+    assert missing.missing and "no " in missing.line and "on this machine" in missing.line
+    model.mkdir()
+    for text, said in (("[1, 2]", "holds a list, not a JSON object"), ("{broken", "is not valid JSON (Expecting")):
+        (model / "config.json").write_text(text)
+        found = load_model_config(str(model), {})
+        assert not found.missing and said in found.line and "\n" not in found.line
+    (model / "config.json").unlink()
+    (model / "config.json").mkdir()
+    assert "is a directory, not a regular file" in load_model_config(str(model), {}).line
+    (model / "config.json").rmdir()
+    os.mkfifo(model / "config.json")  # opened without blocking, refused without reading
+    assert "is a FIFO (named pipe), not a regular file" in load_model_config(str(model), {}).line
+
+
+def test_a_cached_config_that_cannot_be_read_is_named_with_the_command_that_fetches_it(tmp_path):
+    snapshot = tmp_path / "models--org--m" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{")
+    found = load_model_config("org/m", {"HF_HUB_CACHE": str(tmp_path)})
+    assert str(snapshot / "config.json") in found.line and "hf download org/m config.json" in found.line
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("num_hidden_layers", 2.5, "num_hidden_layers=2.5 is a float, not an integer from 1 to 1024"),
+        ("num_hidden_layers", "28", "num_hidden_layers='28' is a string, not an integer"),
+        ("num_hidden_layers", 10**8, "num_hidden_layers=100000000 is not an integer from 1 to 1024"),
+        ("num_hidden_layers", None, "num_hidden_layers=None is null, not an integer"),
+        ("num_attention_heads", True, "num_attention_heads=True is a boolean, not an integer"),
+        ("head_dim", 0, "head_dim=0 is not an integer from 1 to 4096"),
+        ("rope_theta", float("nan"), "rope_theta=nan is not a number above 0"),
+        ("use_sliding_window", "false", "use_sliding_window='false' is a string, not true or false"),
+        ("layer_types", ["full_attention"] * 2000, "has 2000 entries, over the limit of 1024 layers"),
+        ("rope_scaling", [1], "rope_scaling=[1] is a list, not a mapping"),
+    ],
+)
+def test_a_value_over_a_limit_names_the_file_the_key_the_value_and_the_limit(tmp_path, key, value, said):
+    found = load_model_config(str(write_model(tmp_path / "m", {**QWEN3, key: value})), {})
+    assert not found.missing and str(tmp_path / "m" / "config.json") in found.line and said in found.line
+    assert found.line.count("\n") == 0 and "Limits on input" in found.line
+
+
+def test_nested_text_configs_and_rope_parameters_are_checked_as_the_top_level(tmp_path):
+    vlm = {"architectures": ["X"], "text_config": {**QWEN3, "num_key_value_heads": -1}}
+    assert "text_config.num_key_value_heads=-1" in load_model_config(str(write_model(tmp_path / "a", vlm)), {}).line
+    v5 = {**QWEN3, "rope_parameters": {"rope_type": "default", "rope_theta": float("inf")}}
+    assert "rope_parameters.rope_theta=inf" in load_model_config(str(write_model(tmp_path / "b", v5)), {}).line
+    deep: list = [1]
+    for _ in range(40):
+        deep = [deep]
+    deep_config = {**QWEN3, "quantization_config": {"x": deep}}
+    assert "nests deeper than 32 levels" in load_model_config(str(write_model(tmp_path / "c", deep_config)), {}).line
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")
+    assert "an integer of 5000 digits" in load_model_config(str(tmp_path / "d"), {}).line
 
 
 def test_identity_of_a_plain_gqa_model():

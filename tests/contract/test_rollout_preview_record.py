@@ -28,7 +28,7 @@ def test_a_local_tokenizer_is_previewed_by_its_content_as_both_records_name_it(t
     (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
     rollout = _rollout(f"policy.tokenizer.name={tmp_path}")
     training = predict_training(read_recipe_facts(load_config(GRPO, [f"policy.tokenizer.name={tmp_path}"]), {}))
-    expected, how = tokenizer_identity(str(tmp_path))
+    expected, how, _ = tokenizer_identity(str(tmp_path))
     assert expected.startswith("sha256:")
     record = rollout_contract(VllmSnapshot(tokenizer=str(tmp_path)), "vllm-rank0-worker0")
     for contract in (rollout, training):

@@ -268,7 +268,7 @@ def test_without_torch_drift_is_one_line_exit_2(write_yaml, tmp_path, capsys, mo
 
 def test_an_override_the_host_cannot_build_leaves_the_model_unread_with_the_reason():
     policy = {"model_name": "Qwen/Qwen3-8B", "megatron_cfg": {"enabled": True}}
-    with pytest.raises(UsageError, match="num_attention_heads is not an integer"):
+    with pytest.raises(UsageError, match="num_attention_heads='eight' is a string, not an integer from 1 to 1024"):
         shape_of({"policy": {**policy, "hf_config_overrides": {"num_attention_heads": "eight"}}})
 
 

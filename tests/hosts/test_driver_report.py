@@ -471,3 +471,20 @@ def test_tracker_off_by_key_and_its_failure_is_one_warning(driver, tmp_path, cap
         for r in caplog.records
     )
     assert report_of(run)["drift"]["steps"] == [{"step": 1, "gen_kl_error": 0.5}]  # the step itself was recorded
+
+
+@pytest.mark.parametrize("config_json", ['{"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 1e8}', "{"])
+def test_a_model_config_check_refuses_leaves_the_run_going(driver, tmp_path, config_json):
+    """What ``check`` stops on (exit 2) stops no run: the driver reads the model as not usable, says
+    why (here: why attention's share is not estimated), and goes on (issue #40)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(config_json)
+    cfg = config(tmp_path)
+    cfg["policy"]["model_name"] = str(model)
+    run, printed = driver(cfg)
+    run.at_setup()
+    assert report_of(run)["verdict"] == "incomparable"  # no worker recorded: the run went on to collect
+    (summary,) = printed
+    assert f"config.json {model / 'config.json'}" in summary
+    assert ("num_hidden_layers=100000000.0 is a float" if "1e8" in config_json else "is not valid JSON") in summary

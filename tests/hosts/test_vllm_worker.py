@@ -259,7 +259,8 @@ def test_the_tokenizer_is_compared_by_content(tmp_path):
         (folder / "tokenizer.json").write_text(text)
     assert tokenizer_identity(str(a))[0] == tokenizer_identity(str(b))[0] != tokenizer_identity(str(c))[0]
     assert tokenizer_identity(str(a))[0].startswith("sha256:")
-    assert tokenizer_identity("Qwen/Qwen3-0.6B") == ("Qwen/Qwen3-0.6B", "compared by name (not a local directory)")
+    by_name = tokenizer_identity("Qwen/Qwen3-0.6B")
+    assert by_name == ("Qwen/Qwen3-0.6B", "compared by name (not a local directory)", None)
     contract = vllm_record.rollout_contract(VllmSnapshot(tokenizer=str(b)), "w")
     assert (
         contract.value("tokenizer") == tokenizer_identity(str(a))[0]

@@ -12,7 +12,9 @@ import pytest
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.preflight.facts import UNSET, Fact, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts
+from nemo_rl_attn_align.preflight.model_config import ConfigNotRead, HFModelConfig
 from nemo_rl_attn_align.preflight.recipe_facts import LocalFiles, RecipeFacts, read_recipe_facts
+from nemo_rl_attn_align.preflight.tokenizer import TokenizerIdentity
 from nemo_rl_attn_align.vocab.errors import UsageError
 from tests.conftest import EXAMPLES
 
@@ -60,7 +62,8 @@ def test_a_policy_that_is_not_a_mapping_is_reported_when_required(policy):
 @pytest.mark.parametrize("cfg", [None, {}, [], "x"])
 def test_a_config_that_is_no_mapping_reads_as_empty(cfg):
     facts = read_recipe_facts(cfg, {})
-    no_files = LocalFiles(None, None, None, (None, "no tokenizer name"))
+    not_set = ConfigNotRead("policy.model_name is not set, so no config.json was looked for", missing=True)
+    no_files = LocalFiles(None, not_set, None, TokenizerIdentity(None, "no tokenizer name"))
     assert facts == RecipeFacts(None, GenerationFacts(), facts.shape, no_files)
     assert facts.shape.layers == () and facts.shape.seq_len is None
 
@@ -93,7 +96,9 @@ def test_odd_megatron_values_keep_what_was_written():
     }
     policy = read_policy_facts({"megatron_cfg": mcfg, "logprob_batch_size": True, "train_micro_batch_size": 4}, {})
     assert (policy.backend_raw, policy.backend, policy.effective_backend) == ("Flash", None, None)
-    assert (policy.context_parallel_size, policy.context_parallel_size_raw) == (1, "2")
+    assert policy.context_parallel_size == 1
+    counts = {fact.key: fact.value for fact in policy.counts}
+    assert counts["policy.megatron_cfg.context_parallel_size"] == "2" and counts["policy.logprob_batch_size"] is True
     assert (policy.transformer_impl, policy.transformer_impl_raw) == ("transformer_engine", "TE")
     assert policy.tensor_parallel_size.value is None  # present and null: the engine's default, not NeMo-RL's 1
     assert policy.apply_rope_fusion is True  # True is no batch size: the next key is read, and named
@@ -191,16 +196,16 @@ def test_tokenizer_and_batch_size_fall_back_or_stay_unset():
         {},
     )
     assert facts.files.tokenizer_name == "m" and facts.rollout_batch_size is None
-    assert facts.files.tokenizer == ("m", "compared by name (not a local directory)")
+    assert facts.files.tokenizer == TokenizerIdentity("m", "compared by name (not a local directory)")
 
 
 def test_a_second_reading_keeps_the_files_the_first_read():
     first = read_recipe_facts({"policy": {"model_name": "Qwen/Qwen3-8B"}}, {})
-    assert first.files.model_config is not None  # the test session's Hugging Face cache
+    assert isinstance(first.files.model_config, HFModelConfig)  # the test session's Hugging Face cache
     again = read_recipe_facts({"policy": {"model_name": "Qwen/Qwen3-8B", "precision": "float16"}}, {}, first.files)
     assert again.files is first.files and again.require_policy().precision == "float16"
     other = read_recipe_facts({"policy": {"model_name": "m"}}, {}, first.files)
-    assert other.files.model_name == "m" and other.files.model_config is None
+    assert other.files.model_name == "m" and other.files.model_config.missing
 
 
 def test_the_facts_module_imports_only_stdlib_and_plugin_leaves():

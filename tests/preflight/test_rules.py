@@ -54,6 +54,30 @@ CASES = [
     ),
     (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=2.0), {}, policy(), {}),
     (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=0), {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__context_parallel_size=True), {}, policy(), {}),
+    (Code.CONFIG_VALUE_INVALID, policy(megatron_cfg__tensor_model_parallel_size=True), {}, policy(), {}),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(megatron_cfg__pipeline_model_parallel_size="2"),
+        {},
+        policy(megatron_cfg__pipeline_model_parallel_size=2),
+        {},
+    ),
+    (
+        Code.CONFIG_VALUE_INVALID,
+        policy(generation__vllm_cfg__tensor_parallel_size=True),
+        {},
+        policy(generation__vllm_cfg__tensor_parallel_size=True, generation__backend="megatron"),
+        {},
+    ),
+    (
+        Code.NUMBER_IS_BOOLEAN,
+        policy(generation__vllm_kwargs__max_num_seqs=True),
+        {},
+        policy(generation__vllm_kwargs__max_num_seqs=1),
+        {},
+    ),
+    (Code.NUMBER_IS_BOOLEAN, policy(max_total_sequence_length=False), {}, policy(), {}),
     (
         Code.CONFIG_VALUE_INVALID,
         policy(megatron_cfg__transformer_impl="TE"),
@@ -425,9 +449,20 @@ def test_batch_invariant_mode_follows_megatron_truthiness(value, on):
     assert "FLAG_NOT_BOOLEAN" in found
 
 
-@pytest.mark.parametrize("cp", [True, 1, 2, 8])
+@pytest.mark.parametrize("cp", [1, 2, 8])
 def test_usable_context_parallel_sizes_are_not_refused(cp):
     assert "CONFIG_VALUE_INVALID" not in codes(policy(megatron_cfg__context_parallel_size=cp))
+
+
+@pytest.mark.parametrize("size", [True, False, 2.0, "2"])
+def test_a_layout_size_the_host_cannot_reshape_by_is_refused(size):
+    """NeMo-RL builds its workers' layout with ``np.arange(world_size).reshape(pp, -1, cp, tp)`` (and
+    vLLM's with ``reshape(dp, pp, tp)``): numpy itself refuses anything but an integer there."""
+    numpy = pytest.importorskip("numpy")
+    with pytest.raises(TypeError):
+        numpy.arange(8).reshape(1, -1, size, 1)
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        assert "CONFIG_VALUE_INVALID" in codes(policy(**{f"megatron_cfg__{key}": size}))
 
 
 @pytest.mark.parametrize("key", [key for key, _ in MEGATRON_INDEXED_KEYS])

@@ -16,7 +16,6 @@ from nemo_rl_attn_align.vocab.errors import Finding
 
 MEGATRON_KEY = "policy.megatron_cfg"
 BACKEND_KEY = f"{MEGATRON_KEY}.attention_backend"
-CP_KEY = f"{MEGATRON_KEY}.context_parallel_size"
 
 Rule = Callable[[PolicyFacts], list[Finding]]
 #: Every rule with the codes it raises, in registration order (the order findings are reported).

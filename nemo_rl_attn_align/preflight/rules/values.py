@@ -15,6 +15,8 @@ from typing import Any
 
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
 from nemo_rl_attn_align.preflight.facts import (
+    COUNT_KEYS,
+    LAYOUT,
     PRECISIONS,
     SOFTMAX_TYPES,
     TRANSFORMER_IMPLS,
@@ -24,7 +26,6 @@ from nemo_rl_attn_align.preflight.facts import (
 )
 from nemo_rl_attn_align.preflight.rules.registry import (
     BACKEND_KEY,
-    CP_KEY,
     MEGATRON_KEY,
     rule,
     truthy,
@@ -73,10 +74,11 @@ def _not_model_id(value: Any) -> str | None:
 def _not_count(value: Any) -> str | None:
     if is_count(value):
         return None
-    why = "is below 1" if isinstance(value, int) else f"is {type_name(value)}, not an integer"
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    why = "is below 1" if integer else f"is {type_name(value)}, not an integer"
     return (
-        f"{why}; NeMo-RL compares it with 1 and Megatron divides the world size by it "
-        "(no conversion: '2' and 2.0 are not 2)."
+        f"{why}; NeMo-RL lays its workers out with np.arange(world_size).reshape(...) of it, which takes only "
+        "integers (no conversion: '2', 2.0 and true are not 2 or 1; YAML reads yes and on as true)."
     )
 
 
@@ -133,12 +135,6 @@ VALUE_CHECKS = (
         applies=lambda facts: True,
     ),
     ValueCheck(
-        CP_KEY,
-        attrgetter("context_parallel_size_raw"),
-        _not_count,
-        "set context_parallel_size to 1, 2, 4, ... (an unquoted integer).",
-    ),
-    ValueCheck(
         f"{MEGATRON_KEY}.transformer_impl",
         attrgetter("transformer_impl_raw"),
         _one_of(TRANSFORMER_IMPLS, "megatron-core's TransformerConfig.transformer_impl"),
@@ -179,10 +175,30 @@ VALUE_CHECKS = (
 )
 
 
-@rule(Code.CONFIG_VALUE_INVALID, Code.FLAG_NOT_BOOLEAN)
+def _count_findings(facts: PolicyFacts) -> list[Finding]:
+    """The counts and sizes the facts read (``facts.COUNT_KEYS``): a value NeMo-RL's worker layout
+    cannot take is an error, a boolean the host would read as 1 or 0 a warning."""
+    out = []
+    for fact in facts.counts:
+        name = fact.key.rpartition(".")[2]
+        if COUNT_KEYS[fact.key.removeprefix("policy.")] == LAYOUT:
+            why = _not_count(fact.value)
+            if why is not None:
+                fix = f"set {name} to 1, 2, 4, ... (an unquoted integer)."
+                out.append(finding(Code.CONFIG_VALUE_INVALID, fact.key, fact.value, why, fix))
+        elif isinstance(fact.value, bool):
+            spelled = str(fact.value).lower()
+            why = f"is a boolean where the host needs a number; it takes {spelled} as {int(fact.value)}."
+            fix = f"write {name} as an unquoted integer."
+            out.append(finding(Code.NUMBER_IS_BOOLEAN, fact.key, fact.value, why, fix))
+    return out
+
+
+@rule(Code.CONFIG_VALUE_INVALID, Code.FLAG_NOT_BOOLEAN, Code.NUMBER_IS_BOOLEAN)
 def _config_values(facts: PolicyFacts) -> list[Finding]:
     """Values of the keys the rules read that NeMo-RL or Megatron cannot use at all
-    (``VALUE_CHECKS``); a ``policy.megatron_cfg`` that is not a mapping hides every other one."""
+    (``VALUE_CHECKS``) and the counts and sizes the facts read (``_count_findings``); a
+    ``policy.megatron_cfg`` that is not a mapping hides every other one."""
     megatron_cfg = facts.megatron_cfg_raw
     if megatron_cfg is not UNSET and not isinstance(megatron_cfg, dict):
         return [
@@ -201,7 +217,7 @@ def _config_values(facts: PolicyFacts) -> list[Finding]:
         why = check.problem(value) if value is not UNSET else None
         if why is not None:
             out.append(finding(check.code, check.key, value, why, check.fix))
-    return out
+    return out + _count_findings(facts)
 
 
 @rule(Code.MEGATRON_KEY_MISSING)
