@@ -24,7 +24,7 @@ from nemo_rl_attn_align.vocab.codes import Kind, markdown_table  # noqa: E402
 TABLES = {
     "rule": ((Kind.RULE, Kind.KERNEL), "what it catches"),
     # every code a run report (or ``check``'s preview of it) carries
-    "report": ((Kind.BINDING, Kind.DETERMINISM, Kind.REPORT, Kind.PRESET), "meaning"),
+    "report": ((Kind.BINDING, Kind.DETERMINISM, Kind.REPORT, Kind.HOST, Kind.PRESET), "meaning"),
 }
 #: File (relative to the repository) -> the tables it holds.
 FILES = {"README.md": ("rule",), "docs/report-schema.md": ("report",)}

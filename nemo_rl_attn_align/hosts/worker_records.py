@@ -7,7 +7,8 @@ workers write at once without clobbering each other and a reader never sees half
   (``report.store.write_worker_record``), which the driver's ``report.finalize`` binds;
 * ``<report_dir>/hosts/<side>--<worker_id>.json``: what the host hook saw on the way
   (``report.store.write_worker_detail``: the stage it reached, the plan it checked, NVTE variables,
-  read-back details, layout, versions, findings, world size and the ids of its peers).
+  read-back details, layout, versions, findings (lines, and coded ones), world size and the ids of
+  its peers).
 
 Worker ids are ``vocab.worker_ids``'. Each detail names every id its worker group should have
 (``peers``, from ``WORLD_SIZE``), so a worker that died before writing is a visible gap in the
@@ -20,7 +21,10 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nemo_rl_attn_align.vocab.errors import Finding
 
 log = logging.getLogger("nemo_rl_attn_align")
 _warned_no_dir = False
@@ -59,14 +63,17 @@ class HostRecord:
     """One worker's record while its host hook fills it in: findings, stage, write, strictness.
 
     Subclasses give ``contract()`` (an ``AttentionContract``), ``detail()`` (a JSON-ready dict) and
-    ``peers()`` (the ids of every worker of its group). Failures of the plugin's own observability
-    are warnings unless ``attention_align.strict``.
+    ``peers()`` (the ids of every worker of its group). ``findings`` are lines (the report makes each
+    a ``REPORT_WORKER_FINDING``), ``coded_findings`` findings with their own code, which the report
+    keeps as they are. Failures of the plugin's own observability are warnings unless
+    ``attention_align.strict``.
     """
 
     host = "host"
 
     def __init__(self):
         self.findings: list[str] = []
+        self.coded_findings: list[Finding] = []
         self.stage = "started"
         self.probe: Any = None
 
@@ -92,6 +99,7 @@ class HostRecord:
             "host": self.host,
             "stage": stage,
             "findings": list(self.findings),
+            "coded_findings": [f.to_dict() for f in self.coded_findings],
             "world_size": world_size(),
             "peers": self.peers(),
             **self.detail(),
@@ -107,12 +115,20 @@ class HostRecord:
         if not self.settings().strict:
             log.warning("nemo-rl-attn-align: %s", problem)
 
+    def report(self, finding: Finding) -> None:
+        """A finding with its own code (e.g. ``PACKED_BOUNDARIES_DROPPED``): warned now (its line);
+        strict mode stops after the write."""
+        self.coded_findings.append(finding)
+        if not self.settings().strict:
+            log.warning("nemo-rl-attn-align: %s", finding.line())
+
     def stop_if_strict(self) -> None:
         """In strict mode, any finding stops the run (after it has been written)."""
         from nemo_rl_attn_align.hosts._patching import StrictModeError
 
-        if self.findings and self.settings().strict:
-            raise StrictModeError("; ".join(self.findings) + ". attention_align.strict is true, so the run stops.")
+        lines = [*self.findings, *(f.line() for f in self.coded_findings)]
+        if lines and self.settings().strict:
+            raise StrictModeError("; ".join(lines) + ". attention_align.strict is true, so the run stops.")
 
     @classmethod
     def guarded(cls, step: str, action: Callable[[], object]) -> None:

@@ -34,7 +34,7 @@ from nemo_rl_attn_align.report.store import (
     read_worker_files,
 )
 from nemo_rl_attn_align.report.worker_files import WorkerFiles
-from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.codes import Code, Kind, Severity
 from nemo_rl_attn_align.vocab.errors import Finding
 from nemo_rl_attn_align.vocab.names import DRIFT_METRICS
 from nemo_rl_attn_align.vocab.schema import SIDES
@@ -88,9 +88,13 @@ def _bind_sides(
 
 
 def _verdict(binding: BindingReport | None, findings: list[Finding], incomplete: bool) -> Verdict:
-    """``fail`` when workers of a side diverge; a pass with missing or unreadable workers
-    (``incomplete``) is ``incomparable``; else the binding's verdict (``incomparable`` without one)."""
-    if any(f.code is Code.REPORT_WORKER_DIVERGES for f in findings):
+    """``fail`` when workers of a side diverge or a worker's hook found an error in its host (e.g.
+    ``PACKED_BOUNDARIES_DROPPED``); a pass with missing or unreadable workers (``incomplete``) is
+    ``incomparable``; else the binding's verdict (``incomparable`` without one)."""
+    if any(
+        f.code is Code.REPORT_WORKER_DIVERGES or (f.code.kind is Kind.HOST and f.severity is Severity.ERROR)
+        for f in findings
+    ):
         return Verdict.FAIL
     if binding is None:
         return Verdict.INCOMPARABLE

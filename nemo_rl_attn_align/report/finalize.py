@@ -18,7 +18,7 @@ from nemo_rl_attn_align.compare.binding import Verdict
 from nemo_rl_attn_align.config.settings import AlignSettings, OnMismatch
 from nemo_rl_attn_align.report.document import RunDescription, collect, with_logged_drift, write_report
 from nemo_rl_attn_align.report.render import render_changes, render_summary
-from nemo_rl_attn_align.vocab.codes import Code
+from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity
 
 
@@ -54,13 +54,20 @@ def _announcement(doc: Mapping[str, Any], previous: Mapping[str, Any] | None, pa
 
 def failed_tiers(doc: Mapping[str, Any]) -> list[str]:
     """The tiers that fail a report: the binding's, and ``identity`` where workers of one side diverge
-    (they run different models or settings)."""
+    (they run different models or settings) or a worker's hook found an error in its host (e.g.
+    ``PACKED_BOUNDARIES_DROPPED``: that side computes another function)."""
     if doc["verdict"] != Verdict.FAIL.value:
         return []
     failed = list((doc.get("binding") or {}).get("failed_tiers", []))
-    if any(f["code"] == Code.REPORT_WORKER_DIVERGES.value for f in doc["findings"]) and "identity" not in failed:
+    if any(_fails_identity(f) for f in doc["findings"]) and "identity" not in failed:
         failed.insert(0, "identity")
     return failed
+
+
+def _fails_identity(finding: Mapping[str, Any]) -> bool:
+    if finding["code"] == Code.REPORT_WORKER_DIVERGES.value:
+        return True
+    return finding["severity"] == Severity.ERROR.value and finding["code"] in {c.value for c in codes_of(Kind.HOST)}
 
 
 def raise_for_mismatch(doc: Mapping[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.vocab.errors import Finding
 from nemo_rl_attn_align.vocab.schema import SIDES
 
 #: A worker by ``(side, worker_id)``.
@@ -42,14 +43,17 @@ class WorkerRecord:
 
 
 #: The host-detail keys the report reads; every other key is kept, for humans, in ``HostDetail.rest``.
-DETAIL_KEYS = ("kind", "side", "worker_id", "run_id", "stage", "host", "findings", "peers")
+DETAIL_KEYS = ("kind", "side", "worker_id", "run_id", "stage", "host", "findings", "coded_findings", "peers")
+#: What each finding a host detail's ``coded_findings`` holds has as a string (``Finding.to_dict``).
+_FINDING_STRINGS = ("code", "severity", "key", "message", "fix")
 
 
 @dataclass(frozen=True)
 class HostDetail:
-    """What one worker's host hook saw: the ``stage`` it reached, its ``findings`` (e.g. Transformer
-    Engine ran another backend than requested), the ``peers`` its group should have, and ``rest``:
-    everything else it wrote (its config, plan, read-back), kept as written."""
+    """What one worker's host hook saw: the ``stage`` it reached, its ``findings`` (lines, e.g.
+    Transformer Engine ran another backend than requested), its ``coded_findings`` (findings with
+    their own code, e.g. ``PACKED_BOUNDARIES_DROPPED``), the ``peers`` its group should have, and
+    ``rest``: everything else it wrote (its config, plan, read-back), kept as written."""
 
     side: str
     worker_id: str
@@ -57,6 +61,7 @@ class HostDetail:
     stage: str | None = None
     host: str | None = None
     findings: tuple[str, ...] = ()
+    coded_findings: tuple[Finding, ...] = ()
     peers: tuple[str, ...] = ()
     rest: Mapping[str, Any] = field(default_factory=dict)
 
@@ -75,6 +80,7 @@ class HostDetail:
             ("stage", (str, type(None))),
             ("host", (str, type(None))),
             ("findings", (list, type(None))),
+            ("coded_findings", (list, type(None))),
             ("peers", (list, type(None))),
         ):
             if not isinstance(data.get(key), kinds):
@@ -91,6 +97,7 @@ class HostDetail:
             stage=data.get("stage"),
             host=data.get("host"),
             findings=tuple(data.get("findings") or ()),
+            coded_findings=_coded_findings(data.get("coded_findings") or []),
             peers=tuple(data.get("peers") or ()),
             rest={key: value for key, value in data.items() if key not in DETAIL_KEYS},
         )
@@ -104,9 +111,25 @@ class HostDetail:
             "stage": self.stage,
             "host": self.host,
             "findings": list(self.findings),
+            "coded_findings": [f.to_dict() for f in self.coded_findings],
             "peers": list(self.peers),
             **self.rest,
         }
+
+
+def _coded_findings(items: list) -> tuple[Finding, ...]:
+    """A host detail's ``coded_findings``; ``ValueError`` naming the first that is not a finding of a
+    code this version knows."""
+    out = []
+    for index, item in enumerate(items):
+        where = f"host detail coded_findings[{index}]"
+        if not isinstance(item, Mapping) or not all(isinstance(item.get(k), str) for k in _FINDING_STRINGS):
+            raise ValueError(f"{where} is not a finding: it needs {', '.join(_FINDING_STRINGS)} as strings")
+        try:
+            out.append(Finding.from_dict(item))
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return tuple(out)
 
 
 @dataclass(frozen=True)

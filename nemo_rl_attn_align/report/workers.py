@@ -38,9 +38,11 @@ def _divergences(representative: AttentionContract, other: AttentionContract) ->
 
 
 def detail_findings(details: Mapping[WorkerKey, HostDetail]) -> list[Finding]:
-    """What the host hooks noticed (e.g. Transformer Engine ran another backend than requested)."""
-    out = []
+    """What the host hooks noticed: each line a ``REPORT_WORKER_FINDING`` (e.g. Transformer Engine ran
+    another backend than requested), each coded finding as the worker wrote it."""
+    out: list[Finding] = []
     for (side, worker_id), detail in sorted(details.items()):
+        out.extend(detail.coded_findings)
         for problem in detail.findings:
             out.append(
                 finding(

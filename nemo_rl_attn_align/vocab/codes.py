@@ -32,10 +32,11 @@ class Kind(str, enum.Enum):
     REPORT = "report"  # collecting the workers' records into the run report
     PRESET = "preset"  # ``attention_align.preset: aligned``
     KERNEL = "kernel"  # the kernel each side's own selector picks on a GPU (``check --gpu``)
+    HOST = "host"  # a worker's hook, of what its host did in the run (e.g. the first packed micro-batch)
 
 
 ERROR, WARNING, INFO = Severity
-RULE, BINDING, DETERMINISM, REPORT, PRESET, KERNEL = Kind
+RULE, BINDING, DETERMINISM, REPORT, PRESET, KERNEL, HOST = Kind
 
 
 class Code(str, enum.Enum):
@@ -335,6 +336,15 @@ class Code(str, enum.Enum):
         WARNING,
         "a worker's hook found a difference between request "
         "and reality (e.g. the attention backend Transformer Engine ran)",
+    )
+
+    # --- host: a worker's hook, of what its host did in the run ---------------------------------
+    PACKED_BOUNDARIES_DROPPED = (
+        "PACKED_BOUNDARIES_DROPPED",
+        HOST,
+        ERROR,
+        "a packed batch was attended as one sequence: an attention call of the first packed micro-batch "
+        "received fewer sequence boundaries (`cu_seqlens`) than the training worker packed sequences",
     )
 
     # --- preset ------------------------------------------------------------------------------
