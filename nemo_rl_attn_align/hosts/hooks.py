@@ -87,6 +87,11 @@ class Hook:
         while self._wrapped:
             _patching.unwrap(*self._wrapped.pop())
 
+    @property
+    def wrapping(self) -> bool:
+        """Whether a seam of this hook is wrapped now."""
+        return bool(self._wrapped)
+
     def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
         """``_patching.wrap`` and remember it for ``detach``."""
         done = _patching.wrap(owner, name, make_wrapper)

@@ -56,6 +56,7 @@ class TrainingRecord(HostRecord):
         #: the behaviour fields read from the built model (``megatron_behaviour``), by name
         self.behaviour: dict[str, Any] = {}
         self.nvte: dict[str, str | None] = {}
+        self.packed_boundaries: dict | None = None  # hosts.packed_boundaries' statement
         self.layout: str | None = None
         self.backend_mapped_by: str | None = None
         self.rank = int(os.environ.get("RANK", "0") or 0)
@@ -93,6 +94,7 @@ class TrainingRecord(HostRecord):
             "backend_mapped_by": self.backend_mapped_by,
             "model_config": self.snapshot.to_dict() if self.snapshot is not None else None,
             "nvte_after_build": self.nvte,
+            "packed_boundaries": self.packed_boundaries,
             "te_readback": self.observed,
         }
 
@@ -151,7 +153,10 @@ def _after_model_built(model: Any) -> None:
     """Read what the built model's attention computes, record it with the NVTE variables Megatron
     set, then read back what TE runs at the first forward: each step guarded on its own, so a failed
     step never stops the next."""
+    from nemo_rl_attn_align.hosts import packed_boundaries
+
     record.guarded("reading the attention behaviour", lambda: _read_behaviour(model))
+    record.guarded("watching the first packed micro-batch", lambda: packed_boundaries.watch(model, record))
     record.guarded("recording the built model", _record_built_model)
     record.guarded("watching the first forward", lambda: _watch_first_forward(model))
 

@@ -51,6 +51,10 @@ _TRAIN = {
 SINGLE_CONTROLLER = _ALGORITHMS + "single_controller_utils"
 _POLICY_SETUP = "nemo_rl.models.megatron.setup"
 _POLICY_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
+#: Where NeMo-RL packs a Megatron micro-batch (>= 0.6.0; 0.5.x: ``nemo_rl.models.megatron.common``),
+#: and the parameters the packing functions share (``seq_lengths``: one per sequence packed).
+_MEGATRON_DATA = "nemo_rl.models.megatron.data"
+_PACKING_PARAMS = ("input_ids", "seq_lengths")
 #: The Megatron worker's layouts: ``setup-module`` (>= 0.6.0), ``worker-inline`` (0.5.x).
 _SETUP_MODULE, _WORKER_INLINE = "setup-module", "worker-inline"
 
@@ -104,6 +108,21 @@ HOOKS = {
             ),
         ),
         {_SETUP_MODULE: ">=0.6.0", _WORKER_INLINE: ">=0.5.0,<0.6.0"},
+    ),
+    "packed_boundaries": HookSeams(
+        "NeMo-RL",
+        (),
+        (
+            Seam(_MEGATRON_DATA, "_pack_sequences_for_megatron", _PACKING_PARAMS, "_wrap_pack"),
+            Seam(_MEGATRON_DATA, "_prepare_vlm_batch_for_megatron", _PACKING_PARAMS, "_wrap_pack", OPTIONAL),
+            Seam(
+                "nemo_rl.models.megatron.common",
+                "_pack_sequences_for_megatron",
+                _PACKING_PARAMS,
+                "_wrap_pack",
+                OPTIONAL,
+            ),
+        ),
     ),
     "megatron_generation": HookSeams(
         "NeMo-RL",

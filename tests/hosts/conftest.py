@@ -125,6 +125,37 @@ def bootstrap_state():
     bootstrap.origin = saved_origin
 
 
+#: The stand-in NeMo-RL's Megatron policy worker module (``hooked`` imports it).
+MEGATRON_WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
+
+
+@pytest.fixture
+def hooked(bootstrap_state, monkeypatch, tmp_path):
+    """Activate the bootstrap, import a stand-in NeMo-RL layout through it, yield its worker module
+    (the worker writes under ``tmp_path / "report"``)."""
+    from nemo_rl_attn_align.hosts import megatron_worker, packed_boundaries
+    from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
+
+    for name in NVTE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path / "report"))
+    monkeypatch.delenv("NEMO_RL_ATTN_ALIGN_STRICT", raising=False)
+    monkeypatch.setattr(megatron_worker, "record", megatron_worker.TrainingRecord())
+
+    def load(version: str):
+        stack.enter_context(standin(FAKE_NEMO_RL / version, "nemo_rl"))
+        bootstrap_state.deactivate()
+        assert bootstrap_state.activate("test")
+        __import__(MEGATRON_WORKER)
+        return sys.modules[MEGATRON_WORKER]
+
+    with contextlib.ExitStack() as stack:
+        yield load
+        megatron_worker.detach()
+        packed_boundaries.detach()
+        packed_boundaries.pending = None
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory) -> str:
     """One local Ray cluster (2 CPUs) for the session; its address. Ray puts the connecting driver's

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from nemo_rl_attn_align.report.tracker_metrics import VERDICT_VALUES
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.worker_ids import rollout_peers, training_peers
 from tests.contract_samples import full_contract
+from tests.fake_nemo_rl.configs import policy_config
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 
 
@@ -244,6 +246,33 @@ def test_sft_says_there_is_no_rollout_side(driver, tmp_path):
         "no rollout side: sft trains on a fixed dataset and starts no generation workers; "
         "the training/rollout binding is not applicable"
     ) in printed[0]
+
+
+@pytest.mark.parametrize("drops", [False, True])
+def test_packed_boundaries_dropped_at_the_first_step_fail_it(driver, hooked, tmp_path, monkeypatch, drops):
+    """The stand-in worker hook in this process writes where the driver exported; the first packed
+    micro-batch runs before the first step's metrics, as NeMo-RL's logprobs and training do."""
+    monkeypatch.delenv(handoff.REPORT_DIR_ENV)  # ``hooked``'s: the driver's settings are the worker's
+    run, printed = driver(config(tmp_path, rollout=False, on_mismatch="error"), "sft")
+    policy = hooked("v0_6").MegatronPolicyWorker(policy_config("local", sequence_packing={"enabled": True}))
+    monkeypatch.setattr(sys.modules["nemo_rl.models.megatron.train"], "DROPS_PACKED_SEQ_PARAMS", drops)
+    run.at_setup()
+    assert report_of(run)["verdict"] == "incomparable"
+    policy.get_logprobs()
+    if not drops:
+        driver_report.train_metrics({"loss": 0.5}, 1, "train")
+        assert len(printed) == 1 and report_of(run)["verdict"] == "incomparable"
+        return
+    with pytest.raises(AttentionMismatch, match=Code.PACKED_BOUNDARIES_DROPPED.value):
+        driver_report.train_metrics({"loss": 0.5}, 1, "train")
+    assert (
+        "verdict INCOMPARABLE -> FAIL" in printed[1]
+        and f"new: error {Code.PACKED_BOUNDARIES_DROPPED.value}" in printed[1]
+    )
+    doc = report_of(run)
+    assert doc["collected_at"] == "first_step" and doc["verdict"] == "fail"
+    [dropped] = [f for f in doc["findings"] if f["code"] == Code.PACKED_BOUNDARIES_DROPPED.value]
+    assert dropped["key"] == "workers.policy-rank0.decoder.layers.0.self_attention.core_attention"
 
 
 def test_grpo_without_vllm_names_the_config_key(driver, tmp_path):

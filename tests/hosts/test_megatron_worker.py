@@ -28,32 +28,8 @@ from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.store import read_worker_files
 from nemo_rl_attn_align.vocab.errors import RuleViolation
 from tests.fake_nemo_rl.configs import policy_config
-from tests.hosts.conftest import FAKE_NEMO_RL, standin
-
-WORKER = "nemo_rl.models.policy.workers.megatron_policy_worker"
-
-
-@pytest.fixture
-def hooked(bootstrap_state, monkeypatch, tmp_path):
-    """Activate the bootstrap, import a stand-in NeMo-RL layout through it, yield its worker module."""
-    for name in NVTE_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path / "report"))
-    monkeypatch.delenv("NEMO_RL_ATTN_ALIGN_STRICT", raising=False)
-    monkeypatch.setattr(megatron_worker, "record", megatron_worker.TrainingRecord())
-
-    def load(version: str):
-        stack.enter_context(standin(FAKE_NEMO_RL / version, "nemo_rl"))
-        bootstrap_state.deactivate()
-        assert bootstrap_state.activate("test")
-        __import__(WORKER)
-        return sys.modules[WORKER]
-
-    import contextlib
-
-    with contextlib.ExitStack() as stack:
-        yield load
-        megatron_worker.detach()
+from tests.hosts.conftest import MEGATRON_WORKER as WORKER
+from tests.hosts.conftest import standin
 
 
 def detail(tmp_path):

@@ -4,7 +4,8 @@ Same names, signatures and call chain: ``validate_and_set_config`` -> ``setup_mo
 ``_apply_parallelism_config`` / ``_apply_precision_config`` / ``_apply_performance_config`` (through
 the module globals) -> ``__post_init__``; ``setup_model_and_optimizer`` builds the model. The
 checkpoint's model config is replaced by ``config["standin_model"]`` and the model is a tiny CPU
-GPTModel with the local spec.
+GPTModel with the local spec (with ``cpu_megatron.PackedAttentionStandIn`` where the policy packs
+sequences).
 """
 
 import os
@@ -89,5 +90,5 @@ def setup_model_and_optimizer(
     additional_pre_wrap_hooks=None,
     load_weights=True,
 ):
-    model = [build_gpt(megatron_cfg.model)]
+    model = [build_gpt(megatron_cfg.model, packed=bool((policy_cfg.get("sequence_packing") or {}).get("enabled")))]
     return ModelAndOptimizerState(None, model, None, None, {}, None)
