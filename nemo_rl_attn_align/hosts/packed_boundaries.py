@@ -31,7 +31,6 @@ model is built.
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,8 +38,6 @@ from nemo_rl_attn_align.hosts import _patching, hooks
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import finding
-
-log = logging.getLogger("nemo_rl_attn_align")
 
 #: The ``PackedSeqParams`` fields a core attention call's boundaries are read from.
 CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
@@ -115,16 +112,22 @@ def _wrap_pack(original: Callable, seam: Seam) -> Callable:
     def packing(input_ids, seq_lengths, *args, **kwargs):
         result = original(input_ids, seq_lengths, *args, **kwargs)
         watching = pending
-        detach()  # the first packing call is the only one looked at (in a process with no watch too)
-        if watching is not None:
-            _patching.guarded(
-                "watching the first packed micro-batch",
-                lambda: watching.packed(f"{seam.module}.{seam.path}", len(seq_lengths), result),
-                watching.strict,
-            )
+        _patching.guarded(
+            "watching the first packed micro-batch",
+            lambda: _first_packing(watching, f"{seam.module}.{seam.path}", len(seq_lengths), result),
+            watching is not None and watching.strict,
+        )
         return result
 
     return packing
+
+
+def _first_packing(watching: _Watch | None, packed_by: str, sequences: int, result: Any) -> None:
+    """The process's first packing call: the seams go (nothing of this module runs on a later one,
+    in a process with no watch too); the waiting watch, if any, takes the call."""
+    detach()
+    if watching is not None:
+        watching.packed(packed_by, sequences, result)
 
 
 def _site(chunk_index: int, name: str, chunks: int) -> str:
@@ -151,14 +154,19 @@ class _Watch:
         global pending
         pending = None
         built = next((item for item in _items(result) if hasattr(item, "cu_seqlens_q")), None)
-        sites = []
-        for index, chunk in enumerate(self.chunks):
-            for name, module in chunk.named_modules():
-                if name.rsplit(".", 1)[-1] == CORE_ATTENTION:
-                    sites.append(_site(index, name, len(self.chunks)))
-                    self.handles.append(module.register_forward_pre_hook(self._on_call(sites[-1]), with_kwargs=True))
-            self.waiting.add(index)
-            self.handles.append(_after_forward(chunk, self._chunk_done(index)))
+        sites: list[str] = []
+        try:
+            for index, chunk in enumerate(self.chunks):
+                for name, module in chunk.named_modules():
+                    if name.rsplit(".", 1)[-1] == CORE_ATTENTION:
+                        sites.append(_site(index, name, len(self.chunks)))
+                        hook = self._on_call(sites[-1])
+                        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+                self.waiting.add(index)
+                self.handles.append(_after_forward(chunk, self._chunk_done(index)))
+        except BaseException:
+            self._remove_hooks()
+            raise
         self.statement = {
             "packed_by": packed_by,
             "sequences_packed": sequences,
@@ -166,6 +174,10 @@ class _Watch:
             "calls": [],
             "not_called": sites,
         }
+
+    def _remove_hooks(self) -> None:
+        while self.handles:
+            self.handles.pop().remove()
 
     def _on_call(self, site: str) -> Callable:
         def before(module: Any, args: tuple, kwargs: dict) -> None:
@@ -199,8 +211,7 @@ class _Watch:
 
     def _state(self) -> None:
         """Every chunk ran its forward: remove every hook, record the statement and any finding."""
-        while self.handles:
-            self.handles.pop().remove()
+        self._remove_hooks()
         statement = self.statement
         if statement is None:
             return

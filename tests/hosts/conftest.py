@@ -136,8 +136,9 @@ def hooked(bootstrap_state, monkeypatch, tmp_path):
     from nemo_rl_attn_align.hosts import megatron_worker, packed_boundaries
     from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 
-    for name in NVTE_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    for name in NVTE_VARIABLES:  # set, then unset: each goes back to how it was (Megatron sets them)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NEMO_RL_ATTN_ALIGN_REPORT_DIR", str(tmp_path / "report"))
     monkeypatch.delenv("NEMO_RL_ATTN_ALIGN_STRICT", raising=False)
     monkeypatch.setattr(megatron_worker, "record", megatron_worker.TrainingRecord())
