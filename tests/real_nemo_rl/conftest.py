@@ -10,11 +10,7 @@ every test here skips with one line (in a lane,
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -59,27 +55,3 @@ def load_source_module(tree: Path, relative: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-REPO = Path(__file__).resolve().parents[2]
-STAND_INS = Path(__file__).parent / "stand_ins"
-
-
-def run_probes(module: str, tree: Path, cases: Iterable[str], tmp_path_factory) -> dict[str, dict]:
-    """``python -m MODULE TREE OUT.json CASE`` for each of ``cases``, side by side, each in a process
-    of its own with the plugin's checkout, the stand-ins and ``tree`` on the path and no plugin
-    settings inherited: case -> the JSON it wrote (its stderr's tail when it fails)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(STAND_INS), str(tree)])}
-    for name in ("NEMO_RL_ATTN_ALIGN_SETTINGS", "NEMO_RL_ATTN_ALIGN_REPORT_DIR", "NEMO_RL_ATTN_ALIGN_STRICT"):
-        env.pop(name, None)
-    running = {}
-    for case in cases:
-        out = tmp_path_factory.mktemp(f"{module.rsplit('.', 1)[-1]}-{case}") / "probe.json"
-        cmd = [sys.executable, "-m", module, str(tree), str(out), case]
-        running[case] = (subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True), out)
-    results = {}
-    for case, (proc, out) in running.items():
-        _, stderr = proc.communicate(timeout=900)
-        assert proc.returncode == 0, stderr[-4000:]
-        results[case] = json.loads(out.read_text())
-    return results

@@ -1,10 +1,10 @@
 """NeMo-RL's own packing and forward step on one packed micro-batch, with the plugin active.
 
-``python -m tests.real_nemo_rl.packed_probe TREE OUT.json {fixed,dropped}``
+``python -m tests.real_nemo_rl.packed_probe TREE {fixed,dropped}`` prints one JSON line.
 
-Run by ``test_packed_boundaries.py`` in a process of its own, with the plugin's checkout, the
-stand-ins and ``TREE`` on the path and the plugin activated by its ``.pth``. It records facts only;
-the tests judge them.
+Run by ``test_packed_boundaries.py`` in a process of its own, with the plugin's checkout and the
+stand-ins on the path (``TREE``, a NeMo-RL source tree, goes after them: it has a ``tests`` package
+of its own) and the plugin activated by its ``.pth``. It records facts only; the tests judge them.
 
 ``dropped`` re-introduces the upstream bug at import, in this process only: ``nemo_rl.models.megatron.train``
 is compiled from the tree's own source with the one statement that hands the packed boundaries to
@@ -115,7 +115,8 @@ def run(report_dir: Path) -> dict[str, Any]:
     }
 
 
-def main(tree: Path, out: Path, case: str) -> None:
+def main(tree: str, case: str) -> None:
+    sys.path.append(tree)
     from nemo_rl_attn_align.probe.bridge_side import import_bridge
 
     import_bridge()  # megatron-core first (its own attention, not the stand-in's), then TE's stand-in
@@ -125,8 +126,8 @@ def main(tree: Path, out: Path, case: str) -> None:
         sys.meta_path.insert(0, _DropFinder())
     with tempfile.TemporaryDirectory() as report_dir:
         result = run(Path(report_dir))
-    out.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result, default=str))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], sys.argv[2])

@@ -11,6 +11,10 @@ compare the plugin's reading of every shipped Megatron-generation recipe with Ne
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,11 +24,13 @@ from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Provenance
 from tests.conftest import preview_of
 
-from .conftest import run_probes, snapshot
+from .conftest import snapshot
 from .megatron_generation_probe import CASES, ENGINE_CFG
 
 pytestmark = pytest.mark.real_nemo_rl
 
+REPO = Path(__file__).resolve().parents[2]
+STAND_INS = Path(__file__).parent / "stand_ins"
 RECIPE = "examples/configs/recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml"
 RECORD = "workers/rollout--megatron-gen-rank0.json"
 _probes: dict[str, dict] = {}
@@ -33,8 +39,18 @@ _probes: dict[str, dict] = {}
 def _probe(case: str, tmp_path_factory) -> dict:
     """The probe's output for ``case`` (both cases start together, on first use)."""
     if case not in _probes:
-        module = "tests.real_nemo_rl.megatron_generation_probe"
-        _probes.update(run_probes(module, snapshot("7ea279a"), CASES, tmp_path_factory))
+        tree = snapshot("7ea279a")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(STAND_INS), str(tree)])}
+        env.pop("NEMO_RL_ATTN_ALIGN_REPORT_DIR", None)
+        running = {}
+        for name in CASES:
+            out = tmp_path_factory.mktemp(f"megatron-generation-{name}") / "probe.json"
+            cmd = [sys.executable, "-m", "tests.real_nemo_rl.megatron_generation_probe", str(tree), str(out), name]
+            running[name] = (subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True), out)
+        for name, (proc, out) in running.items():
+            _, stderr = proc.communicate(timeout=900)
+            assert proc.returncode == 0, stderr[-4000:]
+            _probes[name] = json.loads(out.read_text())
     return _probes[case]
 
 

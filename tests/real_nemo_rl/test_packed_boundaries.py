@@ -1,8 +1,9 @@
 """Packed boundaries on NeMo-RL's own packing and forward step (issue #38 item 2, upstream bug 5).
 
 ``packed_probe.py`` runs 7ea279a's ``process_microbatch`` / ``_pack_sequences_for_megatron`` and
-``megatron_forward_backward`` -> ``forward_with_post_processing_fn`` -> ``model_forward`` on a tiny
-megatron-core 0.19.2 GPTModel on CPU with the plugin active, once as NeMo-RL ships it and once with
+``forward_with_post_processing_fn`` -> ``model_forward`` with ``LogprobsPostProcessor`` on a tiny
+megatron-core 0.19.2 GPTModel on CPU with the plugin active (called as megatron-core's schedule calls
+them: the schedule itself makes a tensor on ``"cuda"``), once as NeMo-RL ships it and once with
 the upstream bug re-introduced into ``train.py`` at import (the ``packed_seq_params`` it hands the
 model taken out). What is a stand-in there: Transformer Engine's core attention (CPU stand-in,
 ``cpu_megatron.PackedAttentionStandIn``) and the two CUDA-only spots of a megatron-core forward
@@ -20,22 +21,24 @@ import pytest
 
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.vocab.codes import Code
+from tests.conftest import module_json
 
-from .conftest import REFS, run_probes, snapshot
+from .conftest import REFS, snapshot
 from .packed_probe import LENGTHS
 
 pytestmark = pytest.mark.real_nemo_rl
 
+STAND_INS = Path(__file__).parent / "stand_ins"
 SITES = [f"decoder.layers.{i}.self_attention.core_attention" for i in range(2)]
 PACKED_BY = "nemo_rl.models.megatron.data._pack_sequences_for_megatron"
 _probes: dict[str, dict] = {}
 
 
-def _probe(case: str, tmp_path_factory) -> dict:
-    """The probe's facts for ``case`` (both cases start together, on first use)."""
+def _probe(case: str) -> dict:
+    """The probe's facts for ``case``, once per case."""
     if case not in _probes:
-        cases = ("fixed", "dropped")
-        _probes.update(run_probes("tests.real_nemo_rl.packed_probe", snapshot("7ea279a"), cases, tmp_path_factory))
+        tree = str(snapshot("7ea279a"))
+        _probes[case] = module_json("tests.real_nemo_rl.packed_probe", tree, case, first_on_path=str(STAND_INS))
     return _probes[case]
 
 
@@ -47,8 +50,8 @@ def _largest_difference(probe: dict) -> list[float]:
     ]
 
 
-def test_the_real_packing_and_forward_state_each_call_with_its_boundaries(tmp_path_factory):
-    probe = _probe("fixed", tmp_path_factory)
+def test_the_real_packing_and_forward_state_each_call_with_its_boundaries():
+    probe = _probe("fixed")
     assert probe["fix_in_source"] and probe["seam_wrapped_before"]
     thd = {
         "qkv_format": "thd",
@@ -72,8 +75,8 @@ def test_the_real_packing_and_forward_state_each_call_with_its_boundaries(tmp_pa
     assert not probe["seam_wrapped_after"] and probe["hooks_left"] == []
 
 
-def test_the_upstream_bug_reintroduced_is_an_error_naming_the_call_and_counts(tmp_path_factory):
-    probe = _probe("dropped", tmp_path_factory)
+def test_the_upstream_bug_reintroduced_is_an_error_naming_the_call_and_counts():
+    probe = _probe("dropped")
     assert probe["fix_in_source"]  # on disk the fix is there: only this process compiled it out
     statement = probe["detail"]["packed_boundaries"]
     assert statement["sequences_packed"] == 3 and statement["built"]["cu_seqlens_q"] == 3
