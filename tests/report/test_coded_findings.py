@@ -1,6 +1,6 @@
 """A host detail's ``coded_findings``: findings a worker's hook made with their own code (e.g.
 ``PACKED_BOUNDARIES_DROPPED``), read back typed, kept as written in the report, an error of one
-failing the verdict; anything else there makes the detail unreadable, naming the entry."""
+failing the verdict and the identity tier; anything else there makes the detail unreadable, naming the entry."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.report.document import collect
+from nemo_rl_attn_align.report.finalize import failed_tiers
 from nemo_rl_attn_align.report.store import (
     read_worker_files,
     worker_detail_path,
@@ -47,7 +48,7 @@ def test_a_coded_finding_reaches_the_report_as_written_and_an_error_fails_it(tmp
     [detail] = read_worker_files(tmp_path / "dropped").details.values()
     assert detail.coded_findings == (DROPPED,) and HostDetail.from_dict(detail.to_dict()) == detail
     doc = collect(tmp_path / "dropped", SETTINGS)
-    assert doc["verdict"] == "fail"
+    assert doc["verdict"] == "fail" and failed_tiers(doc) == ["identity"]  # that side computes another function
     assert [f for f in doc["findings"] if f["code"] == Code.PACKED_BOUNDARIES_DROPPED.value] == [DROPPED.to_dict()]
 
 
