@@ -88,21 +88,6 @@ def read_text(path: os.PathLike[str] | str, limit: int, what: str) -> str:
     return b"".join(chunks).decode("utf-8")
 
 
-def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:
-    """Depth of nested dicts/lists in a parsed JSON value (a scalar is 0); stops counting past
-    ``limit`` + 1, iteratively, so no input can exhaust the stack."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            depth += 1
-            deepest = max(deepest, depth)
-            if depth > limit:
-                return depth
-            stack.extend((child, depth) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
 def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     """``repr(value)`` on one line, cut to ``limit`` characters (its full length said) for error lines."""
     try:
