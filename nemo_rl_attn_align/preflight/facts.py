@@ -29,6 +29,7 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     value_at,
 )
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
+from nemo_rl_attn_align.preflight.vllm_worker_kwargs import installed_nemo_rl
 from nemo_rl_attn_align.vocab.errors import UsageError
 from nemo_rl_attn_align.vocab.schema import SOFTMAX_TYPES
 
@@ -114,6 +115,12 @@ class PolicyFacts:
     env_vars_raw: Any = UNSET
     #: ``generation_model_config``: what Megatron generation's model runs (None unless it generates).
     generation_model: tuple[dict[str, Any], bool, str] | None = None
+    #: ``policy.generation.vllm_kwargs`` where NeMo-RL generates with vLLM (its vLLM worker adds
+    #: them to the engine arguments it passes itself), else empty.
+    vllm_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The installed NeMo-RL's version (``vllm_worker_kwargs.installed_nemo_rl``; None where
+    #: NeMo-RL is not installed, as where ``check`` runs).
+    nemo_rl_version: str | None = None
 
     @property
     def has_megatron_cfg(self) -> bool:
@@ -261,4 +268,12 @@ def read_policy_facts(
         model_overrides_raw=overrides,
         env_vars_raw=env_vars,
         generation_model=generation_model_config(policy_cfg),
+        vllm_kwargs=_vllm_kwargs(policy_cfg),
+        nemo_rl_version=installed_nemo_rl(),
     )
+
+
+def _vllm_kwargs(policy_cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``policy.generation.vllm_kwargs`` when NeMo-RL generates with vLLM, else empty."""
+    generation = section(policy_cfg, "generation")
+    return section(generation, "vllm_kwargs") if generation.get("backend") == "vllm" else {}
