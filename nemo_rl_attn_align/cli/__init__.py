@@ -103,8 +103,9 @@ def internal_error_line(argv: list[str], err: Exception) -> str:
     command = argv[0] if argv and argv[0] in COMMANDS else "(no command)"
     frames = traceback.extract_tb(err.__traceback__)
     where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    said = f": {first_line(err)}" if first_line(err) else ""
     return (
-        f"nemo-rl-attn-align {command}: internal error {type(err).__name__}{where}: {first_line(err)}. "
+        f"nemo-rl-attn-align {command}: internal error {type(err).__name__}{where}{said}. "
         f"This is a bug in nemo-rl-attn-align {__version__}, not a verdict on the input; please report it "
         f"with this line and the command you ran at {ISSUES_URL}"
     )
