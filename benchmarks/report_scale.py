@@ -7,7 +7,9 @@ contract and determinism probe. Then it runs ``report DIR`` and ``report --json 
 processes (the console script of this interpreter's venv, output to /dev/null), each ``--runs``
 times, and prints the median wall and CPU time, the largest peak RSS (``wait4``, the whole process:
 interpreter start and imports included) and how each grows from one size to the next.
-Target (issue #40): at 10,000 records, both commands in at most 2 s and 150 MB.
+Target (issue #40): at 10,000 records, both commands in at most 2 s and 150 MB; the verdict is
+printed for the wall and the CPU time, with the machine's load average (a shared machine's wall
+time is the CPU time times the wait for a core).
 
 ``--details`` also writes each worker's host detail as the hooks write it (``peers``: every id of
 its group), whose total size grows with the square of the group's size.
@@ -81,7 +83,10 @@ def main() -> int:
     args = parser.parse_args()
     variants = {"report": [], "report --json": ["--json"]}
     rows, previous = [], None
-    print(f"runs: {args.runs} each; host details: {'yes' if args.details else 'no'}; {' '.join(console_script())}")
+    print(
+        f"runs: {args.runs} each; host details: {'yes' if args.details else 'no'}; {' '.join(console_script())}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     for size in args.sizes:
         with tempfile.TemporaryDirectory(prefix="attn-align-report-scale-") as folder:
             started = time.perf_counter()
@@ -109,9 +114,12 @@ def main() -> int:
         previous = figures
     at_target = [figures for size, figures in rows if size == TARGET_N]
     if at_target:
-        met = all(wall <= TARGET_S and mb <= TARGET_MB for wall, _, mb in at_target[0].values())
-        verdict = "met" if met else "NOT met"
-        print(f"target at {TARGET_N} records: <= {TARGET_S} s and <= {TARGET_MB:.0f} MB each: {verdict}")
+        for clock, index in (("wall", 0), ("CPU", 1)):
+            met = all(f[index] <= TARGET_S and f[2] <= TARGET_MB for f in at_target[0].values())
+            print(
+                f"target at {TARGET_N} records: <= {TARGET_S} s ({clock}) and <= {TARGET_MB:.0f} MB each: "
+                f"{'met' if met else 'NOT met'} (load average now {os.getloadavg()[0]:.1f})"
+            )
     return 0
 
 
