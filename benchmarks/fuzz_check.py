@@ -4,10 +4,11 @@ Fuzz (default): N configs, each the packaged GRPO example with a random set of k
 settings read changed to values from ``tests/hostile_inputs.py`` (valid ones, near misses, wrong
 types, broken structure), written as a YAML file or passed as Hydra overrides, run through the
 CLI's in-process entry point (``nemo_rl_attn_align.cli.main``), every third one with ``--json``.
-Counted: tracebacks, bad output (exit code outside {0,1,2}, a usage error over more than one line,
-JSON a strict parser refuses, a finding over several lines) and wrong accepts (exit 0 for a config
-NeMo-RL, Megatron or the documented attention_align schema reject). Wrong accepts that exist only
-under NeMo-RL's truthiness of ``megatron_cfg.enabled`` (issue 9's change) are counted apart.
+Counted: tracebacks and internal errors (exit 3), bad output (exit code outside {0,1,2}, a usage
+error over more than one line, JSON a strict parser refuses, a finding over several lines) and wrong
+accepts (exit 0 for a config NeMo-RL, Megatron or the documented attention_align schema reject).
+Wrong accepts that exist only under NeMo-RL's truthiness of ``megatron_cfg.enabled`` (issue 9's
+change) are counted apart.
 
 Hostile files (``--hostile``): each case runs in a fresh subprocess; printed are its exit code,
 stdout/stderr line count, wall and CPU time and peak RSS (``wait4``), the whole process included
@@ -120,7 +121,7 @@ def fuzz(n: int, seed: int, jobs: int) -> dict:
             if result["wrong_accept"]:
                 wrong.append(result)
     elapsed = time.perf_counter() - start
-    tracebacks = [p for p in problems if any(x.startswith("traceback") for x in p["problems"])]
+    tracebacks = [p for p in problems if any(x.startswith(("traceback", "internal error")) for x in p["problems"])]
     harness = [p for p in problems if p["exit"] == "harness"]
     problems = [p for p in problems if p["exit"] != "harness"]
     summary = {

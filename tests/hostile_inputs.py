@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from nemo_rl_attn_align.cli import main as cli_main
+from nemo_rl_attn_align.cli.exit_codes import EXIT_INTERNAL_ERROR
 
 #: Marks "remove the key".
 UNSET = "<unset>"
@@ -337,11 +338,15 @@ def run_check(path: Path, overrides: list[str] = (), as_json: bool = False) -> O
 
 
 def output_problems(outcome: Outcome, as_json: bool) -> list[str]:
-    """What is wrong with an outcome's form: a traceback, an exit code outside {0, 1, 2}, an error
-    message over more than one line, JSON a strict parser refuses, a finding spread over lines."""
+    """What is wrong with an outcome's form: a traceback or internal error (exit 3), an exit code
+    outside {0, 1, 2}, an error message over more than one line, JSON a strict parser refuses, a
+    finding spread over lines."""
     problems = []
     if outcome.exception is not None:
         problems.append(f"traceback: {type(outcome.exception).__name__}: {str(outcome.exception)[:200]}")
+        return problems
+    if outcome.exit_code == EXIT_INTERNAL_ERROR:  # what a traceback is now: one line and exit 3
+        problems.append(f"internal error: {outcome.stderr.strip()[:200]}")
         return problems
     if outcome.exit_code not in (0, 1, 2):
         problems.append(f"exit code {outcome.exit_code!r}")

@@ -32,6 +32,10 @@ ALLOWED_UPWARD = {
         "hosts.te_selector",
     ): "check --gpu runs Transformer Engine's own selector where TE is installed",
     ("preflight.kernels", "hosts.vllm_selector"): "check --gpu runs vLLM's own selector where vLLM is installed",
+    (
+        "preflight.vllm_worker_kwargs",
+        "hosts.versions",
+    ): "the keys NeMo-RL's vLLM worker passes itself depend on the installed NeMo-RL's version",
 }
 
 

@@ -6,7 +6,9 @@ import nothing heavy at module level: ``check`` must stay well under a second.
 
 ``main`` runs every sub-command with guarded standard streams: a reader that closes the pipe early
 (``check --json | head -c1``) ends the command silently with the exit code its result says; any
-other failure to write the output (``> /dev/full``) is one line on stderr and exit 2.
+other failure to write the output (``> /dev/full``) is one line on stderr and exit 2. An exception
+no command expects is a bug of ours, never a verdict: one line naming the command, the exception
+and where to report it, and ``EXIT_INTERNAL_ERROR`` (``exit_codes`` holds every code).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from typing import Any, NoReturn, TextIO, cast
 
 from nemo_rl_attn_align import __version__
+from nemo_rl_attn_align.cli.exit_codes import EXIT_INTERNAL_ERROR, EXIT_UNUSABLE, ISSUES_URL
 
 #: Sub-command modules, in the order ``--help`` lists them.
 COMMANDS = ("check", "report", "drift", "probe", "run", "examples")
@@ -37,10 +40,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name in chosen:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
     return parser
-
-
-#: Exit code when the output cannot be written (the CLI's "unusable input" code).
-EXIT_OUTPUT_FAILED = 2
 
 
 class _GuardedStream:
@@ -94,6 +93,24 @@ def _dispatch(argv: list[str]) -> int:
     return args.handler(args)
 
 
+def internal_error_line(argv: list[str], err: Exception) -> str:
+    """The one line an unexpected exception becomes: the command, the exception, where it was
+    raised, and where to report it."""
+    import traceback
+
+    from nemo_rl_attn_align.vocab.limits import first_line
+
+    command = argv[0] if argv and argv[0] in COMMANDS else "(no command)"
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    said = f": {first_line(err)}" if first_line(err) else ""
+    return (
+        f"nemo-rl-attn-align {command}: internal error {type(err).__name__}{where}{said}. "
+        f"This is a bug in nemo-rl-attn-align {__version__}, not a verdict on the input; please report it "
+        f"with this line and the command you ran at {ISSUES_URL}"
+    )
+
+
 def _write_failure(out: _GuardedStream) -> str | None:
     """The error line when stdout failed other than by its reader closing the pipe (None then)."""
     err = out.error
@@ -105,7 +122,8 @@ def _write_failure(out: _GuardedStream) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code. stdout and stderr are
     guarded for the whole command (argparse's ``--help`` included): a closed pipe ends it quietly
-    with the command's own exit code, another write error (ENOSPC, EIO) is one line and exit 2."""
+    with the command's own exit code, another write error (ENOSPC, EIO) is one line and exit 2; an
+    unexpected exception is ``internal_error_line`` and ``EXIT_INTERNAL_ERROR``."""
     argv = sys.argv[1:] if argv is None else argv
     saved = sys.stdout, sys.stderr
     out = _GuardedStream(saved[0]) if saved[0] is not None else None
@@ -119,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
             if failure is None:
                 raise
             print(failure, file=sys.stderr)
-            raise SystemExit(EXIT_OUTPUT_FAILED) from None
+            raise SystemExit(EXIT_UNUSABLE) from None
+        except Exception as exc:  # a bug of ours: one line, its own exit code, never a verdict
+            print(internal_error_line(argv, exc), file=sys.stderr)
+            code = EXIT_INTERNAL_ERROR
         failure = _flushed(out, err)
         if failure is not None:
             print(failure, file=sys.stderr)
-            return EXIT_OUTPUT_FAILED
+            return EXIT_UNUSABLE if code != EXIT_INTERNAL_ERROR else code
         return code
     finally:
         sys.stdout, sys.stderr = saved

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -21,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.cli.check_text import render_text, short_preview
+from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
+from nemo_rl_attn_align.vocab import jsonio
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.preset import Alignment
     from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, KernelPlan
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
-
-EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
 
 def register(subparsers) -> None:
@@ -146,7 +145,7 @@ def evaluate(
         "fix": _fix(aligned, read, preview_of, step and functools.partial(step, alter_ok=True)) if fix else None,
         "preview_text": render_preview(preview) if full else short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
-        "exit_code": EXIT_OK if ok else EXIT_VIOLATION,
+        "exit_code": EXIT_OK if ok else EXIT_FAILED,
     }
 
 
@@ -281,13 +280,11 @@ def _run(args: argparse.Namespace) -> int:
     except UsageError as err:
         message = shown_text(str(err), 2000)
         if args.json:
-            print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE}))
+            print(jsonio.dumps({"error": message, "exit_code": EXIT_UNUSABLE}))
         print(f"error: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.json:
-        print(
-            json.dumps(strict_json({k: v for k, v in result.items() if k != "preview_text"}), indent=2, allow_nan=False)
-        )
+        print(jsonio.dumps(strict_json({k: v for k, v in result.items() if k != "preview_text"}), indent=2))
     else:
         print(render_text(result))
     return result["exit_code"]

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.drift import shape as drift_shape
+from nemo_rl_attn_align.vocab import jsonio
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.drift.sweep import Sweep
 
-EXIT_OK, EXIT_UNUSABLE = 0, 2
 REPORT_NAME, HEATMAP_NAME = "drift-report.json", "drift-heatmap.png"
 
 
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             )
     atomic_write_json(report, result)
     if args.json:
-        print(json.dumps(result))
+        print(jsonio.dumps(result))
     else:
         notes = (f"default engines: {note}" for note in head["default_engines"])
         print("\n".join([*notes, drift_render.render_table(result)]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-EXIT_OK, EXIT_UNKNOWN = 0, 2
+from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 
 def register(subparsers) -> None:
@@ -38,6 +38,6 @@ def run(args) -> int:
     wanted = args.name if args.name.endswith(".yaml") else f"{args.name}.yaml"
     if wanted not in paths:
         print(f"examples: {args.name!r} is not a packaged example; choose one of {', '.join(paths)}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return EXIT_UNUSABLE
     print(paths[wanted])
     return EXIT_OK

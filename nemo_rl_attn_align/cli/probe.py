@@ -12,12 +12,12 @@ Exit 0: done; 2: unusable input. Nothing heavy is imported before the input is c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
-EXIT_OK, EXIT_UNUSABLE = 0, 2
+from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
+from nemo_rl_attn_align.vocab import jsonio
 
 
 def register(subparsers) -> None:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             shown = {
                 side.name: {k: v for k, v in side.__dict__.items() if k != "sequences"} for side in (reference, other)
             }
-            print(json.dumps({**shown, "notes": notes}, indent=2))
+            print(jsonio.dumps({**shown, "notes": notes}, indent=2))
             return EXIT_OK
         layers = _layers(args.layers)
         with tempfile.TemporaryDirectory(prefix="attn-align-probe-") as scratch:
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from nemo_rl_attn_align.probe import render
 
     if args.json:
-        print(json.dumps({"verdict": render.verdict(result), **result.to_dict(), "notes": notes}))
+        print(jsonio.dumps({"verdict": render.verdict(result), **result.to_dict(), "notes": notes}))
     else:
         print(render.verdict(result))
         print(render.table(result))

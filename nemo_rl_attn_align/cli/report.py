@@ -14,12 +14,12 @@ when it cannot be written: no drift steps, no matplotlib, an unwritable OUT.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE = 0, 1, 2
+from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
+from nemo_rl_attn_align.vocab import jsonio
 
 
 def register(subparsers) -> None:
@@ -53,20 +53,24 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         doc = load_report(args.path)
-        text = json.dumps(doc, indent=2) if args.json else render_summary(doc, full=args.all)
+        text = None if args.json else render_summary(doc, full=args.all)
     except ReportError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return EXIT_UNUSABLE
     except (KeyError, TypeError, AttributeError, ValueError) as err:
         print(
             f"error: {shown_path(args.path)}: the report is malformed ({type(err).__name__}: {shown_text(str(err))}); "
             "it was not written by this version of nemo-rl-attn-align",
             file=sys.stderr,
         )
-        return EXIT_UNREADABLE
-    print(text)
+        return EXIT_UNUSABLE
+    if text is None:  # --json: written in chunks (a report of 10,000 workers is tens of megabytes)
+        jsonio.write(sys.stdout, doc)
+        sys.stdout.write("\n")
+    else:
+        print(text)
     if args.plot is not None and not _write_plot(args, doc):
-        return EXIT_UNREADABLE
+        return EXIT_UNUSABLE
     return EXIT_FAILED if doc["verdict"] == "fail" else EXIT_OK
 
 

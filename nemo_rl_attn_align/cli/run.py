@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
+
 EXAMPLE = "nemo-rl-attn-align run -- uv run examples/run_grpo.py --config my.yaml"
 
 
@@ -55,7 +57,7 @@ def run(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         print(f"error: run needs a command after --. Fix: {EXAMPLE}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     if not bootstrap.enabled():
         print(f"nemo-rl-attn-align: {bootstrap.SWITCH}=0, so the command runs without the plugin", file=sys.stderr)
     env = launch_environment(os.environ, args.report_dir, args.strict)
@@ -68,5 +70,5 @@ def run(args) -> int:
             f"error: cannot run {command[0]!r}: {err.strerror}. Fix: check the command and PATH ({EXAMPLE})",
             file=sys.stderr,
         )
-        return 2
-    return 0  # pragma: no cover - execvpe does not return
+        return EXIT_UNUSABLE
+    return EXIT_OK  # pragma: no cover - execvpe does not return

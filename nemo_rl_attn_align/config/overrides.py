@@ -78,7 +78,6 @@ def _check_override_shape(text: str) -> None:
 
 def apply_overrides(cfg, overrides: Sequence[str]) -> None:
     """Apply Hydra-style overrides in place, exactly as NeMo-RL's ``parse_hydra_overrides``."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -97,26 +96,75 @@ def apply_overrides(cfg, overrides: Sequence[str]) -> None:
             raise UsageError(f"override {shown(text)} has no key. {_USAGE}.")
         hint = _override_hint(cfg, override)  # before applying: a failed override can leave the config changed
         try:
-            ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
+            apply_override(cfg, override)
         except Exception as err:  # HydraException, OmegaConfBaseException, RecursionError, ...
             first = first_line(err) or type(err).__name__
             raise UsageError(f"override {shown(text)} cannot be applied ({first}). Fix: {hint}.") from None
 
 
+def apply_override(cfg, override) -> None:
+    """Apply one parsed override to ``cfg`` as Hydra's config loader does (``ConfigLoaderImpl.
+    _apply_overrides_to_config``, which NeMo-RL's ``parse_hydra_overrides`` calls), with OmegaConf's
+    public API only: ``~key[=value]`` deletes, ``+key=value`` adds a key that is not there (or merges
+    a mapping or list), ``++key=value`` adds or sets, ``key=value`` sets a key that is there. A
+    refusal raises ``ValueError`` with Hydra's words (``tests/config/test_overrides.py`` compares)."""
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    key, line = override.key_or_group, override.input_line
+    if override.package is not None:
+        raise ValueError(
+            f"Override {line} looks like a config group override, but config group '{key}' does not exist."
+        )
+    value = override.value()
+    try:
+        if override.is_delete():
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if current is None:
+                raise ValueError(f"Could not delete from config. '{key}' does not exist.")
+            if value is not None and value != current:
+                raise ValueError(f"Could not delete from config. The value of '{key}' is {current} and not {value}.")
+            parent, _, leaf = key.rpartition(".")
+            with open_dict(cfg):
+                del (OmegaConf.select(cfg, parent) if parent else cfg)[leaf]
+        elif override.is_add() and OmegaConf.select(cfg, key, throw_on_missing=False) is not None:
+            if not isinstance(value, (dict, list)):
+                raise ValueError(f"Could not append to config. An item is already at '{key}'.")
+            OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+        elif override.is_add() or override.is_force_add():
+            OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+        else:
+            try:
+                OmegaConf.update(cfg, key, value, merge=True)
+            except (ConfigAttributeError, ConfigKeyError) as err:
+                raise ValueError(f"Could not override '{key}'.") from err
+    except OmegaConfBaseException as err:
+        raise ValueError(f"Error merging override {line}") from err
+
+
 def _deepest_existing(cfg, key: str) -> tuple[int, Any]:
     """How many leading parts of the dotted ``key`` exist in ``cfg``, and the node the last one
-    names (without resolving or tripping struct mode)."""
+    names (struct mode is never tripped: only keys that exist are read)."""
     from omegaconf import DictConfig, ListConfig
 
     node, parts = cfg, key.split(".")
     for depth, part in enumerate(parts):
         if isinstance(node, DictConfig) and part in node:
-            node = node._get_node(part)
+            node = _child(node, part)
         elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
+            node = _child(node, int(part))
         else:
             return depth, node
     return len(parts), node
+
+
+def _child(node, part: str | int) -> Any:
+    """``node[part]``; None where reading it fails (an interpolation that does not resolve, a
+    missing ``???``): a value, not a mapping, for the hint."""
+    try:
+        return node[part]
+    except Exception:  # OmegaConf's errors for a value it cannot give
+        return None
 
 
 def _override_hint(cfg, override) -> str:

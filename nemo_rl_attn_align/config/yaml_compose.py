@@ -2,7 +2,8 @@
 
 NeMo-RL reads its recipes with ``OmegaConf.load``: PyYAML's pure-Python scanner and parser under
 OmegaConf's loader class (duplicate keys rejected, YAML 1.1 floats, no timestamps). ``compose_yaml``
-builds the same objects with the same composer, constructor and resolver. Where PyYAML has libyaml
+builds the same objects with PyYAML's composer and constructor under the same rules
+(``_omegaconf_rules``, public API only). Where PyYAML has libyaml
 it takes the parser events from libyaml instead (``yaml.cyaml.CParser``), which is several times
 faster, but only for text made of printable ASCII and newlines, where the two parsers agree (the
 tests compare them over every shipped example, NeMo-RL's recipes and generated YAML; ``!`` tags, ``?``
@@ -46,15 +47,66 @@ class _BoundedComposition:
             self.depth -= 1
 
 
+#: A float as ``OmegaConf.load`` reads one: YAML 1.1's spellings and YAML 1.2's exponent without a
+#: dot (``1e3``, ``1_000e-2``), ``.inf`` and ``.nan``.
+_FLOAT = re.compile(
+    r"""^(?:[-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
+    |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+
+def _omegaconf_rules() -> type:
+    """A PyYAML ``SafeLoader`` with ``OmegaConf.load``'s rules, from PyYAML's public API (OmegaConf
+    makes its loader at run time behind a private name that moved in 2.4): a key twice in one
+    mapping is an error, ``_FLOAT`` is a float, a timestamp stays a string, OmegaConf's ``pathlib``
+    tags make paths. ``tests/config/test_yaml_compose.py`` compares it with ``OmegaConf.load``."""
+    import pathlib
+
+    import yaml
+
+    class OmegaConfRules(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            keys: set[str] = set()
+            for key_node, _ in node.value:
+                if key_node.tag != yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG:
+                    continue
+                if key_node.value in keys:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key_node.value}",
+                        key_node.start_mark,
+                    )
+                keys.add(key_node.value)
+            return super().construct_mapping(node, deep=deep)
+
+    OmegaConfRules.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    OmegaConfRules.yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in OmegaConfRules.yaml_implicit_resolvers.items()
+    }
+    for name in ("Path", "PosixPath", "WindowsPath"):
+        kind = getattr(pathlib, name)
+        OmegaConfRules.add_constructor(
+            f"tag:yaml.org,2002:python/object/apply:pathlib.{name}",
+            lambda loader, node, kind=kind: kind(*loader.construct_sequence(node)),
+        )
+    return OmegaConfRules
+
+
 @functools.cache
 def _loader_classes() -> tuple[type, type | None]:
-    """OmegaConf's loader made bounded, and its libyaml variant (None without libyaml)."""
-    from omegaconf._utils import get_yaml_loader
+    """OmegaConf's rules made bounded, and their libyaml variant (None without libyaml)."""
     from yaml.composer import Composer
     from yaml.constructor import SafeConstructor
     from yaml.resolver import Resolver
 
-    omegaconf_loader = get_yaml_loader()  # OmegaConf builds its loader class at run time
+    omegaconf_loader = _omegaconf_rules()
     python_loader = type("BoundedOmegaConfLoader", (_BoundedComposition, omegaconf_loader), {})
     try:
         from yaml.cyaml import CParser

@@ -6,11 +6,12 @@ JSON. Stdlib only.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping
+import copy
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.schema import (
     CONTRACT_SCHEMA_VERSION,
     FIELD_NAMES,
@@ -90,6 +91,15 @@ def _validated(name: str, fv: FieldValue) -> FieldValue:
     return FieldValue(spec.validate(fv.value), fv.provenance, fv.source)
 
 
+def _check_worker_id(worker_id: Any) -> None:
+    if not isinstance(worker_id, str) or not worker_id:
+        raise ContractError(f"worker_id must be a non-empty string, got {worker_id!r}")
+
+
+def _fields_dict(fields: Mapping[str, FieldValue]) -> dict[str, Any]:
+    return {name: fv.to_dict() for name, fv in fields.items()}
+
+
 # --- the contract ------------------------------------------------------------------------------
 
 
@@ -108,8 +118,7 @@ class AttentionContract:
     def __post_init__(self):
         if self.side not in SIDES:
             raise ContractError(f"side {self.side!r} is not one of {', '.join(SIDES)}")
-        if not isinstance(self.worker_id, str) or not self.worker_id:
-            raise ContractError(f"worker_id must be a non-empty string, got {self.worker_id!r}")
+        _check_worker_id(self.worker_id)
         if self.schema_version != CONTRACT_SCHEMA_VERSION:
             raise ContractError(
                 f"contract schema_version {self.schema_version!r} is not supported (this version reads "
@@ -144,14 +153,20 @@ class AttentionContract:
             field_spec(name)
         return AttentionContract(self.side, self.worker_id, {**self.fields, **changes})
 
+    def renamed(self, worker_id: str) -> AttentionContract:
+        """This contract as worker ``worker_id`` recorded it: the same fields, already validated and
+        shared (the records of many workers that run one contract are checked once)."""
+        _check_worker_id(worker_id)
+        clone = copy.copy(self)
+        object.__setattr__(clone, "worker_id", worker_id)
+        return clone
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; ``from_dict(to_dict(c)) == c``."""
-        return {
-            "schema_version": self.schema_version,
-            "side": self.side,
-            "worker_id": self.worker_id,
-            "fields": {name: fv.to_dict() for name, fv in self.fields.items()},
-        }
+        return self._with_fields(_fields_dict(self.fields))
+
+    def _with_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        return {"schema_version": self.schema_version, "side": self.side, "worker_id": self.worker_id, "fields": fields}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttentionContract:
@@ -175,15 +190,28 @@ class AttentionContract:
         return cls(data["side"], data["worker_id"], fields, version)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+        return jsonio.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> AttentionContract:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
+            data = jsonio.loads(text, "contract")
+        except ValueError as err:  # not JSON, or not strict JSON
             raise ContractError(f"contract is not valid JSON: {err}") from None
         return cls.from_dict(data)
+
+
+def contract_dicts(contracts: Iterable[AttentionContract]) -> list[dict[str, Any]]:
+    """``[c.to_dict() for c in contracts]``, where contracts that share their fields (``renamed``)
+    share one fields dict: a report of 10,000 workers that run one contract holds it once."""
+    shared: dict[int, dict[str, Any]] = {}
+    out = []
+    for contract in contracts:
+        fields = shared.get(id(contract.fields))
+        if fields is None:
+            fields = shared[id(contract.fields)] = _fields_dict(contract.fields)
+        out.append(contract._with_fields(fields))
+    return out
 
 
 @dataclass

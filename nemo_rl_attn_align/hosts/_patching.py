@@ -176,13 +176,27 @@ def unwrap(owner: Any, name: str) -> bool:
     return True
 
 
-def guarded(step: str, action: Callable[[], Any], strict: bool) -> Any:
-    """Run one step of the plugin's own observability: its failure is one warning (the run goes on)
-    unless ``strict`` or the exception carries ``stops_run`` (then it propagates)."""
+def guarded(
+    step: str,
+    action: Callable[[], Any],
+    strict: bool,
+    stops: tuple[type[Exception], ...] = (),
+    on_failure: Callable[[str], Any] | None = None,
+) -> Any:
+    """Run one step of the plugin's own work inside a host process: its failure is one warning and
+    the run goes on (``on_failure`` gets the warning's text, to keep it as a finding; its own
+    failure is ignored), unless ``strict``, the exception carries ``stops_run``, or it is one of
+    ``stops`` (the plugin's own stops, e.g. a config that cannot work): then it propagates."""
     try:
         return action()
     except Exception as exc:
-        if strict or getattr(exc, "stops_run", False):
+        if strict or getattr(exc, "stops_run", False) or isinstance(exc, stops):
             raise
-        log.warning("nemo-rl-attn-align: %s failed (%s: %s); the run goes on unrecorded", step, type(exc).__name__, exc)
+        problem = f"{step} failed ({type(exc).__name__}: {exc})"
+        log.warning("nemo-rl-attn-align: %s; the run goes on unrecorded", problem)
+        if on_failure is not None:
+            try:
+                on_failure(problem)
+            except Exception:  # the finding cannot be kept: the warning stands
+                pass
         return None

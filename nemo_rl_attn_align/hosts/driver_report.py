@@ -308,9 +308,15 @@ def stop() -> None:
 def train_metrics(
     metrics: Any, step: Any, prefix: Any, tracker: Callable[[dict[str, float]], None] | None = None
 ) -> None:
-    """Called with every ``Logger.log_metrics`` of the driver (``tracker``: logs our numbers)."""
-    if current is not None:
-        current.at_train_metrics(metrics, step, prefix, tracker)
+    """Called with every ``Logger.log_metrics`` of the driver (``tracker``: logs our numbers); a
+    failure of ours is one warning, never the training loop's (an error in strict mode)."""
+    run = current
+    if run is not None:
+        _patching.guarded(
+            "reading the training step's metrics",
+            lambda: run.at_train_metrics(metrics, step, prefix, tracker),
+            run.settings.strict,
+        )
 
 
 def end_of_training() -> None:

@@ -11,10 +11,11 @@ driver and in every worker alike.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass
+
+from nemo_rl_attn_align.vocab import jsonio
 
 SETTINGS_ENV = "NEMO_RL_ATTN_ALIGN_SETTINGS"
 REPORT_DIR_ENV = "NEMO_RL_ATTN_ALIGN_REPORT_DIR"
@@ -35,7 +36,7 @@ class WorkerSettings:
 
 def export_settings(settings: WorkerSettings, environ: MutableMapping[str, str] = os.environ) -> None:
     """Put ``settings`` where every worker created afterwards will find them."""
-    environ[SETTINGS_ENV] = json.dumps(asdict(settings), sort_keys=True)
+    environ[SETTINGS_ENV] = jsonio.dumps(asdict(settings), sort_keys=True)
 
 
 def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -44,7 +45,7 @@ def worker_settings(environ: Mapping[str, str] = os.environ) -> WorkerSettings:
     raw = environ.get(SETTINGS_ENV)
     if raw:
         try:
-            loaded = json.loads(raw)
+            loaded = jsonio.loads(raw, SETTINGS_ENV)
         except (ValueError, RecursionError):  # not what the driver wrote: the defaults apply
             loaded = {}
         if isinstance(loaded, dict):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import hooks, versions
 from nemo_rl_attn_align.hosts.seams import Seam
-from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, guarded_step, world_size
 from nemo_rl_attn_align.vocab.worker_ids import megatron_generation_peers, megatron_generation_worker_id
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _wrap_initialize(original: Callable, seam: Seam) -> Callable:
         already = getattr(self, "_inference_engine_initialized", False)
         result = original(self, mcore_generation_config, *args, **kwargs)
         if not already:
-            GenerationRecord.guarded("recording the Megatron generation engine", lambda: record_engine(self))
+            guarded_step("recording the Megatron generation engine", lambda: record_engine(self))
         return result
 
     return _initialize_inference_engine

@@ -114,12 +114,10 @@ def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
     ``RuleViolation`` (a ``ValueError``, NeMo-RL's type for config errors), except those the host
     raises itself at the same call (``HOST_RAISES``). Nothing is checked where NeMo-RL does not
     enable Megatron (a falsy ``megatron_cfg.enabled``): the host does not use the keys there."""
-    from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
-    from nemo_rl_attn_align.vocab.errors import RuleViolation
+    from nemo_rl_attn_align.vocab.errors import RuleViolation, UsageError
 
-    plan = build_plan_for_policy(policy_cfg, os.environ)
-    record.plan, record.policy_cfg = plan, policy_cfg
-    if not plan.megatron_enabled:
+    plan = record.guarded("checking the policy config", lambda: _plan(policy_cfg), stops=(UsageError,))
+    if plan is None or not plan.megatron_enabled:
         return
     left_to_host = [f for f in plan.errors if f.code in HOST_RAISES[layout]]
     for finding in [*plan.warnings, *left_to_host]:
@@ -127,6 +125,15 @@ def check_policy(policy_cfg: dict, layout: str = "setup-module") -> None:
     errors = [f for f in plan.errors if f not in left_to_host]
     if errors:
         raise RuleViolation(errors)
+
+
+def _plan(policy_cfg: dict) -> Any:
+    """The backend plan of this worker's policy config, kept in the record."""
+    from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
+
+    plan = build_plan_for_policy(policy_cfg, os.environ)
+    record.plan, record.policy_cfg = plan, policy_cfg
+    return plan
 
 
 def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
@@ -217,13 +224,17 @@ def _wrap_performance_config(original: Callable, seam: Seam) -> Callable:
 
 def _wrap_validate_and_set_config(original: Callable, seam: Seam) -> Callable:
     def validate_and_set_config(config, rank, *args, **kwargs):
-        record.rank = int(rank)
-        record.policy_cfg = config if isinstance(config, dict) else record.policy_cfg
+        record.guarded("reading the worker's rank", lambda: _remember(config, rank))
         runtime_config = original(config, rank, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(runtime_config.model_cfg))
         return runtime_config
 
     return validate_and_set_config
+
+
+def _remember(config: Any, rank: Any) -> None:
+    record.rank = int(rank)
+    record.policy_cfg = config if isinstance(config, dict) else record.policy_cfg
 
 
 def _wrap_setup_model_and_optimizer(original: Callable, seam: Seam) -> Callable:
@@ -238,7 +249,10 @@ def _wrap_setup_model_and_optimizer(original: Callable, seam: Seam) -> Callable:
 def _wrap_setup_megatron_model(original: Callable, seam: Seam) -> Callable:
     def setup_megatron_model(policy_cfg, cfg, *args, **kwargs):
         check_policy(policy_cfg, "worker-inline")
-        _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)")
+        record.guarded(
+            "applying attention_backend",
+            lambda: _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)"),
+        )
         result = original(policy_cfg, cfg, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(cfg.model))
         record.guarded("reading the built model", lambda: _after_model_built(result[1]))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import os
 import re
 import sys
@@ -31,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, vllm_layer_facts
+from nemo_rl_attn_align.vocab import jsonio
 
 #: Names of provider fields that may change attention (``_own_attention_fields``).
 OWN_FIELD_PATTERN = re.compile(r"attn|attention|window|sink|softmax|head_dim")
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
     host, out, *paths = argv
     results = read_each(host, paths)
     with open(out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle)
+        handle.write(jsonio.dumps(results))
     return 0
 
 

@@ -65,13 +65,33 @@ def as_dict(master_config: Any) -> dict:
 def prepare(master_config: Any, algorithm: str = "grpo") -> driver_report.RunReport | None:
     """Run the pre-flight rules on the whole config (a bad ``attention_align`` block or a config
     that cannot work stops here), export the worker settings and start this run's report (nothing
-    collected yet; None when starting it failed, which is a warning unless strict)."""
+    collected yet). None when a step failed otherwise (a failure of the plugin itself, never a
+    verdict on the config): one warning and the run goes on, unless strict."""
     from nemo_rl_attn_align.config.settings import load_settings
+    from nemo_rl_attn_align.vocab.errors import RuleViolation, UsageError
+
+    settings = _patching.guarded(
+        "reading the attention_align settings",
+        lambda: load_settings(as_dict(master_config)),
+        handoff.worker_settings().strict,
+        stops=(UsageError,),
+    )
+    if settings is None:
+        return None
+    return _patching.guarded(
+        "checking the config before setup()",
+        lambda: _check(master_config, settings, algorithm),
+        settings.strict,
+        stops=(UsageError, RuleViolation),
+    )
+
+
+def _check(master_config: Any, settings: AlignSettings, algorithm: str) -> driver_report.RunReport | None:
+    """``prepare``'s pre-flight (its errors stop the run) and the start of the run's report."""
     from nemo_rl_attn_align.preflight.plan import build_plan
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     cfg = as_dict(master_config)
-    settings = load_settings(cfg)
     facts = read_recipe_facts(cfg, os.environ)
     if settings.preset == "aligned":
         preset, facts = apply_preset(master_config, facts, settings)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.hosts import _patching, bootstrap, hooks, versions
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
-from nemo_rl_attn_align.hosts.worker_records import HostRecord, log, world_size
+from nemo_rl_attn_align.hosts.worker_records import HostRecord, guarded_step, log, world_size
 from nemo_rl_attn_align.vocab.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ def _wrap_warm_up(original: Callable, seam: Seam) -> Callable:
         finally:
             _warming.depth = depth
         if depth == 0:
-            HostRecord.guarded("recording the vLLM engine", lambda: record_engine(self))
+            guarded_step("recording the vLLM engine", lambda: record_engine(self))
         return result
 
     return compile_or_warm_up_model
@@ -233,7 +233,7 @@ def cover(worker_class: type) -> bool:
 def _wrap_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        HostRecord.guarded(f"covering vLLM worker class {type(self).__qualname__}", lambda: cover(type(self)))
+        guarded_step(f"covering vLLM worker class {type(self).__qualname__}", lambda: cover(type(self)))
 
     return __init__
 

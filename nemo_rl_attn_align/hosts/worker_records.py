@@ -59,14 +59,22 @@ def write(
     return path
 
 
+def guarded_step(step: str, action: Callable[[], object]) -> None:
+    """Run one observability step of a worker that has no record yet: its failure is a warning,
+    or an error in strict mode."""
+    from nemo_rl_attn_align.hosts._patching import guarded
+
+    guarded(step, action, HostRecord.settings().strict)
+
+
 class HostRecord:
     """One worker's record while its host hook fills it in: findings, stage, write, strictness.
 
     Subclasses give ``contract()`` (an ``AttentionContract``), ``detail()`` (a JSON-ready dict) and
     ``peers()`` (the ids of every worker of its group). ``findings`` are lines (the report makes each
     a ``REPORT_WORKER_FINDING``), ``coded_findings`` findings with their own code, which the report
-    keeps as they are. Failures of the plugin's own observability are warnings unless
-    ``attention_align.strict``.
+    keeps as they are. Failures of the plugin's own observability are warnings and findings of the
+    record unless ``attention_align.strict``.
     """
 
     host = "host"
@@ -130,9 +138,14 @@ class HostRecord:
         if lines and self.settings().strict:
             raise StrictModeError("; ".join(lines) + ". attention_align.strict is true, so the run stops.")
 
-    @classmethod
-    def guarded(cls, step: str, action: Callable[[], object]) -> None:
-        """Run one observability step: its failure is a warning, or an error in strict mode."""
+    def guarded(self, step: str, action: Callable[[], Any], stops: tuple[type[Exception], ...] = ()) -> Any:
+        """Run one step of the plugin's work in this worker (``action``'s result, None when it failed):
+        a failure is one warning and a finding of this record, written with its detail where it can
+        be; the run goes on. An error in strict mode; ``stops`` (the plugin's own stops) propagate."""
         from nemo_rl_attn_align.hosts._patching import guarded
 
-        guarded(step, action, cls.settings().strict)
+        return guarded(step, action, self.settings().strict, stops, on_failure=self._keep_failure)
+
+    def _keep_failure(self, problem: str) -> None:
+        self.findings.append(problem)
+        self.write(self.stage)

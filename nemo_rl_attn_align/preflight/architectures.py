@@ -13,13 +13,13 @@ with the reason, never a guess. Stdlib only.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_attn_align.preflight.architecture_rules import ABSENT, MISSING, evaluate, keys, layer_kind
+from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.limits import MAX_MODEL_LAYERS, integer_problem, shown
 
 TABLE = Path(__file__).with_name("tables") / "architectures.json"
@@ -51,7 +51,7 @@ class TableSource:
 def load_raw(path: Path = TABLE) -> dict[str, Any]:
     """The table as written (an empty one of this schema when the file is missing)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = jsonio.loads(path.read_text(encoding="utf-8"), str(path))
     except (OSError, ValueError):
         return {"schema": SCHEMA}
     return data if isinstance(data, dict) and data.get("schema") == SCHEMA else {"schema": SCHEMA}
@@ -59,7 +59,7 @@ def load_raw(path: Path = TABLE) -> dict[str, Any]:
 
 def write_raw(table: Mapping[str, Any], path: Path = TABLE) -> None:
     """Write the table reproducibly (sorted keys, one item per line)."""
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    path.write_text(jsonio.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     value_at,
 )
 from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
+from nemo_rl_attn_align.preflight.vllm_worker_kwargs import installed_nemo_rl
 from nemo_rl_attn_align.vocab.errors import UsageError
 from nemo_rl_attn_align.vocab.schema import SOFTMAX_TYPES
 
@@ -143,6 +144,12 @@ class PolicyFacts:
     #: The ``COUNT_KEYS`` the recipe sets where its host reads them (Megatron's when Megatron trains,
     #: vLLM's or Megatron generation's by the generation backend), as written.
     counts: tuple[Fact, ...] = ()
+    #: ``policy.generation.vllm_kwargs`` where NeMo-RL generates with vLLM (its vLLM worker adds
+    #: them to the engine arguments it passes itself), else empty.
+    vllm_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The installed NeMo-RL's version (``vllm_worker_kwargs.installed_nemo_rl``; None where
+    #: NeMo-RL is not installed, as where ``check`` runs).
+    nemo_rl_version: str | None = None
 
     @property
     def has_megatron_cfg(self) -> bool:
@@ -304,4 +311,12 @@ def read_policy_facts(
         env_vars_raw=env_vars,
         generation_model=generation_model_config(policy_cfg),
         counts=_counts(policy_cfg, megatron_enabled(policy_cfg)),
+        vllm_kwargs=_vllm_kwargs(policy_cfg),
+        nemo_rl_version=installed_nemo_rl(),
     )
+
+
+def _vllm_kwargs(policy_cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``policy.generation.vllm_kwargs`` when NeMo-RL generates with vLLM, else empty."""
+    generation = section(policy_cfg, "generation")
+    return section(generation, "vllm_kwargs") if generation.get("backend") == "vllm" else {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import array
 import functools
 import itertools
-import json
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     TrainingQuery,
     flash_pin_switches,
 )
+from nemo_rl_attn_align.vocab import jsonio
 
 TABLE_DIR = Path(__file__).with_name("tables")
 SCHEMA = 4
@@ -290,7 +290,7 @@ def write(side: str, version: str, table: Mapping[str, Any], directory: Path = T
     out_path = path(side, version, directory)
     import gzip
 
-    text = json.dumps({"schema": SCHEMA, "side": side, "version": version, "table": table}, sort_keys=True)
+    text = jsonio.dumps({"schema": SCHEMA, "side": side, "version": version, "table": table}, sort_keys=True)
     with open(out_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:
         out.write(text.encode())
     return out_path
@@ -314,7 +314,7 @@ def table(side: str, version: str, directory: Path = TABLE_DIR) -> Table | None:
 
     try:
         with gzip.open(path(side, version, directory), "rt", encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = jsonio.loads(handle.read(), f"kernel table {handle.name}")
     except (OSError, ValueError):
         return None
     axes = TRAINING_AXES if side == "training" else ROLLOUT_AXES

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.limits import (
     MAX_MODEL_CONFIG_BYTES,
     MAX_MODEL_LAYERS,
@@ -28,7 +29,6 @@ from nemo_rl_attn_align.vocab.limits import (
     integer_problem,
     kind_of,
     number_problem,
-    read_json,
     read_text,
     shown,
     shown_path,
@@ -119,7 +119,7 @@ def load_model_config(model_name: Any, environ: Mapping[str, str] | None = None)
     where = f"policy.model_name={shown(model_name)}: {CONFIG_NAME} {shown_path(path)}"
     fix = _refetch(model_name)
     try:
-        config = read_json(path, MAX_MODEL_CONFIG_BYTES, CONFIG_NAME)
+        config = jsonio.read_json_file(path, MAX_MODEL_CONFIG_BYTES, CONFIG_NAME)
     except InputRefused as err:
         return ConfigNotRead(f"policy.model_name={shown(model_name)}: {err}. Fix: {fix}", missing=False)
     except OSError as err:

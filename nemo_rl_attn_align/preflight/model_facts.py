@@ -34,6 +34,7 @@ from nemo_rl_attn_align.preflight.model_config import (
     load_model_config,
     not_found_line,
 )
+from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.limits import shown
 
 #: Host fields of a provider the plugin does not read whose names say they change attention per layer.
@@ -120,32 +121,29 @@ def _refusal(values: Any, key: str) -> NotRead | None:
 
 def _live(side: str, config: Mapping[str, Any]) -> dict[str, Any] | NotRead:
     """The host's own reading of ``config`` inside ``hosts_read_here()``, where the host is installed."""
-    import json
-
     if not _READ_HERE.get():
         return NotRead(f"{_HOSTS[side][2]} is not run by this reader (check runs it where it is installed)")
-    return _read_by_host(side, json.dumps(config, sort_keys=True))
+    return _read_by_host(side, jsonio.dumps(config, sort_keys=True))
 
 
 @functools.cache
 def _read_by_host(side: str, config_json: str) -> dict[str, Any] | NotRead:
     """The host's own reading of one config, in a subprocess (once per config and process)."""
     import importlib.util
-    import json
     import os
     import subprocess
     import sys
     import tempfile
 
     host, module, name = _HOSTS[side]
-    config = json.loads(config_json)
+    config = jsonio.loads(config_json, "config.json")
     if importlib.util.find_spec(module.split(".")[0]) is None or (
         "." in module and importlib.util.find_spec(module) is None
     ):
         return NotRead(f"{name} is not installed here to read it")
     with tempfile.TemporaryDirectory(prefix="attn-align-model-") as tmp:
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as handle:
-            json.dump(config, handle)
+            handle.write(jsonio.dumps(config))
         out = os.path.join(tmp, "out.json")
         env = {**os.environ, "NEMO_RL_ATTN_ALIGN": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         try:
@@ -160,7 +158,7 @@ def _read_by_host(side: str, config_json: str) -> dict[str, Any] | NotRead:
                 tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
                 return NotRead(f"{name}'s reader failed here: {tail}")
             with open(out, encoding="utf-8") as handle:
-                answer = json.load(handle)[0]
+                answer = jsonio.loads(handle.read(), f"{name}'s answer")[0]
         except (OSError, ValueError, subprocess.TimeoutExpired) as err:
             return NotRead(f"{name}'s reader did not finish here ({type(err).__name__})")
     return NotRead(f"{name} could not read it here: {answer['error']}") if "error" in answer else answer

@@ -14,7 +14,6 @@ process and writes a capture file; the driver never imports the engines.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 from nemo_rl_attn_align.preflight.facts import PRECISIONS
 from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
+from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
@@ -59,14 +59,14 @@ class SideSpec:
         return {"engine": self.engine, "model": self.model, "seed": self.seed, "replay": replay, "env": self.env}
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+        return jsonio.dumps(self.__dict__)
 
     @classmethod
     def read(cls, path: Path) -> SideSpec:
         """A side file (or the JSON ``to_json`` wrote); bad content is a one-line ``UsageError``."""
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raw = jsonio.loads(path.read_text(), f"side file {path}")
+        except (OSError, ValueError) as err:  # unreadable, not UTF-8, not (strict) JSON
             raise UsageError(
                 f"{path}: cannot read the side file ({err}); give a JSON object of {', '.join(KEYS)}"
             ) from None
@@ -114,8 +114,8 @@ def _check_checkpoint_model(model: dict[str, Any], where: str) -> None:
 def read_prompts(path: Path) -> list[list[int]]:
     """``--prompts``: a JSON list of token-id lists, each at least two tokens long."""
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raw = jsonio.loads(path.read_text(), f"--prompts {path}")
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not (strict) JSON
         raise UsageError(f"--prompts {path}: cannot read it ({err}); give a JSON list of token-id lists") from None
     ok = (
         isinstance(raw, list)

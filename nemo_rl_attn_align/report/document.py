@@ -22,7 +22,7 @@ from typing import Any
 from nemo_rl_attn_align.compare.binding import BindingReport, Verdict, bind
 from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.config.settings import AlignSettings
-from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.contract.contract import AttentionContract, contract_dicts
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report import workers
 from nemo_rl_attn_align.report.drift_log import drift_log_path, read_steps
@@ -113,10 +113,16 @@ def _settings_section(settings: AlignSettings) -> dict[str, Any]:
 
 def _probes_section(probes: Mapping[tuple[str, str], DeterminismProbe | None]) -> dict[str, Any]:
     """Side -> worker id -> its determinism probe (None where the worker read none)."""
-    return {
-        side: {wid: (p.to_dict() if p is not None else None) for (s, wid), p in probes.items() if s == side}
-        for side in SIDES
-    }
+    shared: dict[int, dict[str, Any]] = {}  # workers that share one probe (read from one template) share its dict
+
+    def as_dict(probe: DeterminismProbe | None) -> dict[str, Any] | None:
+        if probe is None:
+            return None
+        if id(probe) not in shared:
+            shared[id(probe)] = probe.to_dict()
+        return shared[id(probe)]
+
+    return {side: {wid: as_dict(p) for (s, wid), p in probes.items() if s == side} for side in SIDES}
 
 
 def build_report(files: WorkerFiles, settings: AlignSettings, run: RunDescription = RunDescription()) -> dict[str, Any]:
@@ -150,7 +156,7 @@ def build_report(files: WorkerFiles, settings: AlignSettings, run: RunDescriptio
         "binding_applicable": not not_applicable,
         "settings": _settings_section(settings),
         "workers": workers.section(files, expected_ids, found, missing, by_side, expected),
-        "contracts": [c.to_dict() for c in contracts],
+        "contracts": contract_dicts(contracts),
         "determinism_probes": _probes_section(probes),
         "binding": binding_dict,
         "findings": (binding_dict["findings"] if binding_dict else []) + [f.to_dict() for f in findings],

@@ -11,11 +11,12 @@ report document takes its ``drift.steps`` from it at each collection point and w
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_attn_align.report.store import resolved, safe_name
+from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.limits import MAX_REPORT_BYTES, read_text
 
 DRIFT_DIR = "drift"
@@ -23,13 +24,14 @@ DRIFT_DIR = "drift"
 
 def drift_log_path(report_dir: str | os.PathLike[str], run_id: str | None) -> Path:
     """Where run ``run_id`` logs its drift steps (``run`` when the run has no id)."""
-    return Path(report_dir) / DRIFT_DIR / f"{run_id or 'run'}.jsonl"
+    name = safe_name(run_id) if isinstance(run_id, str) and run_id else "run"
+    return resolved(report_dir) / DRIFT_DIR / f"{name}.jsonl"
 
 
 def append_step(path: Path, entry: dict[str, Any]) -> None:
     """Append one step's entry (``{"step": N, metric: value, ...}``) as one line (after a torn
     last line, on a line of its own)."""
-    line = (json.dumps(entry, allow_nan=False, separators=(",", ":")) + "\n").encode()
+    line = (jsonio.dumps(entry, separators=(",", ":")) + "\n").encode()
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except FileNotFoundError:
@@ -46,8 +48,8 @@ def append_step(path: Path, entry: dict[str, Any]) -> None:
 
 def _entry(line: str) -> dict[str, Any] | None:
     try:
-        entry = json.loads(line)
-    except ValueError:
+        entry = jsonio.loads(line, "drift log line")
+    except ValueError:  # not JSON, or not strict JSON
         return None
     if not isinstance(entry, dict) or not isinstance(entry.get("step"), int) or isinstance(entry["step"], bool):
         return None

@@ -16,9 +16,9 @@ from nemo_rl_attn_align.report.store import (
     REPORT_SCHEMA_VERSION,
     WORKERS_DIR,
     PathLike,
-    read_json_file,
     schema_version_ok,
 )
+from nemo_rl_attn_align.vocab.jsonio import read_json_file
 from nemo_rl_attn_align.vocab.limits import MAX_REPORT_BYTES, InputRefused, shown_path
 
 

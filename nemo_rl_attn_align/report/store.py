@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import re
 import socket
@@ -28,19 +27,14 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar, Union
+from typing import Any, NamedTuple, Union
 
 from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
+from nemo_rl_attn_align.report.record_templates import Parsed, RecordReader
 from nemo_rl_attn_align.report.worker_files import HostDetail, UnreadableFile, WorkerFiles, WorkerRecord
-from nemo_rl_attn_align.vocab.limits import (
-    MAX_NESTING,
-    MAX_RECORD_BYTES,
-    InputRefused,
-    nesting_depth,
-    read_text,
-    shown_path,
-)
+from nemo_rl_attn_align.vocab import jsonio
+from nemo_rl_attn_align.vocab.limits import MAX_RECORD_BYTES
 
 REPORT_SCHEMA_VERSION = 1
 WORKER_KIND = "nemo-rl-attn-align/worker"
@@ -51,7 +45,6 @@ HOSTS_DIR = "hosts"
 CLAIMS_DIR = "claims"
 
 PathLike = Union[str, "os.PathLike[str]"]
-T = TypeVar("T")
 
 
 def now_iso() -> str:
@@ -59,11 +52,20 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def resolved(path: PathLike) -> Path:
+    """``path`` as the file system names it once its folders exist. A path that steps back with
+    ``..`` is resolved first (symlinks followed, then ``..`` applied), so creating its folders never
+    creates one outside it: ``X/rd/../rd2/workers`` would otherwise leave an empty ``X/rd`` behind."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if ".." in path.parts else path
+
+
 def atomic_write_json(path: PathLike, data: Any) -> Path:
     """Write ``data`` as JSON to ``path`` atomically: a temp file in the same directory, fsync,
-    ``os.replace``. Readers see the old file or the new one, never a part."""
-    path = Path(path)
-    _, tmp = _synced_temp_copy(path, data)
+    ``os.replace``. Readers see the old file or the new one, never a part. The folders it creates
+    are ``resolved(path)``'s."""
+    path = resolved(path)
+    tmp = _synced_temp_copy(path, data)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -72,20 +74,20 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
     return path
 
 
-def _synced_temp_copy(path: Path, data: Any) -> tuple[str, str]:
-    """``data`` as JSON text, written and fsynced to a temp file beside ``path``: (text, temp path)."""
+def _synced_temp_copy(path: Path, data: Any) -> str:
+    """``data`` as strict JSON (``jsonio``), written and fsynced to a temp file beside ``path``: its path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            jsonio.write(handle, data)
+            handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return text, tmp
+    return tmp
 
 
 #: Longest worker file name: the temp name adds ``.`` + ``.XXXXXXXX.tmp`` and must stay within
@@ -116,13 +118,20 @@ def remove_stale_temp_files(report_dir: PathLike, older_than_s: float = STALE_TE
     return removed
 
 
+def safe_name(text: str) -> str:
+    """``text`` as part of a file name: every character but letters, digits, ``.``, ``_`` and ``-``
+    replaced by ``_``, so no ``/`` (nor NUL) in an id can name another folder."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
 def _worker_file(report_dir: PathLike, folder: str, side: str, worker_id: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)
+    """``<report_dir>/<folder>/<side>--<worker_id>.json`` with ``safe_name``'s side and id."""
+    side, safe = safe_name(side), safe_name(worker_id)
     name = f"{side}--{safe}.json"
     if len(name) > _MAX_FILE_NAME:  # a very long id: cut, with a digest of the whole id (the record keeps it whole)
         digest = hashlib.sha256(worker_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        name = f"{side}--{safe[: _MAX_FILE_NAME - len(side) - 25]}-{digest}.json"
-    return Path(report_dir) / folder / name
+        name = f"{side[:20]}--{safe[: _MAX_FILE_NAME - min(len(side), 20) - 25]}-{digest}.json"
+    return resolved(report_dir) / folder / name
 
 
 def worker_record_path(report_dir: PathLike, side: str, worker_id: str) -> Path:
@@ -147,7 +156,7 @@ class Claim(NamedTuple):
 def _exclusive_write_json(path: Path, data: Any) -> bool:
     """Create ``path`` holding ``data`` unless it exists (False then): the whole file appears at
     once (a temp file hard-linked into place), so a reader never sees a part of it."""
-    text, tmp = _synced_temp_copy(path, data)
+    tmp = _synced_temp_copy(path, data)
     try:
         try:
             os.link(tmp, path)
@@ -159,7 +168,7 @@ def _exclusive_write_json(path: Path, data: Any) -> bool:
             except FileExistsError:
                 return False
             with os.fdopen(created, "w", encoding="utf-8") as handle:
-                handle.write(text)
+                handle.write(jsonio.dumps(data, indent=2) + "\n")
         return True
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -173,7 +182,7 @@ def _read_claim(path: Path) -> dict[str, Any] | None:
     """The claim at ``path``; None when there is none; ``_BUSY`` or ``_BROKEN`` when it is not a
     readable claim (younger or older than ``STALE_TEMP_AGE_S``)."""
     try:
-        data = read_json_file(path, MAX_RECORD_BYTES, "worker claim")
+        data = jsonio.read_json_file(path, MAX_RECORD_BYTES, "worker claim")
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -281,23 +290,15 @@ def _parse_worker_record(data: Any) -> WorkerRecord:
     return WorkerRecord(contract, probe, run_id if isinstance(run_id, str) else None)
 
 
+def _renamed_record(record: WorkerRecord, worker_id: str, run_id: Any) -> WorkerRecord:
+    """``record`` (a template's) as the worker ``worker_id`` of run ``run_id`` wrote it."""
+    return WorkerRecord(record.contract.renamed(worker_id), record.probe, run_id if isinstance(run_id, str) else None)
+
+
 def _parse_detail(data: Any) -> HostDetail:
     if not isinstance(data, dict) or data.get("kind") != DETAIL_KIND:
         raise ValueError(f"not a host detail (kind {data.get('kind') if isinstance(data, dict) else None!r})")
     return HostDetail.from_dict(data)
-
-
-def read_json_file(path: PathLike, limit: int, what: str) -> Any:
-    """The parsed JSON of the regular file ``path`` (at most ``limit`` bytes, nested at most
-    ``MAX_NESTING`` deep). Raises ``ValueError`` with one line (``InputRefused``, bad UTF-8, bad
-    JSON, too deep) or ``OSError``; a FIFO or device is refused without blocking."""
-    try:
-        data = json.loads(read_text(path, limit, what))
-    except RecursionError:
-        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels") from None
-    if nesting_depth(data) > MAX_NESTING:
-        raise InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels")
-    return data
 
 
 class _Leftovers(NamedTuple):
@@ -308,16 +309,20 @@ class _Leftovers(NamedTuple):
     stale: list[str]
 
 
-def _read_folder(folder: Path, parse: Callable[[Any], T], run_id: str | None, left: _Leftovers) -> list[T]:
+def _read_detail(path: Path) -> Parsed:
+    data = jsonio.read_json_file(path, MAX_RECORD_BYTES, "worker file")
+    return Parsed(_parse_detail(data), data.get("run_id"))
+
+
+def _read_folder(folder: Path, read: Callable[[Path], Parsed], run_id: str | None, left: _Leftovers) -> list:
     parsed = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = read_json_file(path, MAX_RECORD_BYTES, "worker file")
-            item = parse(data)
+            item, written_run_id = read(path)
         except Exception as err:
             left.unreadable.append(UnreadableFile(str(path), f"{type(err).__name__}: {str(err)[:500]}"))
             continue
-        if run_id is not None and data.get("run_id") != run_id:
+        if run_id is not None and written_run_id != run_id:
             left.stale.append(str(path))
         else:
             parsed.append(item)
@@ -329,8 +334,10 @@ def read_worker_files(report_dir: PathLike, run_id: str | None = None) -> Worker
     """Every worker file under ``report_dir``: the records, the host details, and the files that
     could not be used (unreadable, incomplete writes and, when ``run_id`` is given, another run's)."""
     left = _Leftovers([], [], [])
-    records = _read_folder(Path(report_dir) / WORKERS_DIR, _parse_worker_record, run_id, left)
-    details = _read_folder(Path(report_dir) / HOSTS_DIR, _parse_detail, run_id, left)
+    report_dir = resolved(report_dir)
+    reader = RecordReader(_parse_worker_record, _renamed_record)
+    records = _read_folder(Path(report_dir) / WORKERS_DIR, reader.read, run_id, left)
+    details = _read_folder(Path(report_dir) / HOSTS_DIR, _read_detail, run_id, left)
     return WorkerFiles(
         records=tuple(sorted(records, key=lambda record: record.key)),
         details={detail.key: detail for detail in details},

@@ -21,6 +21,8 @@ from nemo_rl_attn_align.vocab.schema import SIDES, NotBound, Tier, field_spec, f
 
 def _divergences(representative: AttentionContract, other: AttentionContract) -> list[Finding]:
     """Identity/semantic fields where a worker disagrees with the first worker of its side."""
+    if other.fields is representative.fields:  # read from one template: the same fields
+        return []
     out = []
     for name in fields_of(Tier.IDENTITY) + fields_of(Tier.SEMANTIC):
         a, b = representative[name], other[name]

@@ -208,6 +208,13 @@ class Code(str, enum.Enum):
         WARNING,
         "attention_backend set while megatron_cfg.enabled is not truthy: it has no effect.",
     )
+    VLLM_KWARG_PASSED_TWICE = (
+        "VLLM_KWARG_PASSED_TWICE",
+        RULE,
+        ERROR,
+        "a policy.generation.vllm_kwargs key NeMo-RL's vLLM worker passes to vLLM itself; "
+        "the worker raises TypeError at start, after the cluster is up.",
+    )
 
     # --- kernels on a GPU (check --gpu; README "Rules") ---------------------------------------
     TE_NO_BACKEND = (

@@ -8,7 +8,6 @@ values; ``benchmarks/fuzz_check.py --hostile`` measures that each refusal takes 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from typing import Any
@@ -46,8 +45,8 @@ MAX_SHOWN_CHARS = 120
 #: Largest model ``config.json`` (``policy.model_name``'s); published ones are 1-60 KB. A MiB of JSON
 #: parses in tens of milliseconds into at most a few tens of MB, whatever it holds.
 MAX_MODEL_CONFIG_BYTES = 1 << 20
-#: Most digits of an integer in a model's ``config.json`` (CPython 3.11's own default for ``int()``;
-#: 3.10 has none and converts a longer one in time growing with the square of its length).
+#: Most digits of an integer in any JSON the plugin reads (``jsonio``; CPython 3.11's own default for
+#: ``int()``; 3.10 has none and converts a longer one in time growing with the square of its length).
 MAX_INT_DIGITS = 4_300
 #: The most of each attention-relevant number of a model (the least is 1). The published models stay
 #: far below: 126 layers (Llama 3.1 405B), 128 heads, head dims of 576 (vLLM's MLA head), hidden
@@ -151,27 +150,6 @@ def read_text(path: os.PathLike[str] | str, limit: int, what: str) -> str:
     return b"".join(chunks).decode("utf-8")
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {len(text)} digits, over the limit of {MAX_INT_DIGITS}")
-    return int(text)
-
-
-def read_json(path: os.PathLike[str] | str, limit: int, what: str) -> Any:
-    """The parsed JSON of the regular file ``path`` (``read_text``'s bounds), nested at most
-    ``MAX_NESTING`` deep, no integer longer than ``MAX_INT_DIGITS``. Raises ``InputRefused`` (a
-    limit), ``OSError`` (the open), ``UnicodeDecodeError`` or ``ValueError`` (not JSON); NaN and
-    Infinity are read as Python's json reads them, for the caller to judge."""
-    deep = InputRefused(f"{what} {shown_path(path)} nests deeper than {MAX_NESTING} levels")
-    try:
-        data = json.loads(read_text(path, limit, what), parse_int=_bounded_int)
-    except RecursionError:
-        raise deep from None
-    if nesting_depth(data) > MAX_NESTING:
-        raise deep
-    return data
-
-
 def kind_of(value: Any) -> str:
     """How an error line names the type of a parsed JSON or YAML value ("a boolean", "null", ...)."""
     if value is None:
@@ -193,21 +171,6 @@ def number_problem(value: Any, low: float, high: float) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"is {kind_of(value)}, not a number above {low:g} and at most {high:g}"
     return None if low < value <= high else f"is not a number above {low:g} and at most {high:g}"  # NaN fails
-
-
-def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:
-    """Depth of nested dicts/lists in a parsed JSON value (a scalar is 0); stops counting past
-    ``limit`` + 1, iteratively, so no input can exhaust the stack."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            depth += 1
-            deepest = max(deepest, depth)
-            if depth > limit:
-                return depth
-            stack.extend((child, depth) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
 
 
 def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import random
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from nemo_rl_attn_align.config import yaml_compose
 from nemo_rl_attn_align.config.yaml_compose import OverLimit, compose_yaml
@@ -70,6 +72,63 @@ def libyaml_only(text: str):
         return yaml_compose._compose_with(libyaml_loader, text, 0)
     except Exception:
         return None
+
+
+def yaml_error(err: Exception):
+    """A PyYAML error by what it says and where (the stream's name aside: ``<file>`` in OmegaConf)."""
+    marks = [getattr(err, name, None) for name in ("context_mark", "problem_mark")]
+    where = [(mark.line, mark.column) for mark in marks if mark is not None]
+    return type(err).__name__, getattr(err, "context", None), getattr(err, "problem", str(err)), where
+
+
+def omegaconf_outcome(text: str):
+    """What ``OmegaConf.load`` (NeMo-RL's reader, public API) makes of ``text``: a container or its error."""
+    try:
+        return OmegaConf.to_container(OmegaConf.load(io.StringIO(text)))
+    except yaml.YAMLError as err:
+        return yaml_error(err)
+    except Exception as err:  # OmegaConf's own refusal of a value or key, a constructor's ValueError
+        return "other", type(err).__name__
+
+
+def our_outcome(text: str, use_libyaml: bool):
+    """The same through ``compose_yaml`` and ``OmegaConf.create``, for a document that is a mapping."""
+    try:
+        value, _ = compose_yaml(text, use_libyaml=use_libyaml)
+    except OverLimit:
+        return None
+    except yaml.YAMLError as err:
+        return yaml_error(err)
+    except Exception as err:
+        return "other", type(err).__name__
+    if not isinstance(value, dict):
+        return None
+    try:
+        return OmegaConf.to_container(OmegaConf.create(value))
+    except Exception as err:
+        return "other", type(err).__name__
+
+
+def test_omegaconf_load_reads_every_example_and_generated_document_the_same():
+    """The rules are OmegaConf's (no private import of its loader): every shipped example and
+    thousands of generated documents give what ``OmegaConf.load`` gives, value or error."""
+    texts = [path.read_text() for path in sorted(EXAMPLES.glob("*.yaml"))]
+    rnd = random.Random(40)
+    texts += ["".join(rnd.choice(PIECES) for _ in range(rnd.randint(1, 25))) for _ in range(5_000)]
+    texts += [
+        "a: 1e3\nb: 2001-12-14\nc: .inf\nd: 1_000.5\ne: 0x1F\nf: yes\n",
+        "a: 1\na: 2\n",
+        "a: !!python/name:os.system\n",
+    ]
+    compared = 0
+    for text in texts:
+        for use_libyaml in (True, False):
+            ours = our_outcome(text, use_libyaml)
+            if ours is None:
+                continue
+            compared += 1
+            assert ours == omegaconf_outcome(text), repr(text)
+    assert compared > 4_000
 
 
 @needs_libyaml

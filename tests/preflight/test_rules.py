@@ -46,6 +46,13 @@ def codes(policy_cfg, environ=None):
 # (code, config that triggers it, environ, a near-miss config that must not trigger it, its environ)
 CASES = [
     (
+        Code.VLLM_KWARG_PASSED_TWICE,
+        policy(generation__vllm_kwargs__seed=1),
+        {},
+        policy(generation__vllm_kwargs__block_size=16),
+        {},
+    ),
+    (
         Code.CONFIG_VALUE_INVALID,
         policy(megatron_cfg__context_parallel_size="2"),
         {},
@@ -360,6 +367,7 @@ def test_every_rule_code_is_declared_by_one_rule_and_the_rules_run_in_their_old_
         "_without_megatron",
         "_batch_invariant_kernels",
         "_generation_attention",
+        "_vllm_kwargs_passed_twice",
     ]
 
 

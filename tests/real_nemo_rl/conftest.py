@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,18 @@ def load_source_module(tree: Path, relative: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def table_check(script: str, *args: str, timeout: int) -> str:
+    """Run ``scripts/<script> ARGS --check`` (a table script) in this interpreter from the repository
+    root; fails the test unless it exits 0 (the committed table is current). Its stdout."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(repo / "scripts" / script), *args, "--check"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from tests.real_nemo_rl.conftest import LANE_VARIABLE
+from tests.real_nemo_rl.conftest import LANE_VARIABLE, table_check
 
 pytestmark = pytest.mark.real_nemo_rl
 
@@ -48,15 +47,8 @@ def stand_ins(_in_lane):
 
 
 def test_the_committed_training_side_is_what_megatron_bridge_answers_today():
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "update_architecture_table.py"), "training", "--check"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "architectures.json (training) is current" in done.stdout
+    out = table_check("update_architecture_table.py", "training", timeout=1200)
+    assert "architectures.json (training) is current" in out
 
 
 def _random_attributes(rng: random.Random) -> dict:

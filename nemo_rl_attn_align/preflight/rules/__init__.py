@@ -5,9 +5,10 @@ Each rule reads ``PolicyFacts`` (what the policy config and the environment say,
 function registered with ``@rule(Code.X, ...)`` (``registry.py``; the codes it raises) in
 ``values.py`` (a value no host can use; most are rows of its ``VALUE_CHECKS`` table) or
 ``combinations.py`` (values that cannot work together) or ``alignment.py`` (what batch-invariant
-training and Megatron generation require). ``evaluate`` runs them in registration
-order: the values first, then the combinations. Each code's severity and summary are in
-``codes.Code``, which the README's rule table is generated from.
+training and Megatron generation require) or ``host_start.py`` (what would crash the host at
+start). ``evaluate`` runs them in registration order: the values first, then the combinations.
+Each code's severity and summary are in ``codes.Code``, which the README's rule table is generated
+from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nemo_rl_attn_align.vocab.errors import Finding
 from nemo_rl_attn_align.preflight.rules import values  # noqa: F401
 from nemo_rl_attn_align.preflight.rules import combinations  # noqa: F401
 from nemo_rl_attn_align.preflight.rules import alignment  # noqa: F401
+from nemo_rl_attn_align.preflight.rules import host_start  # noqa: F401
 
 # isort: on
 
