@@ -73,7 +73,11 @@ QWEN2 = hm.base_config("Qwen2ForCausalLM")
         ("deep", "[" * 100_000 + "]" * 100_000, "nests deeper than 32 levels"),
         ("float", json.dumps({**QWEN2, "num_hidden_layers": 2.5}), "num_hidden_layers=2.5 is a float"),
         ("string", json.dumps({**QWEN2, "num_hidden_layers": "28"}), "num_hidden_layers='28' is a string"),
-        ("infinite", json.dumps(QWEN2)[:-1] + ', "num_hidden_layers": 1e999}', "num_hidden_layers=inf is a float"),
+        (
+            "infinite",
+            json.dumps(QWEN2)[:-1] + ', "num_hidden_layers": 1e999}',
+            "num_hidden_layers=inf is a float",
+        ),
         ("hundred million", json.dumps({**QWEN2, "num_hidden_layers": 10**8}), "=100000000 is not an integer"),
         ("malformed", "{not json", "is not valid JSON"),
     ],

@@ -119,7 +119,7 @@ def load_model_config(model_name: Any, environ: Mapping[str, str] | None = None)
     where = f"policy.model_name={shown(model_name)}: {CONFIG_NAME} {shown_path(path)}"
     fix = _refetch(model_name)
     try:
-        config = jsonio.read_json_file(path, MAX_MODEL_CONFIG_BYTES, CONFIG_NAME)
+        config = jsonio.read_json_file(path, MAX_MODEL_CONFIG_BYTES, CONFIG_NAME, strict=False)  # as the hosts read it
     except InputRefused as err:
         return ConfigNotRead(f"policy.model_name={shown(model_name)}: {err}. Fix: {fix}", missing=False)
     except OSError as err:

@@ -187,11 +187,13 @@ def container_depth(value: Any, limit: int = MAX_NESTING) -> int:
     return deepest
 
 
-def loads(text: str, where: str = "JSON text") -> Any:
-    """The value of the strict JSON ``text``: ``InputRefused`` (one line naming ``where``) for a
-    duplicate key, ``NaN`` / ``Infinity`` or a number a float cannot hold, nesting deeper than
-    ``MAX_NESTING``, an integer of more than ``MAX_INT_DIGITS`` digits; ``json.JSONDecodeError`` for
-    text that is not JSON."""
+def loads(text: str, where: str = "JSON text", *, strict: bool = True) -> Any:
+    """The value of the JSON ``text``: ``InputRefused`` (one line naming ``where``) for nesting
+    deeper than ``MAX_NESTING`` or an integer of more than ``MAX_INT_DIGITS`` digits, and, ``strict``
+    (the plugin's own records and reports), for a duplicate key, ``NaN`` / ``Infinity`` or a number a
+    float cannot hold; ``json.JSONDecodeError`` for text that is not JSON. Not ``strict`` (a model's
+    ``config.json``, which the hosts read with Python's ``json``): those read as Python's ``json``
+    reads them, for the caller to judge."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         obj = dict(pairs)
@@ -217,14 +219,11 @@ def loads(text: str, where: str = "JSON text") -> Any:
             raise InputRefused(f"{where}: an integer of {len(digits)} digits, over the limit of {MAX_INT_DIGITS}")
         return int(digits)
 
+    hooks: dict[str, Any] = {"parse_int": bounded_int}
+    if strict:
+        hooks.update(object_pairs_hook=unique, parse_constant=non_finite, parse_float=finite_float)
     try:
-        data = json.loads(
-            text,
-            object_pairs_hook=unique,
-            parse_constant=non_finite,
-            parse_float=finite_float,
-            parse_int=bounded_int,
-        )
+        data = json.loads(text, **hooks)
     except RecursionError:
         raise InputRefused(f"{where} nests deeper than {MAX_NESTING} levels") from None
     if container_depth(data) > MAX_NESTING:
@@ -232,8 +231,8 @@ def loads(text: str, where: str = "JSON text") -> Any:
     return data
 
 
-def read_json_file(path: os.PathLike[str] | str, limit: int, what: str) -> Any:
-    """The strict JSON value of the regular file ``path`` (at most ``limit`` bytes). Raises
-    ``ValueError`` with one line (``InputRefused``, bad UTF-8, bad JSON) or ``OSError``; a FIFO or
-    device is refused without blocking."""
-    return loads(read_text(path, limit, what), f"{what} {shown_path(path)}")
+def read_json_file(path: os.PathLike[str] | str, limit: int, what: str, *, strict: bool = True) -> Any:
+    """The JSON value of the regular file ``path`` (at most ``limit`` bytes; ``strict`` as ``loads``).
+    Raises ``ValueError`` with one line (``InputRefused``, bad UTF-8, bad JSON) or ``OSError``; a FIFO
+    or device is refused without blocking."""
+    return loads(read_text(path, limit, what), f"{what} {shown_path(path)}", strict=strict)
