@@ -102,7 +102,21 @@ POOLS: dict[str, list] = {
     ],
     _M: [UNSET, "flash", 1, [], None],
     "policy.model_name": ["Qwen/Qwen3-8B", "openai/gpt-oss-20b", "", 7, None, ["x"]],
-    f"{_A}.on_mismatch": [UNSET, "error", "warn", "record", "Warn", "", None, 1, True],
+    f"{_A}.on_mismatch": [
+        UNSET,
+        "error",
+        "warn",
+        "record",
+        "Warn",
+        "",
+        None,
+        1,
+        True,
+        {"identity": "warn"},
+        {"semantic": "error", "identity": "record"},
+        {"identty": "warn"},
+        {"semantic": "stop"},
+    ],
     f"{_A}.allow_dtype_difference": [UNSET, True, False, "true", 1, 0, None],
     f"{_A}.strict": [UNSET, True, False, "yes", 1, None],
     f"{_A}.preset": [UNSET, "aligned", None, "align", "Aligned", "", 1, True, ["aligned"]],
@@ -256,6 +270,14 @@ def _megatron_rejection(mcfg: dict, precision: Any) -> str | None:
     return None
 
 
+def _on_mismatch_ok(value) -> bool:
+    """One mode, or a mapping of the two tiers (each optional) to modes."""
+    modes = ("error", "warn", "record")
+    if isinstance(value, dict):
+        return set(value) <= {"identity", "semantic"} and all(isinstance(v, str) and v in modes for v in value.values())
+    return isinstance(value, str) and value in modes
+
+
 def _attention_align_rejection(cfg: dict) -> str | None:
     block = cfg.get(_A, UNSET)
     if block is None or is_unset(block):
@@ -267,7 +289,7 @@ def _attention_align_rejection(cfg: dict) -> str | None:
         return "unknown attention_align key"
     if block.get("preset") not in (None, "aligned"):
         return "preset"
-    if "on_mismatch" in block and block["on_mismatch"] not in ("error", "warn", "record"):
+    if "on_mismatch" in block and not _on_mismatch_ok(block["on_mismatch"]):
         return "on_mismatch"
     for flag in ("allow_dtype_difference", "strict"):
         if flag in block and not isinstance(block[flag], bool):

@@ -255,8 +255,11 @@ def test_head_dim_256_under_flash_has_no_te_backend_where_te_allows_no_flash_att
 
 @pytest.mark.parametrize("gpu", ["sm100", "B200", "H100", "A100", "RTX PRO 6000"])
 def test_head_dim_256_under_flash_runs_flash_attn_2_where_te_allows_it(gpu):
-    result = check_json(GRPO, "++policy.megatron_cfg.model_overrides.kv_channels=256", "--gpu", gpu)
-    assert result["exit_code"] == 0
+    # the override gives training another head dim than the rollout reads: an identity mismatch, which
+    # stops a run by default; warn lets the exit code speak of the kernels alone
+    warn = "++attention_align.on_mismatch=warn"
+    result = check_json(GRPO, "++policy.megatron_cfg.model_overrides.kv_channels=256", warn, "--gpu", gpu)
+    assert result["exit_code"] == 0 and result["attention_align"]["binding"]["failed_tiers"][0] == "identity"
     assert [k["label"] for k in result["kernels"]["training"]] == ["FlashAttention 2.8.3"]
 
 
