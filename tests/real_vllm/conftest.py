@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_vllm.reverts import REVERT_ENV
+
 HERE = Path(__file__).resolve().parent
 PROMPT = [5, 17, 42, 99, 123]
 #: Small KV cache (GiB): vLLM's CPU worker otherwise sizes it to most of the RAM, which takes a minute to allocate.
@@ -159,6 +161,9 @@ ENGINES = {
     "mistral": ("mistral", SLIDING, IN_PROCESS),
     "gemma2": ("gemma2", SLIDING, IN_PROCESS),
     "gpt-oss": ("gpt_oss", SLIDING, IN_PROCESS),
+    "gpt-oss-27722": ("gpt_oss", SLIDING, {**IN_PROCESS, REVERT_ENV: "vllm-27722"}),  # reverts.py
+    "gemma3": ("gemma3", SLIDING, IN_PROCESS),
+    "glm4": ("glm4", {}, IN_PROCESS),
     "qwen3-variant": (
         "qwen3",
         {
