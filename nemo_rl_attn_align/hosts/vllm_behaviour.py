@@ -10,9 +10,9 @@ gpt-oss's ``.attn``) is found by name among the model's modules.
   mscale, linear scaling, ... included) on the device of its cache, then its own ``forward_native``
   (rotary_dim, is_neox_style, head_size as the module holds them) on one-hot vectors, through
   ``hosts.behaviour_probe``. Both run on a shallow copy whose ``cos_sin_cache`` is that float32
-  cache: the live module is left as it is. Positions of ``ROPE_POSITIONS`` past the
-  shortest cache are not evaluated (the source names them); each distinct module is evaluated once
-  (``get_rope`` shares one module between equal layers).
+  cache: the live module is left as it is. Positions of ``ROPE_POSITIONS`` past the shortest cache
+  are not evaluated (the source names them); each distinct module is evaluated once (``get_rope``
+  shares one module between equal layers).
 * ``mask``: the impl's ``sliding_window`` as the kernel receives it (``vllm_snapshot.impl_left_window``)
   and the layer's ``attn_type`` (decoder self-attention: causal).
 * ``softmax``: ``impl.scale``, ``impl.logits_soft_cap`` (0 or None: none), sinks (``impl.sinks`` or
@@ -34,7 +34,7 @@ import torch
 
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.vllm_snapshot import impl_left_window, impl_soft_cap
-from nemo_rl_attn_align.hosts.behaviour_probe import no_rotation, rope_value, rotation_kind
+from nemo_rl_attn_align.hosts.behaviour_probe import NotARotation, no_rotation, rope_value, rotation_kind
 from nemo_rl_attn_align.preflight.model_attention import is_attention_module, layer_index
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS, ROPE_POSITIONS, mask, per_layer, softmax
 from nemo_rl_attn_align.vocab.kinds import ContractError
@@ -230,7 +230,7 @@ def read_behaviour(
     for name in BEHAVIOUR_FIELDS:
         try:
             fields[name] = READERS[name](layers)
-        except (Unreadable, ContractError) as err:
+        except (Unreadable, NotARotation, ContractError) as err:
             fields[name] = FieldValue.unobservable(None, f"not read from the engine's modules: {err}")
         except Exception as err:  # a reader's own failure: visible, never the engine's
             problem = f"reading the attention {name} from the engine's modules failed: {type(err).__name__}: {err}"

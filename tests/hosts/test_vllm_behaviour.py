@@ -113,6 +113,17 @@ def test_what_a_layer_does_not_show_is_unobservable_with_the_reason():
     assert fields["mask"].value["kinds"] == [{"causal": False, "window": None}]
 
 
+def test_a_map_that_is_not_a_rotation_of_pairs_is_unobservable_with_the_reason():
+    class Cyclic(RotaryEmbedding):  # channels 0 -> 1 -> 2 -> 0: no pair rotates alone
+        def forward_native(self, positions, query, key=None):
+            heads = query.view(positions.shape[0], -1, self.head_size)
+            return torch.cat((heads[..., 2:3], heads[..., :2], heads[..., 3:]), dim=-1).reshape(query.shape), key
+
+    fields, notes = read(*engine([Attention()], Cyclic(32, 32, 512, 10000.0)))
+    assert notes == [] and fields["rope"].provenance.value == "unobservable"
+    assert fields["rope"].source.startswith("not read from the engine's modules: channel 0 moves into 1")
+
+
 def test_a_reader_that_fails_is_a_note_and_the_other_fields_are_still_read():
     class Broken(RotaryEmbedding):
         def forward_native(self, positions, query, key=None):
