@@ -108,11 +108,10 @@ def measure(name: str, config: dict, runs: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         context, modules = build(config, Path(tmp))
     times: list[float] = []
-    notes: list[str] = []
 
     def read():
         start = time.perf_counter()
-        fields = vllm_behaviour.read_behaviour(context, modules, notes.append)
+        fields, _ = vllm_behaviour.read_behaviour(context, modules)
         times.append(time.perf_counter() - start)
         return fields
 
@@ -136,7 +135,6 @@ def measure(name: str, config: dict, runs: int) -> dict:
         "field_s": shares,
         "record_bytes": len(json.dumps({f: v.value for f, v in fields.items()})),
         "unobservable": unobservable,
-        "notes": notes,
     }
 
 

@@ -19,7 +19,7 @@ gpt-oss's ``.attn``) is found by name among the model's modules.
   the holder's ``sinks`` parameter: learnable).
 
 A layer a field cannot be read from makes that field unobservable with the reason, never guessed; an
-unexpected failure is also a note on the worker's record (``read_behaviour``'s ``note``). Cost: one
+unexpected failure is also a problem ``read_behaviour`` returns for the hook to note. Cost: one
 cos/sin cache and one small batched evaluation per distinct rotary module, nothing per step
 (``benchmarks/vllm_behaviour.py``).
 """
@@ -218,15 +218,16 @@ READERS: dict[str, Reader] = {
 
 
 def read_behaviour(
-    static_forward_context: Mapping[str, Any], modules: Mapping[str, Any] | None, note: Callable[[str], None]
-) -> dict[str, FieldValue]:
-    """``rope``, ``mask`` and ``softmax`` of one warmed-up engine's attention layers, each observed or
-    unobservable with the reason; an unexpected failure of a reader is also passed to ``note``."""
+    static_forward_context: Mapping[str, Any], modules: Mapping[str, Any] | None
+) -> tuple[dict[str, FieldValue], list[str]]:
+    """``rope``, ``mask`` and ``softmax`` of one warmed-up engine's attention layers (each observed or
+    unobservable with the reason), and the problems to note: a reader's failures other than a layer
+    that does not show what it needs."""
     layers = attention_layers(static_forward_context, modules or {})
     if not layers:
         why = "no softmax attention layer in static_forward_context"
-        return {name: FieldValue.unobservable(None, why) for name in BEHAVIOUR_FIELDS}
-    fields = {}
+        return {name: FieldValue.unobservable(None, why) for name in BEHAVIOUR_FIELDS}, []
+    fields, problems = {}, []
     for name in BEHAVIOUR_FIELDS:
         try:
             fields[name] = READERS[name](layers)
@@ -234,6 +235,6 @@ def read_behaviour(
             fields[name] = FieldValue.unobservable(None, f"not read from the engine's modules: {err}")
         except Exception as err:  # a reader's own failure: visible, never the engine's
             problem = f"reading the attention {name} from the engine's modules failed: {type(err).__name__}: {err}"
-            note(problem)
+            problems.append(problem)
             fields[name] = FieldValue.unobservable(None, problem)
-    return fields
+    return fields, problems

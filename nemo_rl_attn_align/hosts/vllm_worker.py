@@ -206,7 +206,10 @@ def _behaviour(record: RolloutRecord, context: Any, modules: dict[str, Any] | No
     try:
         from nemo_rl_attn_align.hosts.vllm_behaviour import read_behaviour
 
-        return read_behaviour(context, modules, record.note)
+        fields, problems = read_behaviour(context, modules)
+        for problem in problems:
+            record.note(problem)
+        return fields
     except Exception as err:  # the engine runs on; its record says why these fields are missing
         problem = f"the attention behaviour (rope, mask, softmax) was not read: {type(err).__name__}: {err}"
         record.note(problem)

@@ -63,15 +63,10 @@ def engine(layers: list[Attention], rotary=None, **holder) -> tuple[dict, dict]:
     return context, modules
 
 
-def read(context, modules) -> tuple[dict, list[str]]:
-    notes: list[str] = []
-    return read_behaviour(context, modules, notes.append), notes
-
-
 def test_rope_mask_and_softmax_of_each_layer():
     layers = [Attention(window=(63, 0), soft_cap=50.0), Attention(window=64, sinks=torch.zeros(4)), Attention()]
-    fields, notes = read(*engine(layers))
-    assert notes == [] and {name: fields[name].provenance.value for name in BEHAVIOUR_FIELDS} == dict.fromkeys(
+    fields, problems = read_behaviour(*engine(layers))
+    assert problems == [] and {name: fields[name].provenance.value for name in BEHAVIOUR_FIELDS} == dict.fromkeys(
         BEHAVIOUR_FIELDS, "observed"
     )
     rope = fields["rope"].value
@@ -88,7 +83,7 @@ def test_rope_mask_and_softmax_of_each_layer():
 def test_partial_rotary_leaves_the_other_channels_alone_and_the_live_module_untouched():
     rotary = RotaryEmbedding(32, 16, 131072, 10000.0)
     held = rotary.cos_sin_cache
-    fields, _ = read(*engine([Attention()], rotary))
+    fields, _ = read_behaviour(*engine([Attention()], rotary))
     [kind] = fields["rope"].value["kinds"]
     assert kind["pairs"] == [[i, i + 8] for i in range(8)] and kind["head_dim"] == 32
     assert fields["rope"].value["positions"] == [1, 61, 4093, 131071]
@@ -96,20 +91,20 @@ def test_partial_rotary_leaves_the_other_channels_alone_and_the_live_module_unto
 
 
 def test_a_layer_without_rotary_embedding_has_no_pairs():
-    fields, _ = read(*engine([Attention()], rotary=SimpleNamespace(), rotary_emb=None))
+    fields, _ = read_behaviour(*engine([Attention()], rotary=SimpleNamespace(), rotary_emb=None))
     assert fields["rope"].value["kinds"] == [{"head_dim": 32, "pairs": [], "angles": [[]] * 4, "scales": []}]
 
 
 def test_what_a_layer_does_not_show_is_unobservable_with_the_reason():
     context, modules = engine([Attention(attn_type="cross"), Attention()])
     del modules["model.layers.1.self_attn"].rotary_emb
-    fields, notes = read(context, modules)
-    assert notes == []
+    fields, problems = read_behaviour(context, modules)
+    assert problems == []
     assert fields["rope"].provenance.value == "unobservable"
     assert "SimpleNamespace holding model.layers.1.self_attn.attn has no rotary_emb" in fields["rope"].source
     assert "attn_type 'cross'" in fields["mask"].source and fields["mask"].provenance.value == "unobservable"
     assert fields["softmax"].provenance.value == "observed"
-    fields, _ = read(*engine([Attention(attn_type="encoder_only")]))
+    fields, _ = read_behaviour(*engine([Attention(attn_type="encoder_only")]))
     assert fields["mask"].value["kinds"] == [{"causal": False, "window": None}]
 
 
@@ -119,19 +114,19 @@ def test_a_map_that_is_not_a_rotation_of_pairs_is_unobservable_with_the_reason()
             heads = query.view(positions.shape[0], -1, self.head_size)
             return torch.cat((heads[..., 2:3], heads[..., :2], heads[..., 3:]), dim=-1).reshape(query.shape), key
 
-    fields, notes = read(*engine([Attention()], Cyclic(32, 32, 512, 10000.0)))
-    assert notes == [] and fields["rope"].provenance.value == "unobservable"
+    fields, problems = read_behaviour(*engine([Attention()], Cyclic(32, 32, 512, 10000.0)))
+    assert problems == [] and fields["rope"].provenance.value == "unobservable"
     assert fields["rope"].source.startswith("not read from the engine's modules: channel 0 moves into 1")
 
 
-def test_a_reader_that_fails_is_a_note_and_the_other_fields_are_still_read():
+def test_a_reader_that_fails_is_a_problem_to_note_and_the_other_fields_are_still_read():
     class Broken(RotaryEmbedding):
         def forward_native(self, positions, query, key=None):
             raise RuntimeError("no kernel for this")
 
-    fields, notes = read(*engine([Attention()], Broken(32, 32, 512, 10000.0)))
-    assert notes == ["reading the attention rope from the engine's modules failed: RuntimeError: no kernel for this"]
-    assert fields["rope"].provenance.value == "unobservable" and fields["rope"].source == notes[0]
+    fields, problems = read_behaviour(*engine([Attention()], Broken(32, 32, 512, 10000.0)))
+    assert problems == ["reading the attention rope from the engine's modules failed: RuntimeError: no kernel for this"]
+    assert fields["rope"].provenance.value == "unobservable" and fields["rope"].source == problems[0]
     assert fields["mask"].provenance.value == fields["softmax"].provenance.value == "observed"
 
 
@@ -161,5 +156,5 @@ def test_the_hook_records_the_engines_behaviour_and_survives_a_reader_that_raise
 
 @pytest.mark.parametrize("window, expected", [((4095, 0), 4095), (4096, 4095), (-1, None), (None, None)])
 def test_windows_as_the_kernel_receives_them(window, expected):
-    fields, _ = read(*engine([Attention(window=window)]))
+    fields, _ = read_behaviour(*engine([Attention(window=window)]))
     assert fields["mask"].value["kinds"] == [{"causal": True, "window": expected}]
