@@ -19,12 +19,14 @@ from nemo_rl_attn_align.contract.attention_identity import model_identity, windo
 from nemo_rl_attn_align.contract.contract import (
     AttentionContract,
     ContractBuilder,
+    FieldValue,
     put_field,
 )
 from nemo_rl_attn_align.contract.rope import canonical_rope
 from nemo_rl_attn_align.contract.semantics import vllm_semantics
 from nemo_rl_attn_align.preflight.model_attention import HostModel, hf_left_window, vllm_model
 from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.schema import FIELDS_SINCE_2, ContractError, normalize_dtype
 
 if TYPE_CHECKING:
@@ -271,12 +273,26 @@ def _engine_fields(b: ContractBuilder, snap: VllmSnapshot) -> None:
     vllm_semantics(b, chosen, snap.batch_invariant, preview=False)
 
 
+def _behaviour_fields(b: ContractBuilder, behaviour: Mapping[str, FieldValue]) -> None:
+    """``rope``, ``mask``, ``softmax`` as the worker measured them on the engine's modules
+    (``hosts.vllm_behaviour``: observed, or unobservable with the reason); one not given stays unset."""
+    for name in BEHAVIOUR_FIELDS:
+        if name in behaviour:
+            measured = behaviour[name]
+            put_field(b, name, measured.value, measured.source, measured.provenance.value)
+
+
 def rollout_contract(
-    snapshot: VllmSnapshot, worker_id: str, versions: Mapping[str, str] | None = None
+    snapshot: VllmSnapshot,
+    worker_id: str,
+    versions: Mapping[str, str] | None = None,
+    behaviour: Mapping[str, FieldValue] | None = None,
 ) -> AttentionContract:
-    """The rollout-side contract for one vLLM worker, from what its engine runs."""
+    """The rollout-side contract for one vLLM worker, from what its engine runs and what its
+    attention modules compute (``behaviour``: field -> measured value)."""
     b = ContractBuilder("rollout", worker_id)
     _model_fields(b, snapshot)
+    _behaviour_fields(b, behaviour or {})
     _engine_fields(b, snapshot)
     if versions:
         put_field(b, "versions", dict(versions), "importlib.metadata")

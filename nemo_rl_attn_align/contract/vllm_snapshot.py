@@ -169,14 +169,18 @@ def kv_cache_tensor_dtype(static_forward_context: Mapping[str, Any]) -> str | No
     return None
 
 
+def impl_soft_cap(cap: Any) -> float | None:
+    """An impl's ``logits_soft_cap`` as a number (None where it caps nothing: 0, None or not a number)."""
+    return float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+
+
 def layer_soft_caps(static_forward_context: Mapping[str, Any]) -> list[float | None]:
-    """Each attention impl's ``logits_soft_cap`` (None where it caps nothing: 0, None or not a number)."""
+    """Each attention impl's ``logits_soft_cap`` (``impl_soft_cap``)."""
     caps = []
     for layer in (static_forward_context or {}).values():
         impl = getattr(layer, "impl", None)
         if impl is not None and hasattr(impl, "logits_soft_cap"):
-            cap = impl.logits_soft_cap
-            caps.append(float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None)
+            caps.append(impl_soft_cap(impl.logits_soft_cap))
     return caps
 
 

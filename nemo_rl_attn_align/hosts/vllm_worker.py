@@ -48,6 +48,7 @@ from nemo_rl_attn_align.hosts.worker_records import HostRecord, guarded_step, lo
 from nemo_rl_attn_align.vocab.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
 
 if TYPE_CHECKING:
+    from nemo_rl_attn_align.contract.contract import FieldValue
     from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 
 #: The base worker's method run once the engine is up (wrapped on every class defining it).
@@ -82,6 +83,8 @@ class RolloutRecord(HostRecord):
         self.snapshot = snapshot
         self.writer = writer or uuid.uuid4().hex
         self.engine: int | None = None  # the k of ``-engine<k>`` once the id is claimed
+        #: ``rope``, ``mask``, ``softmax`` as the engine's modules compute them (``hosts.vllm_behaviour``)
+        self.behaviour: dict[str, FieldValue] = {}
 
     def claim(self, report_dir: str) -> bool:
         """Claim the first id of this worker no other engine of this run holds; False (one warning:
@@ -132,7 +135,7 @@ class RolloutRecord(HostRecord):
     def contract(self):
         from nemo_rl_attn_align.contract.rollout import rollout_contract
 
-        return rollout_contract(self.snapshot, self.worker_id, rollout_versions())
+        return rollout_contract(self.snapshot, self.worker_id, rollout_versions(), self.behaviour)
 
     def detail(self) -> dict[str, Any]:
         return {"vllm_config": self.snapshot.to_dict()}
@@ -176,11 +179,13 @@ def record_engine(worker: Any) -> RolloutRecord:
 
     vllm_config = worker.vllm_config
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
-    snapshot = read_vllm_snapshot(vllm_config, context, os.environ, _model_modules(worker))
+    modules = _model_modules(worker)
+    snapshot = read_vllm_snapshot(vllm_config, context, os.environ, modules)
     worker_id = rollout_worker_id(os.environ.get("RANK", "0"), getattr(worker, "rank", 0))
     record = RolloutRecord(worker_id, snapshot, _writer_of(worker))
     records.append(record)
     record.probe = probe()
+    record.behaviour = _behaviour(record, context, modules)
     requested, chosen = snapshot.requested_backend, snapshot.chosen_backends()
     if requested and chosen and chosen != [requested]:
         record.note(
@@ -190,6 +195,25 @@ def record_engine(worker: Any) -> RolloutRecord:
     record.write("engine_ready")
     record.stop_if_strict()
     return record
+
+
+def _behaviour(record: RolloutRecord, context: Any, modules: dict[str, Any] | None) -> dict[str, FieldValue]:
+    """The engine's ``rope``, ``mask`` and ``softmax`` (``hosts.vllm_behaviour``); where the reader
+    itself fails (torch missing, ...), a note and the three fields unobservable with the reason."""
+    from nemo_rl_attn_align.contract.contract import FieldValue
+    from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
+
+    try:
+        from nemo_rl_attn_align.hosts.vllm_behaviour import read_behaviour
+
+        fields, problems = read_behaviour(context, modules)
+        for problem in problems:
+            record.note(problem)
+        return fields
+    except Exception as err:  # the engine runs on; its record says why these fields are missing
+        problem = f"the attention behaviour (rope, mask, softmax) was not read: {type(err).__name__}: {err}"
+        record.note(problem)
+        return {name: FieldValue.unobservable(None, problem) for name in BEHAVIOUR_FIELDS}
 
 
 _warming = threading.local()

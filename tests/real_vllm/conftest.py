@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_vllm.reverts import REVERT_ENV
+
 HERE = Path(__file__).resolve().parent
 PROMPT = [5, 17, 42, 99, 123]
 #: Small KV cache (GiB): vLLM's CPU worker otherwise sizes it to most of the RAM, which takes a minute to allocate.
@@ -41,7 +43,8 @@ def _vllm_version() -> str | None:
 VLLM_VERSION = _vllm_version()
 VLLM_0251 = VLLM_VERSION is not None and VLLM_VERSION.startswith("0.25.")
 
-#: Modules that hold for vLLM 0.32.0 only: deselected, never skipped, where 0.25.1 is installed, with why.
+#: Modules (or ``module::test`` ids) run for vLLM 0.32.0 only: deselected, never skipped, where 0.25.1 is
+#: installed, with why.
 ONLY_VLLM_032 = {
     "test_selector.py": "lane vllm regenerates every rollout kernel table (vLLM 0.32.0 installed, 0.25.1 and "
     "0.33.0 from their CUDA wheels' sources, scripts/update_kernel_tables.py); lane vllm_0251 installs no "
@@ -50,6 +53,15 @@ ONLY_VLLM_032 = {
     "depend on the vLLM version; lane vllm runs it, lane vllm_0251 installs no megatron-core",
     "test_architecture_table.py": "the committed architecture table's rollout side is vLLM 0.32.0's model "
     "code (scripts/update_architecture_table.py); 0.25.1's would be another table",
+    **dict.fromkeys(
+        (
+            "test_behaviour.py::test_the_recorded_behaviour_is_what_hugging_face_computes[gemma3]",
+            "test_behaviour.py::test_the_recorded_behaviour_is_what_hugging_face_computes[glm4]",
+            "test_behaviour.py::test_gemma3_local_and_global_layers_rotate_at_their_own_rates",
+        ),
+        "lane vllm_0251 starts no gemma3 or glm4 engine for them (two engine starts); its behaviour tests "
+        "read the engines it starts anyway, and gpt-oss's YaRN (0.25.1's own YaRN class) with vLLM #27722",
+    ),
 }
 
 
@@ -69,16 +81,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _only_vllm_032(item) -> str | None:
+    """The key of ``ONLY_VLLM_032`` that holds ``item`` (its module, or ``module::test``), else None."""
+    path = Path(str(item.fspath))
+    if path.parent != HERE:
+        return None
+    return next((key for key in (path.name, f"{path.name}::{item.name}") if key in ONLY_VLLM_032), None)
+
+
 def _deselect_only_vllm_032(config, items) -> None:
-    dropped = [i for i in items if Path(str(i.fspath)).parent == HERE and Path(str(i.fspath)).name in ONLY_VLLM_032]
+    dropped = [i for i in items if _only_vllm_032(i)]
     if not dropped:
         return
     config.hook.pytest_deselected(items=dropped)
     items[:] = [i for i in items if i not in dropped]
     terminal = config.pluginmanager.get_plugin("terminalreporter")
-    for module in sorted({Path(str(i.fspath)).name for i in dropped}):
-        count = sum(Path(str(i.fspath)).name == module for i in dropped)
-        line = f"deselected on vLLM {VLLM_VERSION}: {module} ({count} tests): {ONLY_VLLM_032[module]}"
+    for key in sorted({_only_vllm_032(i) for i in dropped}):
+        count = sum(_only_vllm_032(i) == key for i in dropped)
+        line = f"deselected on vLLM {VLLM_VERSION}: {key} ({count} tests): {ONLY_VLLM_032[key]}"
         if terminal is not None:
             terminal.write_line(line)
 
@@ -159,6 +179,9 @@ ENGINES = {
     "mistral": ("mistral", SLIDING, IN_PROCESS),
     "gemma2": ("gemma2", SLIDING, IN_PROCESS),
     "gpt-oss": ("gpt_oss", SLIDING, IN_PROCESS),
+    "gpt-oss-27722": ("gpt_oss", SLIDING, {**IN_PROCESS, REVERT_ENV: "vllm-27722"}),  # reverts.py
+    "gemma3": ("gemma3", SLIDING, IN_PROCESS),
+    "glm4": ("glm4", {}, IN_PROCESS),
     "qwen3-variant": (
         "qwen3",
         {

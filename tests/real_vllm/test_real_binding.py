@@ -99,6 +99,9 @@ def test_identity_passes_on_every_field_both_sides_observe(bound):
         "rope_parameters",
         "vocab_size",
         "tokenizer",
+        "rope",
+        "mask",
+        "softmax",
     }
     assert rows["dtype"]["status"] == "match"
 

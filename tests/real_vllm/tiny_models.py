@@ -35,7 +35,26 @@ ARCHITECTURES = {
         "GptOssConfig",
         "GptOssForCausalLM",
         {"sliding_window": 64, "num_local_experts": 4, "num_experts_per_tok": 2, "rope_theta": 150000.0},
-    ),  # learnable softmax sinks, every other layer windowed
+    ),  # learnable softmax sinks, every other layer windowed; YaRN with truncate false (vLLM #27722)
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 64,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+            "tie_word_embeddings": True,
+        },
+    ),  # a local and a global RoPE (linear scaling on the global one), one windowed layer
+    "glm4": (
+        "Glm4Config",
+        "Glm4ForCausalLM",
+        {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},  # its defaults are past the tiny vocabulary
+    ),  # half the channels rotated, in adjacent (GPT-J) pairs
 }
 
 
