@@ -16,7 +16,7 @@ Each value is ``{"kinds": [kind, ...], "layers": [[layer index, kind index], ...
 per-layer behaviours once, then each attention layer's; ``rope`` adds ``positions``. A rope kind is
 ``{"head_dim", "pairs": [[a, b], ...], "angles": [[radians per pair] per position], "scales": [per
 pair]}``: channel ``a`` and ``b`` rotate together (``a`` is the cosine side), angles wrapped to
-(-pi, pi] as fp32 computes them; a layer without rotary embedding has no pairs. The checks below give
+(-pi, pi] as fp32 computes them (to 7 significant digits); a layer without rotary embedding has no pairs. The checks below give
 each value its canonical form (``vocab.kinds`` style: ``(value, where) -> value`` or ``ContractError``);
 ``compare.behaviour`` finds the first difference. Stdlib only.
 """
@@ -75,8 +75,18 @@ def _per_layer(check_kind: Callable[[Any, str], Any], extra: tuple[str, ...] = (
     return check
 
 
+#: Significant digits a measured number keeps: fp32 holds about 7.2, and the comparison's tolerances
+#: (``compare.behaviour``) are far wider than the last one; a record stays a few kB per layer kind.
+DIGITS = 7
+
+
+def _measured(value: Any, where: str) -> float:
+    """A measured number (an angle, a magnitude) as fp32 computes it, kept to ``DIGITS`` digits."""
+    return float(f"{fp32(value, where):.{DIGITS}g}")
+
+
 def _angle(value: Any, where: str) -> float:
-    angle = fp32(value, where)
+    angle = _measured(value, where)
     if not -math.pi - 1e-6 <= angle <= math.pi + 1e-6:
         raise ContractError(f"{where}: angle {value!r} is not wrapped to (-pi, pi]")
     return angle
@@ -97,7 +107,7 @@ def _rope_kind(value: Any, where: str) -> dict:
         [_angle(x, f"{where}.angles[{p}]") for x in _items(row, where, "angles")]
         for p, row in enumerate(_items(data["angles"], where, "rows of angles"))
     ]
-    scales = [fp32(x, f"{where}.scales") for x in _items(data["scales"], where, "scales")]
+    scales = [_measured(x, f"{where}.scales") for x in _items(data["scales"], where, "scales")]
     if any(len(row) != len(pairs) for row in angles) or len(scales) != len(pairs):
         raise ContractError(f"{where}: every row of angles and the scales need one value per pair ({len(pairs)})")
     return {"head_dim": head_dim, "pairs": pairs, "angles": angles, "scales": scales}
