@@ -17,8 +17,8 @@ per-layer behaviours once, then each attention layer's; ``rope`` adds ``position
 ``{"head_dim", "pairs": [[a, b], ...], "angles": [[radians per pair] per position], "scales": [per
 pair]}``: channel ``a`` and ``b`` rotate together (``a`` is the cosine side), angles wrapped to
 (-pi, pi] as fp32 computes them (to 7 significant digits); a layer without rotary embedding has no
-pairs. The checks below give each value its canonical form (``vocab.kinds`` style: ``(value, where) -> value`` or ``ContractError``);
-``compare.behaviour`` finds the first difference. Stdlib only.
+pairs. The checks below give each value its canonical form (``vocab.kinds`` style: ``(value, where)
+-> value`` or ``ContractError``); ``compare.behaviour`` finds the first difference. Stdlib only.
 """
 
 from __future__ import annotations
