@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_attn_align.cli import check_behaviour
 from nemo_rl_attn_align.cli.check_text import render_text, short_preview
 from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.vocab import jsonio
@@ -65,6 +66,7 @@ def register(subparsers) -> None:
         metavar="VERSION",
         help="the vLLM version to predict for (default: the installed one, else NeMo-RL main's pin, else the newest)",
     )
+    check_behaviour.add_arguments(parser)
     parser.add_argument(
         "args",
         nargs="*",
@@ -94,10 +96,13 @@ def evaluate(
     full: bool = False,
     fix: bool = False,
     kernel_options: KernelOptions | None = None,
+    behaviour: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Load, plan, check and preview the binding (after ``attention_align.preset`` when set); with
     ``fix``, also the overrides that make the preview pass; the kernels asked as ``kernel_options``
-    say (on its ``gpu``, default this machine's). The JSON-ready dict ``--json`` prints."""
+    say (on its ``gpu``, default this machine's); with ``behaviour`` (side -> interpreter, None: this
+    one), each side's rope, mask and softmax computed by its host (``check_behaviour``). The
+    JSON-ready dict ``--json`` prints."""
     from nemo_rl_attn_align.compare.preset import align
     from nemo_rl_attn_align.compare.preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
@@ -122,7 +127,10 @@ def evaluate(
     kernel_plan, kernels = _kernels(final, chosen, source, environ, options)
     kernels["findings"] += _kernel_step_findings(alignment)
     predicted = _rollout_backends(kernel_plan)  # the preset and --fix search with vLLM's choice assumed
-    if predicted is not None:
+    aligned = alignment.config if alignment is not None else cfg
+    if behaviour is not None:
+        final = check_behaviour.compute(aligned, final, behaviour)
+    if predicted is not None or behaviour is not None:
         preview = preview_binding(final, settings, environ, predicted)
     else:
         preview = alignment.preview if alignment is not None else preview_of(facts)
@@ -131,7 +139,6 @@ def evaluate(
     stops_at_start = preview_dict["verdict"] == "fail" and settings.on_mismatch.applied(failed) == "error"
     kernel_errors = any(f["severity"] == "error" for f in kernels["findings"])
     ok = plan.ok and not stops_at_start and not kernel_errors
-    aligned = alignment.config if alignment is not None else cfg
     return {
         "config": str(config_path),
         "overrides": overrides,
@@ -142,6 +149,7 @@ def evaluate(
             **preview_dict,
             "preset": alignment.to_dict() if alignment is not None else None,
         },
+        "behaviour": {c.side: c.to_dict() for c in final.behaviour} if behaviour is not None else None,
         "fix": _fix(aligned, read, preview_of, step and functools.partial(step, alter_ok=True)) if fix else None,
         "preview_text": render_preview(preview) if full else short_preview(preview_dict, settings.on_mismatch),
         "verdict": "ok" if ok else "violation",
@@ -274,9 +282,12 @@ def _run(args: argparse.Namespace) -> int:
     options = KernelOptions(flash_attn_3=args.fa3, te=args.te, vllm=args.vllm, gpu=args.gpu)
     try:
         _require_table_versions(options)
+        behaviour = check_behaviour.requested(args)
         config_path, overrides = split_config_and_overrides(args.args)
         with hosts_read_here():  # an architecture the table lacks: read by the host where it is installed
-            result = evaluate(config_path, overrides, full=args.full, fix=args.fix, kernel_options=options)
+            result = evaluate(
+                config_path, overrides, full=args.full, fix=args.fix, kernel_options=options, behaviour=behaviour
+            )
     except UsageError as err:
         message = shown_text(str(err), 2000)
         if args.json:

@@ -16,7 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from nemo_rl_attn_align.cli import host_pythons
 from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
+from nemo_rl_attn_align.preflight.behaviour_facts import FLAGS
 from nemo_rl_attn_align.vocab import jsonio
 
 
@@ -37,8 +39,7 @@ def register(subparsers) -> None:
         help="a NeMo-RL recipe (.yaml) and Hydra overrides, or two side files (JSON): the training side first",
     )
     p.add_argument("--checkpoint", help="with CONFIG: the HF checkpoint both sides load (default policy.model_name)")
-    p.add_argument("--training-python", help="with CONFIG: the interpreter of the training side's venv")
-    p.add_argument("--rollout-python", help="with CONFIG: the interpreter of the rollout side's venv")
+    host_pythons.add_arguments(p, "runs its forward (with CONFIG; default this Python)")
     p.add_argument("--sides", action="store_true", help="print the two side files (JSON) and the notes, run nothing")
     p.add_argument("--prompts", type=Path, help="JSON list of token-id lists (default: a fixed batch of two)")
     p.add_argument("--layers", help="comma-separated layer indices to compare (default: every layer)")
@@ -72,9 +73,10 @@ def _sides(args: argparse.Namespace):
         from nemo_rl_attn_align.config.loader import load_config
         from nemo_rl_attn_align.probe.recipe import recipe_sides
 
+        pythons = {side: host_pythons.interpreter(getattr(args, f"{side}_python"), side) for side in FLAGS}
         read = recipe_sides(load_config(first, rest), args.checkpoint)
-        training = replace(read.training, python=args.training_python or read.training.python)
-        rollout = replace(read.rollout, python=args.rollout_python or read.rollout.python)
+        training = replace(read.training, python=pythons["training"] or read.training.python)
+        rollout = replace(read.rollout, python=pythons["rollout"] or read.rollout.python)
         return training, rollout, list(read.notes)
     given = [name for name in ("checkpoint", "training_python", "rollout_python") if getattr(args, name)]
     if given or len(args.inputs) != 2:

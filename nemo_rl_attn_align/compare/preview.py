@@ -17,6 +17,7 @@ from nemo_rl_attn_align.compare.determinism import collective_for, compare, prob
 from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
+from nemo_rl_attn_align.preflight.behaviour_facts import FLAGS
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.mandate import Mandate
@@ -51,6 +52,30 @@ def _predict_determinism(
         )
     collective = collective_for(training.known_value("tp_size"), rollout.known_value("tp_size"))
     return compare(probe(t_env, torch_module=False), probe(r_env, torch_module=False), collective), notes
+
+
+def _behaviour_notes(facts: RecipeFacts) -> list[str]:
+    """How each side's ``rope``, ``mask`` and ``softmax`` were computed before launch, or which ``check``
+    options compute them (a vLLM rollout: both sides' hosts can)."""
+    if not facts.behaviour:
+        if facts.megatron_generation is not None:
+            return []
+        return [
+            "rope, mask and softmax pending: each worker measures them from its attention modules at start; "
+            f"check {FLAGS['training']} PY {FLAGS['rollout']} PY (the Python of NeMo-RL's Megatron and vLLM "
+            "worker venvs) or --behaviour (this Python's hosts) computes them before launch with the hosts' own code"
+        ]
+    notes = []
+    for computed in facts.behaviour:
+        if computed.why_not is not None:
+            notes.append(f"{computed.side} rope, mask and softmax not computed ({computed.python}): {computed.why_not}")
+            continue
+        replaced = f"; to build it here: {', '.join(computed.substitutions)}" if computed.substitutions else ""
+        notes.append(
+            f"{computed.side} rope, mask and softmax computed by {computed.host} ({computed.python}) in "
+            f"{computed.seconds} s, on the meta device{replaced}"
+        )
+    return notes
 
 
 class BindingPreview(NamedTuple):
@@ -91,6 +116,7 @@ def preview_binding(
         notes.append(f"identity pending: {model.unread}")
     if training is None or rollout is None:
         return BindingPreview(training, rollout, None, tuple(notes))
+    notes.extend(_behaviour_notes(facts))
     diff, found = _predict_determinism(facts, environ, training, rollout)
     notes.extend(found)
     mandate: Mandate = settings.mandate

@@ -8,6 +8,10 @@ start, vLLM's own defaults, library versions) is ``pending``, so the predicted b
 ``incomparable`` and fails only on differences the config already implies. ``worker_env``
 predicts each side's worker environment (``env_vars`` over the driver's).
 
+The behaviour fields (``rope``, ``mask``, ``softmax``) are ``configured`` where a side's host computed
+them before launch (``check --training-python`` / ``--rollout-python``: ``RecipeFacts.behaviour``),
+else pending until the workers measure them.
+
 The semantic tier, and the recorded fields that follow from it, come from ``semantics``: the same
 rules the workers record with. Facts behind each rule are written in the ``source`` of each field.
 Every public function here takes the recipe read once (``preflight.recipe_facts.RecipeFacts``).
@@ -24,11 +28,13 @@ from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuil
 from nemo_rl_attn_align.contract.hf_model import identity_fields
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics, te_semantics, vllm_semantics
+from nemo_rl_attn_align.preflight.behaviour_facts import FLAGS
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts
 from nemo_rl_attn_align.preflight.model_config import HFModelConfig
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
-from nemo_rl_attn_align.vocab.kinds import dtype_or_none
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
+from nemo_rl_attn_align.vocab.kinds import ContractError, dtype_or_none
 from nemo_rl_attn_align.vocab.schema import (
     NotBound,
     Provenance,
@@ -85,6 +91,29 @@ def _identity(b: ContractBuilder, facts: RecipeFacts, side: str) -> None:
         b.pending("batch_size", "known when the first rollout batch is scored")
 
 
+def _behaviour(b: ContractBuilder, facts: RecipeFacts, side: str, flag: str | None) -> None:
+    """``rope``, ``mask`` and ``softmax``: configured where this side's host computed them before launch
+    (``RecipeFacts.behaviour``: the model NeMo-RL's worker would build, read by the worker's own
+    reader), so the preview binds them as the run binds its records; else pending (``flag``: the
+    ``check`` option that computes them)."""
+    computed = facts.behaviour_of(side)
+    for name in BEHAVIOUR_FIELDS:
+        if computed is None:
+            how = f"; check {flag} PY computes it before launch" if flag else ""
+            b.pending(name, f"measured from the worker's attention modules when it starts{how}")
+            continue
+        found = computed.computed(name)
+        if isinstance(found, str):
+            b.pending(name, f"not computed by {computed.host or computed.python}: {found}")
+            continue
+        value, how = found
+        where = facts.model.config.path if facts.model.config is not None else "config.json"
+        try:
+            b.configured(name, value, f"computed by {computed.host} here, from {where}: {how}")
+        except ContractError as err:
+            b.pending(name, f"{computed.host} computed a value the contract cannot hold: {err}")
+
+
 def absent_sides(facts: RecipeFacts) -> dict[str, str]:
     """The sides a config has no contract for, each with the reason (``training`` before ``rollout``):
     the Megatron hook records training only where NeMo-RL enables Megatron (a truthy
@@ -113,6 +142,7 @@ def predict_training(recipe: RecipeFacts) -> AttentionContract | None:
     overrides = facts.model_overrides
     b = ContractBuilder("training", "preview-training")
     _identity(b, recipe, "training")
+    _behaviour(b, recipe, "training", FLAGS["training"])
     for key, name in _MODEL_OVERRIDE_FIELDS.items():
         if key in overrides:
             configured_from(b, name, overrides[key], f"policy.megatron_cfg.model_overrides.{key} (training side only)")
@@ -265,12 +295,14 @@ def predict_rollout(
     b = ContractBuilder("rollout", "preview-rollout")
     if recipe.megatron_generation is not None:
         _identity(b, recipe, "training")  # the policy's own Megatron model generates
+        _behaviour(b, recipe, "rollout", None)
         _megatron_rollout(b, recipe.megatron_generation)
     else:
         gen = recipe.generation
         env = worker_env(recipe, "rollout", os.environ if environ is None else environ)
         invariant = vllm_batch_invariant(env)
         _identity(b, recipe, "rollout")
+        _behaviour(b, recipe, "rollout", FLAGS["rollout"])
         dtype = dtype_or_none(gen.precision.value)
         if dtype is not None:
             b.configured("dtype", dtype, gen.precision.key)

@@ -49,13 +49,20 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
-def read_megatron(path: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Megatron-Bridge's provider for the ``config.json`` in ``path``: its class and attention attributes."""
+def megatron_provider(path: str, overrides: Mapping[str, Any] | None = None) -> Any:
+    """Megatron-Bridge's provider for the ``config.json`` in ``path`` (``overrides``: NeMo-RL's
+    ``policy.hf_config_overrides``, set on the HF config as ``from_pretrained(**kwargs)`` sets them),
+    not finalized and without weights."""
     from megatron.bridge import AutoBridge
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path, **dict(overrides or {}))
-    provider = AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False)
+    return AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False)
+
+
+def read_megatron(path: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Megatron-Bridge's provider for the ``config.json`` in ``path``: its class and attention attributes."""
+    provider = megatron_provider(path, overrides)
     provider.finalize()
     missing = object()
     values = {name: getattr(provider, name, missing) for name in MEGATRON_ATTRIBUTES}
@@ -163,31 +170,37 @@ def _cpu_backend() -> dict[str, str]:
     return {"attention_backend": "CPU_MLA"} if amx and current_platform.is_cpu() else {}
 
 
-def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """vLLM's model for the ``config.json`` in ``path``, built on the meta device: its attention layers."""
+#: What ``meta_vllm_model`` sets over the engine arguments: no tokenizer, no weights, no compilation.
+META_ENGINE_ARGS = {"skip_tokenizer_init": True, "load_format": "dummy", "enforce_eager": True}
+
+
+def meta_vllm_model(engine_kwargs: Mapping[str, Any]) -> tuple[Any, Any, _SelectorRecorder]:
+    """vLLM's model for ``EngineArgs(**engine_kwargs)`` (``LLM(...)``'s arguments: ``model``, ``dtype``,
+    ``hf_overrides``, ...), built on the meta device as its engine would build it (no weights, no
+    memory); its ``VllmConfig`` (the attention layers register in its ``static_forward_context``) and
+    the selector configs the layers handed vLLM's backend selector."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.model_loader.utils import get_model_architecture
 
-    engine_args = EngineArgs(
-        model=path,
-        tokenizer=path,
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        load_format="dummy",
-        enforce_eager=True,
-        hf_overrides=dict(hf_overrides or {}),
-        **_cpu_backend(),
-    )
-    vllm_config = engine_args.create_engine_config()  # the engine's own configs (its cache config's window)
-    model_config = vllm_config.model_config
+    kwargs = {"tokenizer": engine_kwargs.get("model"), **_cpu_backend(), **engine_kwargs, **META_ENGINE_ARGS}
+    vllm_config = EngineArgs(**kwargs).create_engine_config()  # the engine's own configs (its cache config's window)
     _init_distributed(vllm_config)
     recorder = _SelectorRecorder()
     with set_current_vllm_config(vllm_config), recorder.installed(), torch.device("meta"):
-        model_class, _ = get_model_architecture(model_config)
+        model_class, _ = get_model_architecture(vllm_config.model_config)
         model = model_class(vllm_config=vllm_config, prefix="")
+    return model, vllm_config, recorder
+
+
+def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's model for the ``config.json`` in ``path``, built on the meta device: its attention layers."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    engine_kwargs = {"model": path, "dtype": "bfloat16", "hf_overrides": dict(hf_overrides or {})}
+    model, vllm_config, recorder = meta_vllm_model(engine_kwargs)
+    model_config = vllm_config.model_config
     modules = dict(model.named_modules())
     named = [
         (str(getattr(module, "layer_name", None) or name), module)
@@ -197,7 +210,7 @@ def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[
     layers = vllm_layer_facts(named, recorder.configs, modules)
     total = model_config.get_total_num_hidden_layers()
     return {
-        "architecture": model_class.__name__,
+        "architecture": type(model).__name__,
         "num_layers": total,
         "use_mla": bool(model_config.use_mla),
         "layers": [layers.get(index) for index in range(total)],
@@ -207,7 +220,7 @@ def read_vllm(path: str, hf_overrides: Mapping[str, Any] | None = None) -> dict[
 READERS = {"megatron": read_megatron, "vllm": read_vllm}
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}"[:600]
 
@@ -219,7 +232,7 @@ def read_each(host: str, paths: list[str]) -> list[dict[str, Any]]:
         try:
             out.append(READERS[host](path))
         except Exception as err:  # the host's own refusal is the answer for this config
-            out.append({"error": _one_line(err)})
+            out.append({"error": one_line(err)})
     return out
 
 

@@ -75,8 +75,9 @@ def attention_layers(static_forward_context: Mapping[str, Any], modules: Mapping
 
 def _probe(rotary: Any) -> Any:
     """A shallow copy of ``rotary`` holding its own cos/sin cache recomputed in float32 (by the copy's
-    ``_compute_cos_sin_cache()``, on the device of the cache the module holds): the live module, its
-    attributes and its buffers stay as they are."""
+    ``_compute_cos_sin_cache()``, on the device of the cache the module holds; on the CPU for a model
+    built on the meta device, ``check``'s preview): the live module, its attributes and its buffers
+    stay as they are."""
     if not callable(getattr(rotary, "_compute_cos_sin_cache", None)) or not callable(
         getattr(rotary, "forward_native", None)
     ):
@@ -88,7 +89,8 @@ def _probe(rotary: Any) -> Any:
         raise Unreadable(f"{type(rotary).__name__} holds one cache per scaling factor {rotary.scaling_factors}")
     probe = copy.copy(rotary)
     held = getattr(rotary, "cos_sin_cache", None)
-    with torch.device(held.device if isinstance(held, torch.Tensor) else "cpu"):
+    on_device = isinstance(held, torch.Tensor) and held.device.type != "meta"  # a meta model holds no values
+    with torch.device(held.device if on_device else "cpu"):
         cache = probe._compute_cos_sin_cache()
     if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
         raise Unreadable(f"{type(rotary).__name__}._compute_cos_sin_cache() gave no [positions, dims] tensor")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_attn_align.preflight.behaviour_facts import ComputedBehaviour
 from nemo_rl_attn_align.preflight.config_lookup import UNSET, positive_int, value_at
 from nemo_rl_attn_align.preflight.facts import PolicyFacts, policy_not_a_mapping, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts, read_generation_facts
@@ -75,6 +76,8 @@ class RecipeFacts:
     policy_raw: Any = UNSET
     #: ``policy.generation.backend: megatron``: the generation model and engine (else None).
     megatron_generation: MegatronGenerationFacts | None = None
+    #: The behaviour fields each side's host computed before launch (``check --training-python``, ...).
+    behaviour: tuple[ComputedBehaviour, ...] = ()
 
     @property
     def model(self) -> ModelFacts:
@@ -85,6 +88,10 @@ class RecipeFacts:
     def megatron_enabled(self) -> bool:
         """Whether NeMo-RL trains this policy with Megatron (see ``megatron_enabled``)."""
         return self.policy is not None and self.policy.megatron_enabled
+
+    def behaviour_of(self, side: str) -> ComputedBehaviour | None:
+        """What the host computed for contract side ``side`` before launch (None: not asked)."""
+        return next((computed for computed in self.behaviour if computed.side == side), None)
 
     def require_usable_model(self) -> None:
         """Raise the ``UsageError`` for a model config.json or tokenizer file that is there but cannot

@@ -6,7 +6,8 @@ NeMo-RL's ``policy.model_name``), ``precision`` (NeMo-RL's ``policy.precision``:
 ``bfloat16`` or ``float16``; default ``float32``) and any field of the provider Megatron-Bridge
 makes (NeMo-RL's ``megatron_cfg`` settings: ``apply_rope_fusion``, ``attention_backend`` by
 ``AttnBackend`` name, ``rotary_base``, ``softmax_scale``, ...). The model is built as NeMo-RL's
-``megatron/setup.py`` and ``community_import.py`` build it: ``AutoBridge.from_hf_pretrained`` ->
+``megatron/setup.py`` and ``community_import.py`` build it: ``AutoBridge.from_hf_pretrained``
+(with ``hf_config_overrides``, NeMo-RL's ``policy.hf_config_overrides``, where given) ->
 ``to_megatron_provider(load_weights=True)`` -> the precision and the settings on the provider ->
 ``finalize()`` -> ``provide_distributed_model(wrap_with_ddp=False)``, the checkpoint's weights
 loaded by the bridge. The capture is ``megatron_side.capture_model``'s (one code for both megatron
@@ -80,17 +81,27 @@ def provider_for(spec: SideSpec) -> tuple[Any, list[str]]:
 
     bridge, named = import_bridge()
     settings = dict(spec.model)
-    checkpoint, precision = settings.pop("checkpoint"), settings.pop("precision", "float32")
-    provider = bridge.AutoBridge.from_hf_pretrained(checkpoint).to_megatron_provider(load_weights=True)
+    checkpoint, overrides = settings.pop("checkpoint"), settings.pop("hf_config_overrides", {})
+    provider = bridge.AutoBridge.from_hf_pretrained(checkpoint, **overrides).to_megatron_provider(load_weights=True)
+    set_recipe_settings(provider, settings)
+    if not torch.cuda.is_available():
+        named += _cpu_settings(provider)
+    provider.finalize()
+    return provider, named
+
+
+def set_recipe_settings(provider: Any, settings: dict[str, Any]) -> None:
+    """A side's ``precision`` (NeMo-RL's ``_apply_precision_config``; default float32) and provider
+    fields on ``provider``, as NeMo-RL's ``megatron/setup.py`` sets them before it builds the model."""
+    import torch
+
+    settings = dict(settings)
+    precision = settings.pop("precision", "float32")
     provider.bf16, provider.fp16 = PRECISIONS[precision]
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
     provider.params_dtype = provider.pipeline_dtype = dtype
     for key, value in settings.items():
         _set(provider, key, value)
-    if not torch.cuda.is_available():
-        named += _cpu_settings(provider)
-    provider.finalize()
-    return provider, named
 
 
 def _set(provider: Any, key: str, value: Any) -> None:

@@ -8,7 +8,8 @@ first (``compare.preset.align``; no kernel step: that needs the GPU the run will
   checkpoint, with what NeMo-RL's ``nemo_rl/models/megatron/setup.py`` sets on the provider from
   the recipe and that changes one device's forward: ``policy.precision``, ``attention_backend``,
   ``apply_rope_fusion``, ``bias_activation_fusion``, ``layernorm_epsilon``, ``transformer_impl``,
-  ``model_overrides``; ``policy.megatron_cfg.env_vars`` in its environment;
+  ``model_overrides``; ``policy.hf_config_overrides`` on the HF config the bridge converts;
+  ``policy.megatron_cfg.env_vars`` in its environment;
 * the rollout side is vLLM with the ``LLM(...)`` arguments NeMo-RL's ``VllmGenerationWorker``
   passes that a single-process prefill keeps (``dtype`` from ``vllm_cfg.precision``,
   ``max_model_len``, every ``policy.generation.vllm_kwargs`` but the executor's), and
@@ -72,7 +73,10 @@ def as_run_starts(cfg: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict
     return dict(alignment.config), notes
 
 
-def _training(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+def training_side(cfg: Mapping[str, Any], checkpoint: str) -> tuple[SideSpec, list[str]]:
+    """The training side of the resolved recipe ``cfg`` on ``checkpoint`` (as the run starts: the
+    preset already applied), and what one process cannot reproduce of it; a ``UsageError`` where
+    the recipe does not train with Megatron."""
     policy, megatron = section(cfg, "policy"), section(cfg, "policy.megatron_cfg")
     if megatron.get("enabled") is not True:
         raise UsageError(
@@ -84,15 +88,19 @@ def _training(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], 
         provider["attention_backend"] = megatron["attention_backend"]
     provider.update(megatron.get("model_overrides") or {})
     model = {"checkpoint": checkpoint, "precision": policy.get("precision", "bfloat16"), **provider}
+    if section(cfg, "policy.hf_config_overrides"):  # NeMo-RL: AutoBridge.from_hf_pretrained(name, **these)
+        model["hf_config_overrides"] = dict(section(cfg, "policy.hf_config_overrides"))
     notes = [
         f"policy.megatron_cfg.{key}={megatron[key]} runs as 1 here (one process)"
         for key in PARALLEL_KEYS
         if isinstance(megatron.get(key), int) and megatron[key] > 1
     ]
-    return model, as_env_vars(megatron.get("env_vars")), notes
+    return SideSpec("training", engine=TRAINING_ENGINE, model=model, env=as_env_vars(megatron.get("env_vars"))), notes
 
 
-def _rollout(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+def rollout_side(cfg: Mapping[str, Any], checkpoint: str) -> tuple[SideSpec, list[str]]:
+    """The rollout side of the resolved recipe ``cfg`` on ``checkpoint`` (the preset already applied),
+    and what it changed; a ``UsageError`` where the recipe does not generate with vLLM."""
     generation = section(cfg, "policy.generation")
     if not generation:
         raise UsageError(
@@ -115,7 +123,7 @@ def _rollout(cfg: Mapping[str, Any], checkpoint: str) -> tuple[dict[str, Any], d
     if vllm_cfg.get("max_model_len") is not None:
         model["max_model_len"] = vllm_cfg["max_model_len"]
     model.update({key: value for key, value in kwargs.items() if key not in ENGINE_ONLY_KWARGS})
-    return model, as_env_vars(vllm_cfg.get("env_vars")), notes
+    return SideSpec("rollout", engine="vllm", model=model, env=as_env_vars(vllm_cfg.get("env_vars"))), notes
 
 
 def recipe_sides(
@@ -129,10 +137,6 @@ def recipe_sides(
         raise UsageError("policy.model_name is not set: the probe needs a checkpoint. Fix: set it or pass --checkpoint")
     if Path(checkpoint).exists():
         checkpoint = str(Path(checkpoint).resolve())
-    training, training_env, training_notes = _training(cfg, checkpoint)
-    rollout, rollout_env, rollout_notes = _rollout(cfg, checkpoint)
-    return RecipeSides(
-        SideSpec("training", engine=TRAINING_ENGINE, model=training, env=training_env),
-        SideSpec("rollout", engine="vllm", model=rollout, env=rollout_env),
-        tuple(notes + training_notes + rollout_notes),
-    )
+    training, training_notes = training_side(cfg, checkpoint)
+    rollout, rollout_notes = rollout_side(cfg, checkpoint)
+    return RecipeSides(training, rollout, tuple(notes + training_notes + rollout_notes))

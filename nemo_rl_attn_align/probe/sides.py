@@ -4,7 +4,7 @@ A side file is a JSON object: ``engine`` (``"megatron"``: megatron-core's GPTMod
 ``megatron_side.py``; ``"megatron-bridge"``: the GPTModel NeMo-RL builds from an HF checkpoint
 through Megatron-Bridge, ``bridge_side.py``; ``"vllm"``: a vLLM engine, ``vllm_side.py``),
 ``model`` (the model's settings: ``TransformerConfig`` fields and GPTModel arguments; the
-``checkpoint``, ``precision`` and provider fields; or vLLM's ``LLM(...)`` arguments),
+``checkpoint``, ``precision``, ``hf_config_overrides`` and provider fields; or vLLM's ``LLM(...)`` arguments),
 ``seed`` (the weights' seed: two sides with one seed hold the same weights), ``python`` (the
 interpreter of the side's venv, default this one), ``name`` (default the file's stem),
 ``replay`` (the reference materializer that replays its attention for the estimate, ``replay.py``;
@@ -109,6 +109,11 @@ def _check_checkpoint_model(model: dict[str, Any], where: str) -> None:
             f"{where}: model.precision={model['precision']!r}: use one of {', '.join(PRECISIONS)} "
             "(NeMo-RL's policy.precision)"
         )
+    if not isinstance(model.get("hf_config_overrides", {}), dict):
+        raise UsageError(
+            f"{where}: model.hf_config_overrides={model['hf_config_overrides']!r} is not an object; give the "
+            'Hugging Face config keys to set, e.g. {"rope_theta": 500000.0} (NeMo-RL\'s policy.hf_config_overrides)'
+        )
 
 
 def read_prompts(path: Path) -> list[list[int]]:
@@ -133,15 +138,19 @@ def run(spec: SideSpec, workdir: Path, reference: Path | None = None) -> Path:
     """Run ``spec``'s side in its own process (``spec.python``); the path of the capture it wrote."""
     side_file, out = workdir / f"{spec.name}.side.json", workdir / f"{spec.name}.capture.pt"
     side_file.write_text(spec.to_json())
-    command = [spec.python, "-m", ENGINES[spec.engine], str(side_file), str(out)]
-    command += [str(reference)] if reference is not None else []
-    done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **spec.env, "PYTHONPATH": _package_root()}
-    )
+    extra = [str(reference)] if reference is not None else []
+    command, env = side_command(spec, ENGINES[spec.engine], str(side_file), str(out), *extra)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UsageError(f"side {spec.name} ({spec.python}) failed with exit {done.returncode}: {last}")
     return out
+
+
+def side_command(spec: SideSpec, module: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command that runs ``python -m module ARGS`` in ``spec``'s interpreter, and its environment:
+    the side's ``env`` over this one, this plugin's source root first on its path."""
+    return [spec.python, "-m", module, *args], {**os.environ, **spec.env, "PYTHONPATH": _package_root()}
 
 
 def _package_root() -> str:

@@ -89,15 +89,23 @@ def _logprobs(output: Any, ids: list[int]) -> list[float]:
     return [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], ids[1:], strict=True)]
 
 
+def cpu_substitutions() -> list[str]:
+    """Off a GPU, before vLLM is imported: its batch-invariant mode turned off in this process (its
+    kernels are Triton GPU kernels); the names of what was changed."""
+    import torch
+
+    if not torch.cuda.is_available() and vllm_batch_invariant(os.environ):
+        del os.environ["VLLM_BATCH_INVARIANT"]
+        return [NO_BATCH_INVARIANCE]
+    return []
+
+
 def capture(spec: SideSpec, reference: capture_file.Capture | None = None) -> capture_file.Capture:
     """The capture of ``spec``'s engine over ``spec.sequences``."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
-    substitutions = []
-    if not torch.cuda.is_available() and vllm_batch_invariant(os.environ):
-        del os.environ["VLLM_BATCH_INVARIANT"]
-        substitutions.append(NO_BATCH_INVARIANCE)
+    substitutions = cpu_substitutions()
     import vllm
 
     llm = vllm.LLM(**{**ENGINE_DEFAULTS, **spec.model})
