@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, vllm_layer_facts
+from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, left_window, vllm_layer_facts
 from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
 from nemo_rl_attn_align.vocab import jsonio
 
@@ -150,25 +150,26 @@ class TransformerEngineArguments(dict):
 
 def own_layer_facts(core: Any, handed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """``MEGATRON_OWN_LAYER_FACTS`` of one layer's core-attention module: for one built on Transformer
-    Engine's ``DotProductAttention``, what megatron-core ``handed`` it (its ``window_size``; its
-    ``softmax_scale``, else ``1/sqrt(kv_channels)``; TE has no soft cap; ``module`` None: TE's kernels
-    run it); for another, its own ``window_size``, ``softmax_scale`` (else ``1/norm_factor``) and
-    ``softcap`` (else its config's ``attn_logit_softcapping``), and its class as ``module``."""
+    Engine's ``DotProductAttention``, what megatron-core ``handed`` it (its left window; its
+    ``softmax_scale``, else ``1/sqrt(kv_channels)``; no soft cap; ``module`` None: TE's kernels run
+    it); for another, the mask and softmax the Megatron worker's behaviour reader reads of it
+    (``megatron_behaviour.core_kind``), and its class as ``module``."""
     import math
+
+    from nemo_rl_attn_align.hosts.megatron_behaviour import core_kind
 
     if id(core) in handed:
         kwargs = handed[id(core)]
         channels = kwargs.get("kv_channels")
         channels = channels[0] if isinstance(channels, (list, tuple)) else channels
         scale = kwargs.get("softmax_scale") or (1.0 / math.sqrt(channels) if channels else None)
-        return {"window": plain(kwargs.get("window_size")), "softmax_scale": scale, "softcap": 0.0, "module": None}
-    scale = getattr(core, "softmax_scale", None)
-    norm = getattr(core, "norm_factor", None)
-    cap = getattr(core, "softcap", getattr(getattr(core, "config", None), "attn_logit_softcapping", None))
+        window = left_window(plain(kwargs.get("window_size")))
+        return {"window": window, "softmax_scale": scale, "softcap": 0.0, "module": None}
+    (mask, _), (softmax, _) = core_kind(core, 0), core_kind(core, 1)
     return {
-        "window": plain(getattr(core, "window_size", None)),
-        "softmax_scale": scale if scale is not None else (1.0 / norm if norm else None),
-        "softcap": cap or 0.0,
+        "window": mask["window"],
+        "softmax_scale": softmax["scale"],
+        "softcap": softmax["softcap"] or 0.0,
         "module": type(core).__name__,
     }
 

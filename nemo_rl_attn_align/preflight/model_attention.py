@@ -246,7 +246,7 @@ def megatron_window(attributes: Mapping[str, Any], layer_number: int) -> int | N
 
 
 #: What a provider's own core-attention module decides per layer (``megatron_model``'s ``own_layers``):
-#: the window it hands its kernel (a ``(left, right)`` pair, None: full), the softmax scale, the
+#: the left window its kernel is given (None: full), the softmax scale, the
 #: attention logit soft cap (None or 0.0: none), and ``module``: its class where it computes attention
 #: itself (Gemma 2's; the kind's ``variant``), None where it hands Transformer Engine's kernels the work.
 MEGATRON_OWN_LAYER_FACTS = ("window", "softmax_scale", "softcap", "module")
@@ -265,7 +265,7 @@ def megatron_softmax(attributes: Mapping[str, Any], symbol: str) -> tuple[float 
 def own_layer_values(facts: Mapping[str, Any]) -> dict[str, Any]:
     """``LayerKind`` fields from a provider's own module's ``MEGATRON_OWN_LAYER_FACTS`` of one layer."""
     values = {
-        "window": left_window(facts.get("window")),
+        "window": _int(facts.get("window")),
         "softmax_scale": _fp32(facts.get("softmax_scale")),
         "softcap": _fp32(facts.get("softcap")) or 0.0,
     }

@@ -99,7 +99,7 @@ def test_a_providers_own_attention_modules_decide_each_layers_window_scale_and_s
     assert [k.window for k in megatron_model(base, "M", "s").per_layer()] == [4095] * 4  # megatron-core's rule
     plain = megatron_model(base, "M", "s").kinds[0]
     assert (plain.softmax_scale, plain.softcap) == (0.125, 0.0)  # 1/sqrt(kv_channels); no soft cap
-    own = [{"window": [8, 0] if i % 2 == 0 else None, "softmax_scale": 224**-0.5, "softcap": 50.0} for i in range(4)]
+    own = [{"window": 8 if i % 2 == 0 else None, "softmax_scale": 224**-0.5, "softcap": 50.0} for i in range(4)]
     model = megatron_model(base, "M", "s", own)
     assert [(k.layers, k.window, k.softcap) for k in model.kinds] == [((0, 2), 8, 50.0), ((1, 3), None, 50.0)]
     assert model.kinds[0].softmax_scale == pytest.approx(224**-0.5, rel=1e-7)  # as fp32, as kernels take it
