@@ -95,9 +95,10 @@ def _softmax_fields(b: ContractBuilder, layers: list[LayerKind], source: str, ho
         ("softmax_scale", [kind.softmax_scale for kind in layers], "softmax scale"),
         ("logit_softcapping", [kind.softcap for kind in layers], "logit soft cap (0: none)"),
     ):
-        if any(value is None for value in values):
+        known = [value for value in values if value is not None]
+        if len(known) < len(values):
             continue
-        distinct = sorted(set(values))
+        distinct = sorted(set(known))
         if len(distinct) > 1:
             b.unknown(name, f"{source}: differs between layer kinds: {distinct}", preview)
         else:

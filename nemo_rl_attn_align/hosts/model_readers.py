@@ -63,7 +63,7 @@ def read_megatron(path: str, overrides: Mapping[str, Any] | None = None) -> dict
     provider.finalize()
     missing = object()
     values = {name: getattr(provider, name, missing) for name in MEGATRON_ATTRIBUTES}
-    reading = {
+    reading: dict[str, Any] = {
         "provider": type(provider).__name__,
         "attributes": {name: plain(v) for name, v in values.items() if v is not missing},
         "own_fields": _own_attention_fields(provider),
