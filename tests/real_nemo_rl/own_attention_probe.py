@@ -1,6 +1,6 @@
 """Build a Gemma model as NeMo-RL builds it and read each layer's own core-attention module.
 
-``python -m tests.real_nemo_rl.own_attention_probe MODEL_DIR OUT.json [--before-4875]``
+``python -m tests.real_nemo_rl.own_attention_probe MODEL_DIR [--before-4875]`` (its facts: JSON, the last line)
 
 Run by ``test_architecture_table.py`` in a process of its own, the lane's Transformer Engine
 stand-in loaded first (megatron-core then builds the provider's TE-based attention). The model is
@@ -125,7 +125,7 @@ def layer_facts(attention: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    model_dir, out, *flags = argv
+    model_dir, *flags = argv
     sys.path.insert(0, str(Path(__file__).parent / "stand_ins"))
     import attn_align_stand_ins  # noqa: F401  (Transformer Engine's stand-in, before megatron-core)
     from megatron.core.transformer import transformer_block
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
         "layers": [layer_facts(layer.self_attention) for layer in model.decoder.layers],
         "reader": read_megatron(model_dir),
     }
-    Path(out).write_text(json.dumps(facts))
+    print(json.dumps(facts))
     return 0
 
 

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import module_json
 from tests.real_nemo_rl.conftest import LANE_VARIABLE, table_check
 
 pytestmark = pytest.mark.real_nemo_rl
@@ -171,12 +171,7 @@ def _gemma_dir(tmp_path: Path, model_type: str, settings: dict) -> Path:
 
 def _built(model_dir: Path, *flags: str) -> dict:
     """``own_attention_probe``'s facts of the model NeMo-RL's path builds from ``model_dir`` (its own process)."""
-    out = model_dir / "own_attention.json"
-    cmd = [sys.executable, "-W", "ignore", "-m", "tests.real_nemo_rl.own_attention_probe", str(model_dir), str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([*cmd, *flags], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(out.read_text())
+    return module_json("tests.real_nemo_rl.own_attention_probe", str(model_dir), *flags, timeout=600)
 
 
 def _layout(layers: list[dict]) -> list[tuple]:
