@@ -103,13 +103,14 @@ def _kernel_line(name: str, kernel: dict[str, Any]) -> list[str]:
 
 
 def _model_lines(model: dict[str, Any]) -> list[str]:
-    """Where the model's attention was read, per side."""
+    """Where the model's attention was read, per side, and its per-layer layout there."""
     if model["config"] is None:
         return [f"  model: {model['not_found']}"]
     lines = [f"  model: {model['config']} ({model['architecture'] or 'no architectures[0]'})"]
     for side in ("training", "rollout"):
         read = model[side]
         lines.append(f"    {side}: {read['source'] if 'source' in read else 'not read: ' + read['not_read']}")
+        lines += [f"      {kind}" for kind in read.get("layout", [])]
     return lines
 
 

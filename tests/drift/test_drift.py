@@ -56,6 +56,9 @@ def test_a_model_the_replays_do_not_model_is_said_so_not_swept_as_plain_attentio
     with pytest.raises(UsageError, match="learnable softmax sinks, which the replays do not model"):
         shape_of({"policy": {"model_name": str(model)}})
     assert shape_of({"policy": {"model_name": str(model)}}, heads=8, head_dim=64).heads == 8
+    gemma2 = write_transformers_config(tmp_path / "gemma2-like", "gemma2", num_hidden_layers=2)
+    with pytest.raises(UsageError, match="a logit soft cap of 50, which the replays do not model"):
+        shape_of({"policy": {"model_name": str(gemma2)}})
 
 
 @pytest.mark.parametrize(
