@@ -120,16 +120,19 @@ def test_binding_preview_is_shown_and_only_warns_by_default():
     proc = check(MISMATCH)
     assert proc.returncode == 0
     assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
-    assert (
-        "binding preview: fail (semantic); attention_align.on_mismatch: identity error, semantic warn: "
-        "the run warns and goes on" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == (
+        "verdict: OK to launch; the preview finds 1 semantic mismatch (reduction_order): the run warns and goes on "
+        "(on_mismatch semantic: warn)"
     )
 
 
 def test_failing_preview_with_on_mismatch_error_exits_1():
     proc = check(MISMATCH, "++attention_align.on_mismatch=error")
     assert proc.returncode == 1
-    assert "binding preview: fail (semantic); attention_align.on_mismatch: error: the run stops at start" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == (
+        "verdict: FAIL, not ready to launch: the preview finds 1 semantic mismatch (reduction_order): "
+        "the run stops at start (on_mismatch semantic: error)"
+    )
 
 
 def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():
