@@ -170,3 +170,16 @@ def test_json_carries_the_preview_and_settings():
     assert align["settings"]["on_mismatch"] == {"identity": "error", "semantic": "warn"}
     assert align["binding"]["failed_tiers"] == ["semantic"]
     assert align["verdict"] == "fail" and align["training"]["side"] == "training"
+
+
+@pytest.mark.parametrize("command", ["check", "drift"])
+def test_overrides_are_taken_after_options_too(command):
+    """``CONFIG --option OVERRIDE``: the override reaches the config (a missing key is its usage error)."""
+    args = [GRPO, "--json", "policy.megatron_cfg.not_a_key=1"] + (["--no-plot"] if command == "drift" else [])
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", command, *args], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 2 and "++policy.megatron_cfg.not_a_key" in proc.stderr, proc.stderr
+    after = check(GRPO, "--json", "policy.precision=float32")
+    assert after.returncode == 1 and json.loads(after.stdout)["overrides"] == ["policy.precision=float32"]
+    assert check(GRPO, "--json", "--no-such-flag").returncode == 2

@@ -73,7 +73,7 @@ def register(subparsers) -> None:
         metavar="CONFIG [OVERRIDES...]",
         help="the YAML file, then Hydra-style overrides: a.b=v, ++a.b=v (new key), ~a.b (delete)",
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, overrides_dest="args")
 
 
 def _looks_like_override(token: str) -> bool:
