@@ -79,7 +79,7 @@ def plot(result: ProbeResult, path: Path) -> None:
     floor = _floor(result)
     fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
     where, adds = fig.subplots(1, 2)
-    top = floor
+    top = max(floor, result.atol)
     for stage in STAGES:
         values = [max(row.stages[stage].max_abs, floor) for row in result.layers]
         top = max(top, *values)
