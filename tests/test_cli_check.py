@@ -177,7 +177,11 @@ def test_overrides_are_taken_after_options_too(command):
     """``CONFIG --option OVERRIDE``: the override reaches the config (a missing key is its usage error)."""
     args = [GRPO, "--json", "policy.megatron_cfg.not_a_key=1"] + (["--no-plot"] if command == "drift" else [])
     proc = subprocess.run(
-        [sys.executable, "-m", "nemo_rl_attn_align", command, *args], capture_output=True, text=True, cwd=REPO, timeout=60
+        [sys.executable, "-m", "nemo_rl_attn_align", command, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
     assert proc.returncode == 2 and "++policy.megatron_cfg.not_a_key" in proc.stderr, proc.stderr
     after = check(GRPO, "--json", "policy.precision=float32")

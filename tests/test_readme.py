@@ -73,7 +73,10 @@ def test_the_make_envs_command_docs_probe_shows_prints_what_it_shows(tmp_path):
     finally:
         os.chdir(cwd)
     # the interpreters found differ between machines: the docs name them by version
-    printed = [re.sub(r"^\S*/(python3\.\d+|python)( -m venv probe-envs/(\w+))", _versioned, line) for line in out.getvalue().splitlines()]
+    printed = [
+        re.sub(r"^\S*/(python3\.\d+|python)( -m venv probe-envs/(\w+))", _versioned, line)
+        for line in out.getvalue().splitlines()
+    ]
     assert printed == shown
 
 
@@ -89,5 +92,8 @@ def test_the_recipe_probe_on_cpu_is_the_command_the_cross_engine_stage_runs(page
 
     command, _ = console_block((REPO / page).read_text(), "VLLM_CPU_KVCACHE_SPACE=1 nemo-rl-attn-align probe")
     words = shlex.split(command, posix=True)
-    assert [w for w in words if "=" in w and w.startswith(("policy.", "++policy."))] == ["policy.model_name=tiny-llama", *ON_CPU]
+    assert [w for w in words if "=" in w and w.startswith(("policy.", "++policy."))] == [
+        "policy.model_name=tiny-llama",
+        *ON_CPU,
+    ]
     assert "--training-python probe-envs/training/bin/python --rollout-python probe-envs/rollout/bin/python" in command

@@ -94,10 +94,10 @@ def _dispatch(argv: list[str]) -> int:
     too (``check CONFIG --gpu H100 a.b=1``); anything else left over is argparse's usage error."""
     parser = build_parser(argv)
     args, rest = parser.parse_known_args(argv)
-    dest = getattr(args, "overrides_dest", None)
+    dest: str | None = getattr(args, "overrides_dest", None)
     if rest and (dest is None or any(token.startswith("-") for token in rest)):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if rest:
+    if rest and dest is not None:
         setattr(args, dest, [*getattr(args, dest), *rest])
     return args.handler(args)
 

@@ -106,6 +106,7 @@ def evaluate(
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.plan import build_plan
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+
     environ = os.environ if environ is None else environ
     cfg = load_config(config_path, overrides)
     facts = read_recipe_facts(cfg, environ)

@@ -53,7 +53,9 @@ class ProbeEnv:
         pip = [python, "-m", "pip"]
         steps = [[*pip, "install", "-q", *(p.pin for p in self.packages), *extra]]
         if self.no_deps:
-            steps.append([*pip, "install", "-q", "--no-deps", "--ignore-requires-python", *(p.pin for p in self.no_deps)])
+            steps.append(
+                [*pip, "install", "-q", "--no-deps", "--ignore-requires-python", *(p.pin for p in self.no_deps)]
+            )
         if self.remove:
             steps.append([*pip, "uninstall", "-q", "-y", *self.remove])
         return steps
@@ -86,12 +88,20 @@ ROLLOUT = ProbeEnv(
 )
 ENVS = {env.side: env for env in (TRAINING, ROLLOUT)}
 #: Checks which of its arguments (module names) this interpreter cannot find; prints them, one a line.
-_FIND = "import importlib.util as u, sys\nfor m in sys.argv[1:]:\n    try:\n        found = u.find_spec(m)\n    except ImportError:\n        found = None\n    if found is None:\n        print(m)"
+_FIND = """import importlib.util, sys
+for name in sys.argv[1:]:
+    try:
+        found = importlib.util.find_spec(name)
+    except ImportError:  # a parent package missing
+        found = None
+    if found is None:
+        print(name)
+"""
 
 
 def needed(engine: str) -> list[tuple[ProbeEnv, Package]]:
     """The packages ``engine``'s side imports, each with the environment that pins it."""
-    chosen = {}
+    chosen: dict[str, tuple[ProbeEnv, Package]] = {}
     for env in ENVS.values():
         for package in (*env.packages, *env.no_deps):
             if engine in package.engines:

@@ -96,7 +96,9 @@ def plot(result: ProbeResult, path: Path) -> None:
         )
     if result.atol > 0:
         where.axhline(result.atol, color="#c62828", linestyle="--", linewidth=1.0, label=f"--atol {result.atol:g}")
-    for (label, series), (style, marker) in zip(_shares(result).items(), (("-", "s"), ("-", "o"), ("--", "x")), strict=True):
+    for (label, series), (style, marker) in zip(
+        _shares(result).items(), (("-", "s"), ("-", "o"), ("--", "x")), strict=True
+    ):
         if all(d is None for d in series):
             adds.plot([], [], linestyle=style, label=f"{label}: not measured in this run")
             continue

@@ -32,8 +32,18 @@ def test_make_envs_print_names_every_command_and_runs_nothing(tmp_path):
     code, out, err = run("--make-envs", str(tmp_path / "envs"), "--print")
     assert code == 0, err
     lines = out.splitlines()
-    training, rollout = tmp_path / "envs" / "training" / "bin" / "python", tmp_path / "envs" / "rollout" / "bin" / "python"
-    assert shlex.split(lines[1]) == [str(training), "-m", "pip", "install", "-q", *(p.pin for p in envs.TRAINING.packages)]
+    training, rollout = (
+        tmp_path / "envs" / "training" / "bin" / "python",
+        tmp_path / "envs" / "rollout" / "bin" / "python",
+    )
+    assert shlex.split(lines[1]) == [
+        str(training),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        *(p.pin for p in envs.TRAINING.packages),
+    ]
     assert shlex.split(lines[2])[-1] == "megatron-bridge==0.6.2" and "--no-deps" in lines[2]
     assert shlex.split(lines[4])[-4:] == [p.pin for p in envs.ROLLOUT.packages]
     assert shlex.split(lines[5])[-3:] == ["torchvision", "torchaudio", "torchcodec"]
