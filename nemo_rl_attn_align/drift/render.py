@@ -92,6 +92,7 @@ def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
     except ImportError:
         return None
     training, rollout, dtypes = result["training"], result["rollout"], result["dtypes"]
+    colours = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")  # a pair that did not run: grey
     heights = [1.0 + 0.62 * len(training) for _ in dtypes]
     width = max(7.5, 2.6 + 1.55 * len(rollout))
     fig = Figure(figsize=(width, sum(heights) + 0.9), dpi=110)
@@ -99,8 +100,7 @@ def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
     for ax, dname in zip(axes, dtypes, strict=True):
         cells = [[_cell(result, dname, t, r) for r in rollout] for t in training]
         grid = [[value for value, _ in row] for row in cells]
-        image = ax.imshow(grid, cmap="viridis", aspect="auto")
-        image.cmap.set_bad("#eeeeee")
+        image = ax.imshow(grid, cmap=colours, aspect="auto")
         for i, row in enumerate(cells):
             for j, (value, label) in enumerate(row):
                 colour = "#555555" if math.isnan(value) else ("black" if image.norm(value) > 0.6 else "white")

@@ -18,6 +18,7 @@ from nemo_rl_attn_align.probe.divergence import STAGES, Difference, ProbeResult
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 FIGSIZE_IN, DPI = (11.0, 5.5), 100
+NOT_MEASURED = "not measured in this run"
 _MARKERS = dict(zip(STAGES, "osD^v", strict=True))
 
 
@@ -65,28 +66,48 @@ def _style(ax, layers: list[int], title: str, columns: int) -> None:
 
 
 def plot(result: ProbeResult, path: Path) -> None:
-    """Each stage's max |diff| by layer, and what RoPE and attention add by themselves, written to ``path``."""
+    """``figure(result)`` written to ``path`` (``UsageError`` without matplotlib)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib.figure import Figure
+        figure(result).savefig(path, dpi=DPI)
     except ImportError:
         raise UsageError(
             f"--plot {path}: matplotlib is not installed; pip install 'nemo-rl-attn-align[plot]'"
         ) from None
+
+
+def figure(result: ProbeResult):
+    """Each stage's max |diff| by layer, and what RoPE and attention add by themselves (a matplotlib
+    ``Figure``; ``ImportError`` without matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
     layers = [row.layer for row in result.layers]
     floor = _floor(result)
     fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
     where, adds = fig.subplots(1, 2)
+    top = max(_draw_stages(where, result, floor), _draw_shares(adds, result, floor))
+    for ax in (where, adds):
+        _zero_row(ax, floor, top)
+    _style(where, layers, f"where {result.other} and {result.reference} differ, by stage", 3)
+    _style(adds, layers, "what each operator adds by itself", 1)
+    fig.suptitle("\n".join(textwrap.wrap(render.verdict(result), 150)[:3]), fontsize=10)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 0.95))
+    return fig
+
+
+def _draw_stages(ax, result: ProbeResult, floor: float) -> float:
+    """Each stage's max |diff| by layer, the first divergence marked, ``--atol`` drawn; the top value."""
+    layers = [row.layer for row in result.layers]
     top = max(floor, result.atol)
     for stage in STAGES:
         values = [max(row.stages[stage].max_abs, floor) for row in result.layers]
         top = max(top, *values)
-        where.plot(layers, values, marker=_MARKERS[stage], markersize=6, linewidth=1.4, label=stage, alpha=0.85)
+        ax.plot(layers, values, marker=_MARKERS[stage], markersize=6, linewidth=1.4, label=stage, alpha=0.85)
     if result.first is not None:
         first = result.first
-        where.annotate(
+        ax.annotate(
             f"first difference: {first.operator}",
             (first.layer, max(first.difference.max_abs, floor)),
             xytext=(12, -18),
@@ -95,20 +116,21 @@ def plot(result: ProbeResult, path: Path) -> None:
             arrowprops={"arrowstyle": "->", "color": "#444444"},
         )
     if result.atol > 0:
-        where.axhline(result.atol, color="#c62828", linestyle="--", linewidth=1.0, label=f"--atol {result.atol:g}")
+        ax.axhline(result.atol, color="#c62828", linestyle="--", linewidth=1.0, label=f"--atol {result.atol:g}")
+    return top
+
+
+def _draw_shares(ax, result: ProbeResult, floor: float) -> float:
+    """RoPE's and attention's measured shares and the replay estimate by layer (one the run did not
+    measure said in the legend); the top value."""
+    layers, top = [row.layer for row in result.layers], floor
     for (label, series), (style, marker) in zip(
         _shares(result).items(), (("-", "s"), ("-", "o"), ("--", "x")), strict=True
     ):
         if all(d is None for d in series):
-            adds.plot([], [], linestyle=style, label=f"{label}: not measured in this run")
+            ax.plot([], [], linestyle=style, label=f"{label}: {NOT_MEASURED}")
             continue
         values = [max(d.max_abs, floor) if d is not None else math.nan for d in series]
         top = max(top, *(v for v in values if not math.isnan(v)))
-        adds.plot(layers, values, linestyle=style, marker=marker, markersize=6, label=label)
-    for ax in (where, adds):
-        _zero_row(ax, floor, top)
-    _style(where, layers, f"where {result.other} and {result.reference} differ, by stage", 3)
-    _style(adds, layers, "what each operator adds by itself", 1)
-    fig.suptitle("\n".join(textwrap.wrap(render.verdict(result), 150)[:3]), fontsize=10)
-    fig.tight_layout(rect=(0.0, 0.0, 1.0, 0.95))
-    fig.savefig(path, dpi=DPI)
+        ax.plot(layers, values, linestyle=style, marker=marker, markersize=6, label=label)
+    return top
