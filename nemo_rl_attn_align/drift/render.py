@@ -65,7 +65,7 @@ def _cell(result: dict[str, Any], dname: str, training: str, rollout: str) -> tu
     )
     if pair is not None:
         value = pair["logprob_abs_max"]
-        return value, "0\nbit-equal" if pair.get("bitwise_equal") else f"{value:.2g}"
+        return value, "0\nbit-equal" if pair.get("bitwise_equal") else f"{value:.3g}"
     not_replayable = [e for e in (training, rollout) if e in result.get("not_replayable", [])]
     if not_replayable:
         return math.nan, "not run:\nnot replayable"
@@ -100,7 +100,7 @@ def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
     for ax, dname in zip(axes, dtypes, strict=True):
         cells = [[_cell(result, dname, t, r) for r in rollout] for t in training]
         grid = [[value for value, _ in row] for row in cells]
-        image = ax.imshow(grid, cmap=colours, aspect="auto")
+        image = ax.imshow(grid, cmap=colours, aspect="auto", vmin=0)  # the colour says how large, from 0
         for i, row in enumerate(cells):
             for j, (value, label) in enumerate(row):
                 colour = "#555555" if math.isnan(value) else ("black" if image.norm(value) > 0.6 else "white")
