@@ -170,7 +170,11 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
     lines = [f"  model: {model['config']} ({model['architecture'] or 'no architectures[0]'}; local, never fetched)"]
     for side in ("training", "rollout"):
         read = model[side]
-        lines.append(f"    {side}: {read['source'] if 'source' in read else 'not read: ' + read['not_read']}")
+        if "source" in read:  # the architecture is named on the model line
+            said = f"{read['host']}'s reading of {model['architecture']}, "
+            lines.append(f"    {side}: {read['source'].replace(said, read['host'] + ', ', 1)}")
+        else:
+            lines.append(f"    {side}: not read: {read['not_read']}")
     return lines
 
 
