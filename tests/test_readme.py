@@ -80,6 +80,11 @@ def test_the_make_envs_command_docs_probe_shows_prints_what_it_shows(tmp_path):
     assert printed == shown
 
 
+def test_the_make_envs_command_the_readme_shows_is_the_one_docs_probe_prints():
+    command, _ = console_block(PROBE_DOC, "nemo-rl-attn-align probe --make-envs")
+    assert command.removesuffix(" --print") in README and command.endswith(" --print")
+
+
 def _versioned(match: re.Match) -> str:
     from nemo_rl_attn_align.probe.envs import ENVS
 
