@@ -3,6 +3,7 @@
 ``synthesize(configs, values)`` finds the simplest rule (``nemo_rl_attn_align.preflight.
 architecture_rules``) that gives ``values[i]`` for ``configs[i]`` for every sampled config, trying in
 order: a constant, one key, one key plus or minus one, two keys combined (``//``, ``+``, ``*``), a
+softmax scale ``1 / sqrt(d)`` of a dimension ``d`` one of those gives, a
 pair, a per-layer token map, then one key where the config gives it, with a rule for the configs
 that lack it and one for those that set it to null. ``synthesize_layers`` does the same for a
 host's per-layer answers: it
@@ -14,6 +15,7 @@ architecture: whatever the rules say came from the host. Used by ``update_archit
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,8 @@ from nemo_rl_attn_align.preflight.architecture_rules import ABSENT, MISSING, eva
 
 #: Layer-index periods tried for per-layer kinds (``i % p``).
 PERIODS = (2, 3, 4, 5, 6)
+#: Floats a host computes another way than a rule (``d ** -0.5`` against ``1 / sqrt(d)``) are equal within this.
+FLOAT_TOLERANCE = 1e-12
 
 
 class NoRule(Exception):
@@ -34,7 +38,7 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
+        return a == b or math.isclose(a, b, rel_tol=FLOAT_TOLERANCE)
     return type(a) is type(b) and a == b
 
 
@@ -102,6 +106,9 @@ def _direct(configs: Sequence[Mapping[str, Any]], values: Sequence[Any], paths: 
     for rule in _unary(paths, configs):
         if _fits(rule, configs, values):
             return rule
+    scale = _scale(configs, values, paths, depth)
+    if scale is not None:
+        return scale
     if all(v is None or (isinstance(v, list) and len(v) == 2) for v in values) and any(values):
         lists = [(c, v) for c, v in zip(configs, values, strict=True) if v is not None]
         try:
@@ -118,6 +125,26 @@ def _direct(configs: Sequence[Mapping[str, Any]], values: Sequence[Any], paths: 
             if rule is not None:
                 return ["join", rule] if strings else rule
     return None
+
+
+def _dimension(scale: Any) -> int | None:
+    """The integer ``d`` of a softmax scale ``d ** -0.5`` (within rounding); None for anything else."""
+    if not isinstance(scale, float) or scale <= 0:
+        return None
+    d = 1.0 / (scale * scale)
+    return round(d) if math.isclose(d, round(d), rel_tol=1e-9) else None
+
+
+def _scale(configs: Sequence[Mapping[str, Any]], values: Sequence[Any], paths: list[str], depth: int) -> list | None:
+    """``["rsqrt", r]`` when every value is a softmax scale (or None) of an integer dimension ``r`` gives."""
+    dims = [None if v is None else _dimension(v) for v in values]
+    if not any(values) or any(d is None and v is not None for d, v in zip(dims, values, strict=True)):
+        return None
+    try:
+        rule = ["rsqrt", synthesize(configs, dims, paths, depth)]
+    except NoRule:
+        return None
+    return rule if _fits(rule, configs, values) else None
 
 
 def _split(configs: Sequence[Mapping[str, Any]], path: str) -> tuple[list[int], list[int], list[int]]:

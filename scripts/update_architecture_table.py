@@ -58,8 +58,9 @@ RECIPE_ARCHITECTURES = {
     "NVIDIA-Nemotron-Nano-12B-v2",
 }
 #: Every model type read: the recipes', then a few others whose attention differs (a window on
-#: every layer, interleaved local/global layers laid out by the provider itself, gated delta-net).
-ARCHITECTURES = (*RECIPE_ARCHITECTURES, "mistral", "gemma3_text", "qwen3_next")
+#: every layer, interleaved local/global layers laid out by the provider's own attention module with
+#: a logit soft cap or a scale of their own, gated delta-net).
+ARCHITECTURES = (*RECIPE_ARCHITECTURES, "mistral", "gemma2", "gemma3_text", "qwen3_next")
 HOSTS = {"training": "megatron", "rollout": "vllm"}
 #: The stand-ins each host needs here (Transformer Engine for Megatron-Bridge, torchvision for vLLM's
 #: multimodal models), each a real install's loser.
@@ -77,7 +78,10 @@ SEED = 29
 #: Sub-configs that hold no text model (their heads and layers are another tower's).
 OTHER_TOWERS = ("vision", "audio", "talker", "code2wav", "token2wav")
 #: Scalar keys a sample also leaves out or sets to null, to learn what each host does without them.
-OPTIONAL_KEYS = ("head_dim", "num_key_value_heads", "sliding_window", "q_lora_rank")
+OPTIONAL_KEYS = ("head_dim", "num_key_value_heads", "sliding_window", "q_lora_rank", "attn_logit_softcapping")
+#: Other scalar keys that decide attention where a config has them, and the values a sample draws
+#: (a softmax scale's dimension, a logit soft cap): a host that reads them is seen reading them.
+SAMPLED_SCALARS = {"query_pre_attn_scalar": (64, 144, 224, 256), "attn_logit_softcapping": (20.0, 30.0, 50.0)}
 
 
 def architecture_class(model_type: str, multimodal: bool) -> str | None:
@@ -166,6 +170,9 @@ def sample_config(base: dict[str, Any], rng: random.Random) -> dict[str, Any]:
             text["q_lora_rank"] = rng.choice((72, 88, 104))
         if "qk_head_dim" in text:
             text["qk_head_dim"] = text["qk_nope_head_dim"] + text["qk_rope_head_dim"]
+    for key, choices in SAMPLED_SCALARS.items():
+        if isinstance(text.get(key), (int, float)) and not isinstance(text.get(key), bool):
+            text[key] = rng.choice(choices)
     return config
 
 
@@ -261,7 +268,8 @@ def _rules(configs: list[dict], values: list[Any]) -> dict[str, Any]:
 
 
 def training_entry(configs: list[dict], answers: list[dict]) -> dict[str, Any]:
-    """Megatron-Bridge's reading of one architecture: the provider and a rule per attention attribute."""
+    """Megatron-Bridge's reading of one architecture: the provider, a rule per attention attribute and,
+    where the provider builds its own core-attention module, the per-layer rules of what it holds."""
     providers = sorted({a["provider"] for a in answers})
     names = sorted({n for a in answers for n in a["attributes"]})
     attributes = {}
@@ -269,7 +277,25 @@ def training_entry(configs: list[dict], answers: list[dict]) -> dict[str, Any]:
         values = [a["attributes"].get(name, ABSENT) for a in answers]
         attributes[name] = _rules(configs, values)
     own = sorted({n for a in answers for n in a.get("own_fields", {})})
-    return {"provider": providers[0] if len(providers) == 1 else providers, "attributes": attributes, "own_fields": own}
+    entry = {
+        "provider": providers[0] if len(providers) == 1 else providers,
+        "attributes": attributes,
+        "own_fields": own,
+    }
+    own_layers = [a.get("layers") for a in answers]
+    if any(layers is not None for layers in own_layers):
+        entry["layers"] = _layer_rules(configs, own_layers)
+    return entry
+
+
+def _layer_rules(configs: list[dict], layers: list[Any]) -> dict[str, Any]:
+    """``synthesize_layers`` over every config's per-layer answers, or why there is no rule."""
+    if any(per_layer is None for per_layer in layers):
+        return {"not_understood": "the host built its own attention modules for some sampled configs only"}
+    try:
+        return synthesis.synthesize_layers(configs, layers)
+    except synthesis.NoRule as err:
+        return {"not_understood": str(err)}
 
 
 def rollout_entry(configs: list[dict], answers: list[dict]) -> dict[str, Any]:
@@ -277,10 +303,7 @@ def rollout_entry(configs: list[dict], answers: list[dict]) -> dict[str, Any]:
     classes = sorted({a["architecture"] for a in answers})
     entry: dict[str, Any] = {"model_class": classes[0] if len(classes) == 1 else classes}
     entry["num_layers"] = _rules(configs, [a["num_layers"] for a in answers])
-    try:
-        entry["layers"] = synthesis.synthesize_layers(configs, [a["layers"] for a in answers])
-    except synthesis.NoRule as err:
-        entry["layers"] = {"not_understood": str(err)}
+    entry["layers"] = _layer_rules(configs, [a["layers"] for a in answers])
     return entry
 
 

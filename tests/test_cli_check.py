@@ -120,16 +120,19 @@ def test_binding_preview_is_shown_and_only_warns_by_default():
     proc = check(MISMATCH)
     assert proc.returncode == 0
     assert "binding preview" in proc.stdout and "reduction_order" in proc.stdout
-    assert (
-        "binding preview: fail (semantic); attention_align.on_mismatch: identity error, semantic warn: "
-        "the run warns and goes on" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == (
+        "verdict: OK to launch; the preview finds 1 semantic mismatch (reduction_order): the run warns and goes on "
+        "(on_mismatch semantic: warn)"
     )
 
 
 def test_failing_preview_with_on_mismatch_error_exits_1():
     proc = check(MISMATCH, "++attention_align.on_mismatch=error")
     assert proc.returncode == 1
-    assert "binding preview: fail (semantic); attention_align.on_mismatch: error: the run stops at start" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == (
+        "verdict: FAIL, not ready to launch: the preview finds 1 semantic mismatch (reduction_order): "
+        "the run stops at start (on_mismatch semantic: error)"
+    )
 
 
 def test_aligned_rollout_is_not_a_failure_even_with_on_mismatch_error():
@@ -167,3 +170,20 @@ def test_json_carries_the_preview_and_settings():
     assert align["settings"]["on_mismatch"] == {"identity": "error", "semantic": "warn"}
     assert align["binding"]["failed_tiers"] == ["semantic"]
     assert align["verdict"] == "fail" and align["training"]["side"] == "training"
+
+
+@pytest.mark.parametrize("command", ["check", "drift"])
+def test_overrides_are_taken_after_options_too(command):
+    """``CONFIG --option OVERRIDE``: the override reaches the config (a missing key is its usage error)."""
+    args = [GRPO, "--json", "policy.megatron_cfg.not_a_key=1"] + (["--no-plot"] if command == "drift" else [])
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_rl_attn_align", command, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "++policy.megatron_cfg.not_a_key" in proc.stderr, proc.stderr
+    after = check(GRPO, "--json", "policy.precision=float32")
+    assert after.returncode == 1 and json.loads(after.stdout)["overrides"] == ["policy.precision=float32"]
+    assert check(GRPO, "--json", "--no-such-flag").returncode == 2

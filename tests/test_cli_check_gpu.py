@@ -56,11 +56,11 @@ def test_gpu_sm90_prints_both_kernels_of_the_grpo_examples(example):
         timeout=60,
     )
     assert "kernels on sm90 (--gpu):" in proc.stdout
-    assert "  training, all layers (28 of 28): 12 heads / 2 KV, head dim 128, no window:\n" in proc.stdout
-    assert "    FlashAttention 2.8.3 (Transformer Engine 2.14.1's own selector" in proc.stdout
+    assert "  all layers (28 of 28): 12 heads / 2 KV, head dim 128, no window:\n" in proc.stdout
+    assert "    training: FlashAttention 2.8.3 (Transformer Engine 2.14.1's own selector" in proc.stdout
     # the GRPO example's preset pins vLLM to flash-attn 2 on Hopper (its FA3 is not batch invariant)
     rollout = "FLASH_ATTN FA2" if example == GRPO else "FLASH_ATTN FA3"
-    assert f"    {rollout} (vLLM 0.25.1's own selector" in proc.stdout
+    assert f"    rollout: {rollout} (vLLM 0.25.1's own selector" in proc.stdout
 
 
 def test_sft_example_has_a_training_kernel_and_says_there_is_no_rollout():

@@ -103,9 +103,62 @@ def test_every_recipe_architecture_gets_a_kernel_or_a_stop_on_both_sides_never_p
     assert bool(no_kernel) == bool(stops & {"TE_NO_BACKEND", "VLLM_NO_BACKEND"})
 
 
-def test_a_provider_that_lays_out_its_own_layers_is_not_understood_with_the_reason(tmp_path):
+def test_a_provider_that_lays_out_its_own_layers_unread_is_not_understood_with_the_reason(tmp_path, monkeypatch):
+    training = TABLE["training"]["architectures"]
+    unread = {k: v for k, v in training["Gemma3ForCausalLM"].items() if k != "layers"}
+    without = {**TABLE, "training": {**TABLE["training"], "architectures": {**training, "Gemma3ForCausalLM": unread}}}
+    monkeypatch.setattr(architectures, "load", lambda: without)
     (training,) = _check(_model(tmp_path, "gemma3_text"))["kernels"]["training"]
     assert "Gemma3ModelProvider builds its layers with its own interleaved_attn_pattern" in training["pending"]
+
+
+#: Gemma 2 and 3 at sizes no sampled config had: every other layer windowed (Gemma 2), every sixth
+#: one-based layer global (Gemma 3), a scale of their own (query_pre_attn_scalar), Gemma 2's soft cap.
+GEMMA = {
+    "gemma2": ({"attn_logit_softcapping": 30.0}, [511 if i % 2 == 0 else None for i in range(8)], 30.0),
+    "gemma3_text": ({}, [None if (i + 1) % 6 == 0 else 511 for i in range(8)], None),
+}
+IDENTITY_FIELDS = ("layer_windows", "sliding_window", "logit_softcapping", "softmax_scale")
+
+
+@pytest.mark.parametrize("model_type", sorted(GEMMA))
+def test_gemma_is_read_per_layer_on_both_sides_and_the_preview_binds_the_two_readings(tmp_path, model_type):
+    from nemo_rl_attn_align.cli.check_text import render_text
+
+    settings, windows, cap = GEMMA[model_type]
+    model = _model(tmp_path, model_type, num_hidden_layers=8, sliding_window=512, query_pre_attn_scalar=144,
+                   **settings)  # fmt: skip
+    result = _check(model, gpu="sm90")
+    read = result["kernels"]["model"]
+    for side in ("training", "rollout"):
+        per_layer = {i: kind for kind in read[side]["kinds"] for i in kind["layers"]}
+        assert [per_layer[i]["window"] for i in range(8)] == windows, side
+        assert [kind["softmax_scale"] for kind in read[side]["kinds"]] == [pytest.approx(144**-0.5, rel=1e-7)] * 2
+        assert {kind["softcap"] for kind in read[side]["kinds"]} == {cap or 0.0}, side
+    assert "its own attention modules" in read["training"]["source"]
+    fields = {f["field"]: f for f in result["attention_align"]["binding"]["fields"]}
+    for name in IDENTITY_FIELDS:
+        assert fields[name]["status"] == "match", fields[name]
+        assert fields[name]["training"]["source"].startswith("Megatron-Bridge's reading of"), name
+        assert fields[name]["rollout"]["source"].startswith("vLLM's reading of"), name
+    assert fields["layer_windows"]["training"]["value"] == windows
+    assert fields["logit_softcapping"]["training"]["value"] == cap
+    assert fields["softmax_scale"]["training"]["value"] == pytest.approx(144**-0.5, rel=1e-7)
+    layouts = [line.strip() for line in render_text(result).splitlines() if line.startswith("      layers")]
+    assert len(layouts) == 4 and layouts[:2] == layouts[2:]  # two kinds, each side's, the same
+    assert all(line.endswith(f"{', logit soft cap 30' if cap else ''}, scale 0.0833333") for line in layouts)
+    (kernel, *_) = result["kernels"]["training"]
+    assert kernel["label"] == ("Gemma2FlexDotProductAttention" if model_type == "gemma2" else "FlashAttention 2.8.3")
+
+
+def test_a_gemma3_config_whose_layer_types_megatron_bridge_ignores_is_a_layer_windows_mismatch(tmp_path):
+    types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(8)]
+    model = _model(tmp_path, "gemma3_text", num_hidden_layers=8, sliding_window=512, layer_types=types)
+    fields = {f["field"]: f for f in _check(model)["attention_align"]["binding"]["fields"]}
+    windows = fields["layer_windows"]
+    assert windows["status"] == "mismatch" and windows["code"] == "ATTN_IDENTITY_MISMATCH"
+    assert windows["training"]["value"] == [None if (i + 1) % 6 == 0 else 511 for i in range(8)]  # (5, 1), always
+    assert windows["rollout"]["value"] == [None if t == "full_attention" else 511 for t in types]  # layer_types
 
 
 def test_a_model_not_on_this_machine_says_which_file_was_looked_for_and_how_to_fetch_it():

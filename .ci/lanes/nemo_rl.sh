@@ -14,17 +14,18 @@ source .ci/python.sh
 python313="$(find_python 3.13)"  # $ATTN_ALIGN_CI_PYTHON313, else found by name
 
 venv="$ATTN_ALIGN_CI_VENVS/nemo_rl"
-"$python313" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q)
-# What NeMo-RL's Megatron modules import on CPU (torch is a CUDA wheel; it imports and runs on CPU).
-"${pip[@]}" torch==2.13.0 megatron-core==0.19.2 transformers==5.8.1 "ray[default]==2.60.0" \
-  omegaconf==2.3.1 hydra-core==1.3.8 pydantic==2.14.4 pytest==9.2.0 \
-  einops==0.8.2 datasets==5.2.0 matplotlib==3.11.2 ipython==9.18.1 tensorboard==2.21.0 \
+# The probe's training venv (nemo_rl_attn_align/probe/envs.py holds its pins: `probe --make-envs`
+# builds the same; torch is a CUDA wheel, it imports and runs on CPU), with what NeMo-RL's Megatron
+# modules and the tests import on CPU resolved together with it.
+PYTHONPATH="$PWD" "$python313" -m nemo_rl_attn_align.probe.envs training "$venv" --python "$python313" --with \
+  "ray[default]==2.60.0" hydra-core==1.3.8 pydantic==2.14.4 pytest==9.2.0 \
+  datasets==5.2.0 matplotlib==3.11.2 ipython==9.18.1 tensorboard==2.21.0 \
   megatron-energon==7.4.1 nvidia-modelopt==0.47.0 pyzmq==27.3.0 uvicorn==0.54.0 fastapi==0.165.0 \
   mlflow==3.17.2 swanlab==0.10.3 wandb==0.31.0 prometheus_client==0.26.0 tensordict==0.15.3 \
   torchdata==0.11.0 soundfile==0.14.0
-# megatron-bridge declares Python < 3.13 and pins what it does not need here; decord for NeMo-RL v0.6.0.
-"${pip[@]}" --no-deps --ignore-requires-python megatron-bridge==0.6.2 decord==0.6.0
+# decord for NeMo-RL v0.6.0 (its wheel's requirements are not needed here).
+"${pip[@]}" --no-deps decord==0.6.0
 "${pip[@]}" --no-deps "$(plugin_source)"
 echo "lane nemo_rl: venv ready in $((SECONDS - lane_start))s"
 

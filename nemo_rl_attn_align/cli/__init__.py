@@ -89,7 +89,16 @@ class _GuardedStream:
 
 
 def _dispatch(argv: list[str]) -> int:
-    args = build_parser(argv).parse_args(argv)
+    """Parse ``argv`` and run its command. A command whose parser sets ``overrides_dest`` (the
+    positional holding CONFIG and its overrides) takes overrides wherever they stand, after options
+    too (``check CONFIG --gpu H100 a.b=1``); anything else left over is argparse's usage error."""
+    parser = build_parser(argv)
+    args, rest = parser.parse_known_args(argv)
+    dest: str | None = getattr(args, "overrides_dest", None)
+    if rest and (dest is None or any(token.startswith("-") for token in rest)):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest and dest is not None:
+        setattr(args, dest, [*getattr(args, dest), *rest])
     return args.handler(args)
 
 

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.cli import check_behaviour
-from nemo_rl_attn_align.cli.check_text import render_text, short_preview
+from nemo_rl_attn_align.cli.check_text import PENDING_IDENTITY, model_said, render_text, short_preview
 from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.vocab import jsonio
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.compare.preset import Alignment
+    from nemo_rl_attn_align.compare.preview import BindingPreview
+    from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, KernelPlan
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
@@ -73,7 +75,7 @@ def register(subparsers) -> None:
         metavar="CONFIG [OVERRIDES...]",
         help="the YAML file, then Hydra-style overrides: a.b=v, ++a.b=v (new key), ~a.b (delete)",
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, overrides_dest="args")
 
 
 def _looks_like_override(token: str) -> bool:
@@ -109,7 +111,6 @@ def evaluate(
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.plan import build_plan
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
-    from nemo_rl_attn_align.report.render import render_preview
 
     environ = os.environ if environ is None else environ
     cfg = load_config(config_path, overrides)
@@ -151,10 +152,25 @@ def evaluate(
         },
         "behaviour": {c.side: c.to_dict() for c in final.behaviour} if behaviour is not None else None,
         "fix": _fix(aligned, read, preview_of, step and functools.partial(step, alter_ok=True)) if fix else None,
-        "preview_text": render_preview(preview) if full else short_preview(preview_dict, settings.on_mismatch),
+        "preview_text": _preview_text(preview, preview_dict, settings, kernels["model"], full),
         "verdict": "ok" if ok else "violation",
         "exit_code": EXIT_OK if ok else EXIT_FAILED,
     }
+
+
+def _preview_text(
+    preview: BindingPreview, preview_dict: dict[str, Any], settings: AlignSettings, model: dict[str, Any], full: bool
+) -> str:
+    """The binding preview as ``check`` prints it (``--full``: every field), without what the model
+    line says; an unknown model's pending identity fields are one phrase."""
+    from nemo_rl_attn_align.report.render import render_preview
+
+    said = model_said(model)
+    if full:
+        return render_preview(preview, said)
+    pending = PENDING_IDENTITY if model["config"] is None else None
+    summary = preview.binding.summary_line(pending) if preview.binding is not None else None
+    return short_preview(preview_dict, settings.on_mismatch, summary, said)
 
 
 def _gpu(options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]:

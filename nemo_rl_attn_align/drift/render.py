@@ -57,45 +57,69 @@ def render_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _cell(result: dict[str, Any], dname: str, training: str, rollout: str) -> tuple[float, str]:
+    """One heatmap cell: (max |d logprob|, its label); NaN and why where the pair did not run."""
+    pair = next(
+        (p for p in result["pairs"] if (p["dtype"], p["training"], p["rollout"]) == (dname, training, rollout)),
+        None,
+    )
+    if pair is not None:
+        value = pair["logprob_abs_max"]
+        return value, "0\nbit-equal" if pair.get("bitwise_equal") else f"{value:.3g}"
+    not_replayable = [e for e in (training, rollout) if e in result.get("not_replayable", [])]
+    if not_replayable:
+        return math.nan, "not run:\nnot replayable"
+    skipped = [s["engine"] for s in result.get("skipped", []) if s["dtype"] == dname]
+    if training in skipped or rollout in skipped:
+        return math.nan, f"not run:\nno {dname} kernel"
+    return math.nan, "not run"
+
+
+def _wrapped(engine: str) -> str:
+    """An engine's name on short lines (its options one a line), for a column label."""
+    name, _, options = engine.partition(":")
+    return "\n".join([name, *options.split(",")]) if options else name
+
+
 def write_heatmap(result: dict[str, Any], path: Path) -> str | None:
-    """PNG heatmap of max |d logprob| (training x rollout, one panel per dtype); None without matplotlib."""
+    """PNG heatmap of max |d logprob|: one panel per dtype, stacked, training engines x rollout
+    engines, every cell labelled (a pair that did not run: why); None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         return None
     training, rollout, dtypes = result["training"], result["rollout"], result["dtypes"]
-    fig, axes = plt.subplots(
-        1, len(dtypes), figsize=((2.4 + 0.9 * len(rollout)) * len(dtypes), 1.6 + 0.5 * len(training)), squeeze=False
+    colours = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")  # a pair that did not run: grey
+    heights = [1.0 + 0.62 * len(training) for _ in dtypes]
+    width = max(7.5, 2.6 + 1.55 * len(rollout))
+    fig = Figure(figsize=(width, sum(heights) + 0.9), dpi=110)
+    axes = fig.subplots(len(dtypes), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, dname in zip(axes, dtypes, strict=True):
+        cells = [[_cell(result, dname, t, r) for r in rollout] for t in training]
+        grid = [[value for value, _ in row] for row in cells]
+        image = ax.imshow(grid, cmap=colours, aspect="auto", vmin=0)  # the colour says how large, from 0
+        for i, row in enumerate(cells):
+            for j, (value, label) in enumerate(row):
+                colour = "#555555" if math.isnan(value) else ("black" if image.norm(value) > 0.6 else "white")
+                ax.text(j, i, label, ha="center", va="center", color=colour, fontsize=8.5)
+        ax.set_xticks(range(len(rollout)), [_wrapped(r) for r in rollout] if ax is axes[0] else [], fontsize=8.5)
+        ax.xaxis.tick_top()
+        ax.tick_params(top=ax is axes[0])
+        ax.set_yticks(range(len(training)), training, fontsize=8.5)
+        ax.set_ylabel(f"{dname}\ntraining", fontsize=9)
+        scale = fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01).ax
+        scale.tick_params(labelsize=8)
+        scale.set_visible(len({v for row in grid for v in row if not math.isnan(v)}) > 1)  # a scale needs two values
+    axes[0].set_title("rollout", fontsize=9)
+    shape = result["shape"]
+    fig.suptitle(
+        f"max |d logprob| per (training, rollout) pair on {result.get('gpu', DEFAULT_GPU)}: heads={shape['heads']} "
+        f"kv_heads={shape['kv_heads']} head_dim={shape['head_dim']} seq_len={shape['seq_len']}",
+        fontsize=10,
     )
-    for ax, dname in zip(axes[0], dtypes, strict=True):
-        grid = [
-            [
-                next(
-                    (
-                        p["logprob_abs_max"]
-                        for p in result["pairs"]
-                        if p["dtype"] == dname and p["training"] == t and p["rollout"] == r
-                    ),
-                    math.nan,
-                )
-                for r in rollout
-            ]
-            for t in training
-        ]
-        image = ax.imshow(grid, cmap="viridis")
-        for i, row in enumerate(grid):
-            for j, value in enumerate(row):
-                ax.text(j, i, f"{value:.2g}", ha="center", va="center", color="w", fontsize=7)
-        ax.set_xticks(range(len(rollout)), rollout, rotation=40, ha="right", fontsize=7)
-        ax.set_yticks(range(len(training)), training, fontsize=7)
-        ax.set_title(f"{dname}: max |d logprob|", fontsize=9)
-        ax.set_xlabel("rollout", fontsize=8)
-        ax.set_ylabel("training", fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path)
     return str(path)

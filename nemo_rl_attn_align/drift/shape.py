@@ -6,7 +6,7 @@ it (``RecipeFacts.model``: the hosts' own reading of its local ``config.json``, 
 ``hf_config_overrides`` and ``model_overrides`` applied; the kind covering the most layers).
 ``kv_heads`` defaults to ``heads`` (MHA) and ``window`` to none (full causal), as in Megatron and
 Hugging Face. A kind the replays do not model (softmax sinks, multi-latent attention's separate v
-head dim) is said so, never swept as plain attention. The public functions take the recipe's
+head dim, a logit soft cap) is said so, never swept as plain attention. The public functions take the recipe's
 ``RecipeFacts``.
 """
 
@@ -101,6 +101,8 @@ def unreplayed(kind: LayerKind) -> str | None:
         return f"multi-latent attention (q/k head dim {kind.head_dim_qk}, v head dim {kind.head_dim_v})"
     if kind.sinks:
         return f"{kind.softmax} softmax sinks"
+    if kind.softcap:
+        return f"a logit soft cap of {kind.softcap:g}"
     return None
 
 

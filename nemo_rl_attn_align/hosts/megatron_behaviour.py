@@ -301,15 +301,20 @@ _CORE_READERS: dict[str, tuple[Callable[[Any], tuple[dict, str]], Callable[[Any]
 }
 
 
+def core_kind(core: Any, index: int) -> tuple[dict, str]:
+    """The mask (``index`` 0) or softmax (1) kind a core-attention module holds, and where it was read;
+    ``NotReadable`` for a module no reader knows (also ``hosts.model_readers``' reading of a provider's own)."""
+    if _is_te(core):
+        return (_te_mask, _te_softmax)[index](core)
+    for name in _class_names(core):
+        if name in _CORE_READERS:
+            return _CORE_READERS[name][index](core)
+    raise NotReadable(f"{type(core).__module__}.{type(core).__name__}: no reader for this core attention")
+
+
 def _core_reader(index: int) -> Callable[[AttentionLayer], tuple[dict, str]]:
     def read(layer: AttentionLayer) -> tuple[dict, str]:
-        core = layer.attention.core_attention
-        if _is_te(core):
-            return (_te_mask, _te_softmax)[index](core)
-        for name in _class_names(core):
-            if name in _CORE_READERS:
-                return _CORE_READERS[name][index](core)
-        raise NotReadable(f"{type(core).__module__}.{type(core).__name__}: no reader for this core attention")
+        return core_kind(layer.attention.core_attention, index)
 
     return read
 

@@ -4,6 +4,9 @@
   (``AutoConfig.from_pretrained(path, **policy.hf_config_overrides)`` -> ``AutoBridge.from_hf_config``
   -> ``to_megatron_provider(load_weights=False)`` -> ``finalize()``), and the provider's attention
   attributes (``MEGATRON_ATTRIBUTES``: the ``TransformerConfig`` Megatron builds the model from).
+  Where the provider's layer spec names a core-attention module of its own (not megatron-core's:
+  Gemma 2's, Gemma 3's), that module is built for each layer as megatron-core builds it and read
+  (``own_layer_facts``: the window, scale and soft cap it holds or hands Transformer Engine).
 * ``read_vllm(path, hf_overrides)``: the configs vLLM's ``EngineArgs`` make for the directory (as
   ``LLM(...)`` does, with dummy weights) and its model class built on the meta device (no weights,
   no memory), then every attention layer the model code made:
@@ -29,7 +32,8 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, vllm_layer_facts
+from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, left_window, vllm_layer_facts
+from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
 from nemo_rl_attn_align.vocab import jsonio
 
 #: Names of provider fields that may change attention (``_own_attention_fields``).
@@ -66,10 +70,114 @@ def read_megatron(path: str, overrides: Mapping[str, Any] | None = None) -> dict
     provider.finalize()
     missing = object()
     values = {name: getattr(provider, name, missing) for name in MEGATRON_ATTRIBUTES}
-    return {
+    reading: dict[str, Any] = {
         "provider": type(provider).__name__,
         "attributes": {name: plain(v) for name, v in values.items() if v is not missing},
         "own_fields": _own_attention_fields(provider),
+    }
+    own = _own_core_attention(provider)
+    if own is not None:
+        reading["layers"] = _own_layers(provider, *own)
+    return reading
+
+
+def _own_core_attention(provider: Any) -> tuple[Any, Any] | None:
+    """The self-attention spec and core-attention spec of the provider's layer spec where the core
+    attention is the provider's own (a class outside megatron-core); None for megatron-core's own, a
+    provider or spec without one, or ``attention_backend`` local (``GPTModelProvider.provide`` then builds
+    megatron-core's ``DotProductAttention`` in its place). Spec functions read the model-parallel
+    state: a group of one is made first."""
+    import inspect
+
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    spec = getattr(provider, "transformer_layer_spec", None)  # a hybrid (Mamba) provider has none
+    if spec is None:
+        return None
+    ensure_model_parallel()
+    if not isinstance(spec, ModuleSpec):
+        spec = spec(provider, vp_stage=None) if "vp_stage" in inspect.signature(spec).parameters else spec(provider)
+    attention = getattr(getattr(spec, "submodules", None), "self_attention", None)
+    core = getattr(getattr(attention, "submodules", None), "core_attention", None)
+    module = core.module if isinstance(core, ModuleSpec) else core
+    if not isinstance(module, type) or module.__module__.startswith("megatron.core."):
+        return None
+    return None if provider.attention_backend == AttnBackend.local else (attention, core)
+
+
+def _own_layers(provider: Any, attention: Any, core: Any) -> list[dict[str, Any]]:
+    """Each layer's ``own_layer_facts``, from its core-attention module built as megatron-core's
+    ``SelfAttention`` builds it (the provider as config, the layer's 1-based number, the spec's mask
+    type, the config's ``softmax_scale``) in a model-parallel group of one: no weights are made."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.spec_utils import build_module
+
+    groups = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
+    mask = getattr(attention, "params", {}).get("attn_mask_type", AttnMaskType.padding)
+    facts = []
+    with TransformerEngineArguments() as handed, cpu_only():
+        for number in range(1, provider.num_layers + 1):
+            module = build_module(
+                core,
+                config=provider,
+                layer_number=number,
+                attn_mask_type=mask,
+                attention_type="self",
+                cp_comm_type=None,
+                softmax_scale=provider.softmax_scale,
+                pg_collection=groups,
+            )
+            facts.append(own_layer_facts(module, handed))
+    return facts
+
+
+class TransformerEngineArguments(dict):
+    """Inside: the keyword arguments megatron-core hands Transformer Engine's ``DotProductAttention``
+    (the class its ``TEDotProductAttention`` extends), by the id of the module built."""
+
+    def __enter__(self) -> TransformerEngineArguments:
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        self._base = TEDotProductAttention.__bases__[0]
+        self._init = self._base.__init__
+        init = self._init
+
+        def __init__(module, *args, **kwargs):
+            self[id(module)] = kwargs
+            init(module, *args, **kwargs)
+
+        self._base.__init__ = __init__
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._base.__init__ = self._init
+
+
+def own_layer_facts(core: Any, handed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """``MEGATRON_OWN_LAYER_FACTS`` of one layer's core-attention module: for one built on Transformer
+    Engine's ``DotProductAttention``, what megatron-core ``handed`` it (its left window; its
+    ``softmax_scale``, else ``1/sqrt(kv_channels)``; no soft cap; ``module`` None: TE's kernels run
+    it); for another, the mask and softmax the Megatron worker's behaviour reader reads of it
+    (``megatron_behaviour.core_kind``), and its class as ``module``."""
+    import math
+
+    from nemo_rl_attn_align.hosts.megatron_behaviour import core_kind
+
+    if id(core) in handed:
+        kwargs = handed[id(core)]
+        channels = kwargs.get("kv_channels")
+        channels = channels[0] if isinstance(channels, (list, tuple)) else channels
+        scale = kwargs.get("softmax_scale") or (1.0 / math.sqrt(channels) if channels else None)
+        window = left_window(plain(kwargs.get("window_size")))
+        return {"window": window, "softmax_scale": scale, "softcap": 0.0, "module": None}
+    (mask, _), (softmax, _) = core_kind(core, 0), core_kind(core, 1)
+    return {
+        "window": mask["window"],
+        "softmax_scale": softmax["scale"],
+        "softcap": softmax["softcap"] or 0.0,
+        "module": type(core).__name__,
     }
 
 

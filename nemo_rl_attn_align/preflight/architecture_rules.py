@@ -19,6 +19,8 @@ here against a user's ``config.json`` (a dict). ``evaluate(rule, config)`` gives
 * ``["len", r]``: the length of the list (or string) ``r``.
 * ``["present", r]``: whether ``r`` is not None (``MISSING`` when it is: a key the config lacks may
   still be filled in by the host's config class, which a ``default`` around it says).
+* ``["rsqrt", r]``: ``1 / sqrt(r)`` (a softmax scale from the dimension it is taken from, Gemma's
+  ``query_pre_attn_scalar``; None when ``r`` is not a positive number).
 
 Per-layer facts are told apart by a *partition* (``{"by": "all"}``, ``{"by": "token", "key": path}``:
 the layer's item of a per-layer list or string, with ``"else": path2`` the one to read where the
@@ -29,6 +31,7 @@ reads. Stdlib only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,6 +112,12 @@ def evaluate(rule: list, config: Mapping[str, Any]) -> Any:
     if op == "present":
         value = evaluate(rule[1], config)
         return MISSING if value is MISSING else value is not None
+    if op == "rsqrt":
+        value = evaluate(rule[1], config)
+        if value is MISSING:
+            return MISSING
+        positive = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return 1.0 / math.sqrt(value) if positive else None
     raise ValueError(f"unknown rule operation {op!r} (the table was written by a newer generator)")
 
 

@@ -3,8 +3,9 @@
 ``tables/architectures.json`` holds, per side and per architecture (``architectures[0]`` of the
 config, which both hosts dispatch on), the rules ``scripts/update_architecture_table.py`` inferred
 from what the host answered over sampled configs: ``training`` from Megatron-Bridge's conversion
-(the provider's attention attributes), ``rollout`` from vLLM's model code (every layer's attention
-module). Each side names the host versions it came from. ``training_attributes`` and
+(the provider's attention attributes, and where the provider builds its own core-attention module,
+each layer's window, scale and soft cap as that module holds them), ``rollout`` from vLLM's model
+code (every layer's attention module). Each side names the host versions it came from. ``training_attributes`` and
 ``rollout_layers`` apply them to a user's config; an architecture the table lacks, a rule that reads
 a key the config does not have, or an answer the generator could not explain gives ``NotRead``
 with the reason, never a guess. Stdlib only.
@@ -95,7 +96,8 @@ def _value(rule_entry: Mapping[str, Any], config: Mapping[str, Any], what: str) 
 
 def training_attributes(architecture: str, config: Mapping[str, Any]) -> tuple[dict[str, Any], TableSource] | NotRead:
     """The attention attributes of Megatron-Bridge's provider for ``config`` (the table's rules), with the
-    provider's own attention fields under ``own_fields``; or why they are not known."""
+    provider's own attention fields under ``own_fields`` and, where the provider builds its own
+    core-attention module, each layer's facts of it under ``layers``; or why they are not known."""
     found = entry("training", architecture)
     if isinstance(found, NotRead):
         return found
@@ -107,7 +109,13 @@ def training_attributes(architecture: str, config: Mapping[str, Any]) -> tuple[d
             return value
         if value != ABSENT:
             values[name] = value
-    return {"provider": table["provider"], "attributes": values, "own_fields": table.get("own_fields", [])}, source
+    reading = {"provider": table["provider"], "attributes": values, "own_fields": table.get("own_fields", [])}
+    if "layers" in table:
+        layers = _layers(table["layers"], values.get("num_layers"), config, f"{source.host}'s {table['provider']}")
+        if isinstance(layers, NotRead):
+            return layers
+        reading["layers"] = layers
+    return reading, source
 
 
 def rollout_layers(architecture: str, config: Mapping[str, Any]) -> tuple[dict[str, Any], TableSource] | NotRead:
@@ -120,11 +128,20 @@ def rollout_layers(architecture: str, config: Mapping[str, Any]) -> tuple[dict[s
     count = _value(table["num_layers"], config, "the number of layers")
     if isinstance(count, NotRead):
         return count
+    layers = _layers(table["layers"], count, config, f"{source.host}'s layers of {architecture}")
+    if isinstance(layers, NotRead):
+        return layers
+    return {"model_class": table["model_class"], "num_layers": count, "layers": layers}, source
+
+
+def _layers(
+    layers_entry: Mapping[str, Any], count: Any, config: Mapping[str, Any], what: str
+) -> list[dict[str, Any] | None] | NotRead:
+    """Each of ``count`` layers' facts by a table's per-layer rules (None: not an attention layer there)."""
+    if "not_understood" in layers_entry:
+        return NotRead(f"{what}: {layers_entry['not_understood']}")
     if (why := integer_problem(count, MAX_MODEL_LAYERS)) is not None:
         return NotRead(f"the number of layers {shown(count)} {why} (README: Limits on input)")
-    layers_entry = table["layers"]
-    if "not_understood" in layers_entry:
-        return NotRead(f"{source.host}'s layers of {architecture}: {layers_entry['not_understood']}")
     layers: list[dict[str, Any] | None] = []
     for index in range(count):
         kind = layer_kind(layers_entry["partition"], config, index)
@@ -142,4 +159,4 @@ def rollout_layers(architecture: str, config: Mapping[str, Any]) -> tuple[dict[s
                 return value
             facts[name] = value
         layers.append(facts)
-    return {"model_class": table["model_class"], "num_layers": count, "layers": layers}, source
+    return layers

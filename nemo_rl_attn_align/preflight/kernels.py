@@ -57,6 +57,10 @@ BACKENDS = ("flash", "fused", "unfused", "auto")
 #: The kernel megatron-core runs for DSA layers (its own sparse attention; TE selects nothing there).
 DSA_KERNEL = "DSAttention"
 DSA_SOURCE = "megatron-core's sparse attention (Transformer Engine selects nothing)"
+#: megatron-core's attention variants whose kernels Transformer Engine selects (``dsa`` aside);
+#: another ``variant`` is the provider's own module, which computes attention itself.
+MEGATRON_VARIANTS = ("self", "mla", "dsa")
+OWN_MODULE_SOURCE = "the Megatron-Bridge provider's own attention module: Transformer Engine selects nothing"
 
 
 def _tp(facts: RecipeFacts) -> int:
@@ -281,6 +285,9 @@ def _side_kernels(
             out.append(_kind_kernel(model, kind, None, own))
         elif side == "training" and kind.variant == "dsa":
             own = Kernel(side, DSA_KERNEL, None, (), DSA_SOURCE)
+            out.append(_kind_kernel(model, kind, None, own))
+        elif side == "training" and kind.variant not in MEGATRON_VARIANTS:  # a provider's own module (Gemma 2)
+            own = Kernel(side, kind.variant, None, (), OWN_MODULE_SOURCE)
             out.append(_kind_kernel(model, kind, None, own))
         elif side == "training":
             train = training_query(facts, kind, gpu, options.flash_attn_3)

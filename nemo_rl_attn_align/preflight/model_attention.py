@@ -10,9 +10,15 @@ or from a running engine's record:
   attention; ``parse_hybrid_pattern``), ``linear_attention_freq`` (gated delta-net layers,
   ``get_linear_attention_pattern``), ``window_size`` / ``window_attn_skip_freq``
   (``is_layer_window_attention``), multi-latent attention (Transformer Engine sees q/k heads of
-  ``qk_head_dim + qk_pos_emb_head_dim`` channels and v heads of ``v_head_dim``).
-* ``vllm_model(layers)``: vLLM's attention module of each layer (``VLLM_LAYER_ATTRIBUTES`` and the
-  ``selector.*`` inputs it handed the backend selector).
+  ``qk_head_dim + qk_pos_emb_head_dim`` channels and v heads of ``v_head_dim``), the softmax scale
+  (``softmax_scale``, else ``1/sqrt(kv_channels)``; megatron-core's attention has no soft cap).
+  A provider whose layer spec builds its own core-attention module (Gemma 2's, Gemma 3's) decides
+  each layer's window, scale and soft cap there: ``own_layers`` gives them per layer
+  (``MEGATRON_OWN_LAYER_FACTS``, read from the modules the provider builds: ``hosts.model_readers``,
+  or the architecture table's rules over the config.json, checked against the built modules in the
+  nemo_rl lane).
+* ``vllm_model(layers)``: vLLM's attention module of each layer (``VLLM_LAYER_ATTRIBUTES``, its
+  impl's ``VLLM_IMPL_ATTRIBUTES`` and the ``selector.*`` inputs it handed the backend selector).
 
 Layers with the same attention are one ``LayerKind`` (gpt-oss: the windowed and the full layers;
 a hybrid: its attention layers only, with their indices). ``left_window`` and ``hf_left_window``
@@ -21,10 +27,12 @@ give a left sliding window as the kernel receives it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_attn_align.vocab.kinds import ContractError, fp32
 from nemo_rl_attn_align.vocab.limits import MAX_MODEL_LAYERS, integer_problem, shown
 
 #: megatron-core's hybrid layer symbols (``models/hybrid/hybrid_layer_allocation.Symbols``): attention.
@@ -75,7 +83,11 @@ class LayerKind:
     ``head_dim_qk`` / ``head_dim_v`` are what the attention kernel sees (TE under MLA: the q/k heads
     with their rotary part; vLLM under MLA: the latent plus rotary head it decodes with); ``softmax``
     is Megatron's ``softmax_type`` (vLLM: ``learnable`` where the layer has sinks); ``variant`` says
-    which attention it is (``self``, ``mla``, ``dsa`` for Megatron; vLLM's module name)."""
+    which attention it is (``self``, ``mla``, ``dsa`` for Megatron, or the provider's own module
+    that computes it; vLLM's module name);
+    ``softmax_scale`` the scale the kernel multiplies QK^T by and ``softcap`` the attention logit
+    soft cap (0.0: none), each as fp32 (as kernels take them) and None where the host's reading does
+    not give it."""
 
     layers: tuple[int, ...]
     heads: int
@@ -88,6 +100,8 @@ class LayerKind:
     sparse: bool = False
     variant: str = "self"
     output_gate: bool | None = None
+    softmax_scale: float | None = None
+    softcap: float | None = None
 
     @property
     def sinks(self) -> bool:
@@ -105,6 +119,8 @@ class LayerKind:
             parts.append(f"MLA (kv_lora_rank {self.mla.kv_lora_rank}, rope {self.mla.qk_pos_emb_head_dim})")
         if self.sparse:
             parts.append("sparse (indexer)")
+        if self.softcap:
+            parts.append(f"logit soft cap {self.softcap:g}")
         which = "all layers" if len(self.layers) == num_layers else f"layers {layer_ranges(self.layers)}"
         return f"{which} ({len(self.layers)} of {num_layers}): {', '.join(parts)}"
 
@@ -146,12 +162,20 @@ class HostModel:
         by_index = {index: kind for kind in self.kinds for index in kind.layers}
         return [by_index[index] for index in sorted(by_index)]
 
+    def layout(self) -> list[str]:
+        """One line per layer kind: its layers and attention, with the softmax scale where it was read."""
+        return [
+            kind.describe(self.num_layers) + ("" if kind.softmax_scale is None else f", scale {kind.softmax_scale:.6g}")
+            for kind in self.kinds
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "source": self.source,
             "num_layers": self.num_layers,
             "kinds": [kind.to_dict() for kind in self.kinds],
+            "layout": self.layout(),
             "notes": list(self.notes),
         }
 
@@ -170,6 +194,14 @@ def group_layers(entries: Sequence[tuple[int, Mapping[str, Any]]]) -> tuple[Laye
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _fp32(value: Any) -> float | None:
+    """A number as the fp32 a kernel takes it (hosts compute ``d ** -0.5`` and ``1/sqrt(d)`` a bit apart)."""
+    try:
+        return fp32(value, "a softmax value")
+    except ContractError:
+        return None
 
 
 def megatron_symbols(attributes: Mapping[str, Any]) -> list[str] | str:
@@ -213,11 +245,48 @@ def megatron_window(attributes: Mapping[str, Any], layer_number: int) -> int | N
     return left_window(window)
 
 
-def megatron_model(attributes: Mapping[str, Any], host: str, source: str) -> HostModel | str:
-    """The layers Megatron builds from a provider's attention attributes; a string says why not known."""
+#: What a provider's own core-attention module decides per layer (``megatron_model``'s ``own_layers``):
+#: the left window its kernel is given (None: full), the softmax scale, the
+#: attention logit soft cap (None or 0.0: none), and ``module``: its class where it computes attention
+#: itself (Gemma 2's; the kind's ``variant``), None where it hands Transformer Engine's kernels the work.
+MEGATRON_OWN_LAYER_FACTS = ("window", "softmax_scale", "softcap", "module")
+
+
+def megatron_softmax(attributes: Mapping[str, Any], symbol: str) -> tuple[float | None, float]:
+    """The softmax scale and soft cap of a megatron-core attention layer (TE's and the local
+    ``DotProductAttention``): ``softmax_scale``, else ``1/sqrt(kv_channels)``; no soft cap. Under
+    multi-latent attention the scale is its own (YaRN's mscale): None."""
+    if symbol != "self":
+        return None, 0.0
+    scale, channels = attributes.get("softmax_scale"), _int(attributes.get("kv_channels"))
+    return _fp32(scale or (1.0 / math.sqrt(channels) if channels else None)), 0.0
+
+
+def own_layer_values(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """``LayerKind`` fields from a provider's own module's ``MEGATRON_OWN_LAYER_FACTS`` of one layer."""
+    values = {
+        "window": _int(facts.get("window")),
+        "softmax_scale": _fp32(facts.get("softmax_scale")),
+        "softcap": _fp32(facts.get("softcap")) or 0.0,
+    }
+    if isinstance(facts.get("module"), str) and facts["module"]:
+        values["variant"] = facts["module"]
+    return values
+
+
+def megatron_model(
+    attributes: Mapping[str, Any],
+    host: str,
+    source: str,
+    own_layers: Sequence[Mapping[str, Any]] | None = None,
+) -> HostModel | str:
+    """The layers Megatron builds from a provider's attention attributes (``own_layers``: each
+    layer's facts from the provider's own attention module); a string says why not known."""
     symbols = megatron_symbols(attributes)
     if isinstance(symbols, str):
         return symbols
+    if own_layers is not None and len(own_layers) != len(symbols):
+        return f"the provider's own attention modules give {len(own_layers)} layers for {len(symbols)}"
     heads, kv = _int(attributes.get("num_attention_heads")), _int(attributes.get("num_query_groups"))
     channels = _int(attributes.get("kv_channels"))
     if heads is None:
@@ -226,13 +295,18 @@ def megatron_model(attributes: Mapping[str, Any], host: str, source: str) -> Hos
     for index, symbol in enumerate(symbols):
         if symbol not in ("self", "mla", "dsa"):
             continue
+        scale, cap = megatron_softmax(attributes, symbol)
         values: dict[str, Any] = {
             "window": megatron_window(attributes, index + 1),
             "softmax": str(attributes.get("softmax_type") or "vanilla"),
             "variant": symbol,
             "sparse": symbol == "dsa",
             "output_gate": bool(attributes.get("attention_output_gate")),
+            "softmax_scale": scale,
+            "softcap": cap,
         }
+        if own_layers is not None:
+            values.update(own_layer_values(own_layers[index]))
         if symbol == "self":
             if channels is None:
                 return "kv_channels is not an integer"
@@ -265,6 +339,7 @@ MEGATRON_ATTRIBUTES = (
     "num_query_groups",
     "kv_channels",
     "softmax_type",
+    "softmax_scale",
     "window_size",
     "window_attn_skip_freq",
     "multi_latent_attention",
@@ -296,6 +371,10 @@ VLLM_LAYER_ATTRIBUTES = (
     "qk_rope_head_dim",
     "v_head_dim",
 )
+#: The attributes of a vLLM attention layer's impl (the backend's) that decide its softmax, read as
+#: ``impl.<name>``: the scale and the logit soft cap (0 or None: none); not under multi-latent
+#: attention, whose scale carries YaRN's mscale, which the sampled configs do not vary.
+VLLM_IMPL_ATTRIBUTES = ("scale", "logits_soft_cap")
 
 
 def vllm_layer_kind(facts: Mapping[str, Any]) -> dict[str, Any] | str:
@@ -315,6 +394,11 @@ def vllm_layer_kind(facts: Mapping[str, Any]) -> dict[str, Any] | str:
         "variant": str(facts.get("module") or "Attention"),
         "output_gate": facts.get("output_gate"),
     }
+    scale, cap = _fp32(facts.get("impl.scale")), _fp32(facts.get("impl.logits_soft_cap"))
+    if scale is not None:
+        values["softmax_scale"] = scale
+    if "impl.logits_soft_cap" in facts:
+        values["softcap"] = cap or 0.0
     if facts.get("selector.use_mla") or facts.get("kv_lora_rank") is not None:
         mla = _mla(facts, "qk_nope_head_dim", "qk_rope_head_dim")
         if isinstance(mla, str):
@@ -375,6 +459,10 @@ def vllm_layer_facts(
             if hasattr(module, attribute):
                 value = getattr(module, attribute)
                 facts[attribute] = list(value) if isinstance(value, tuple) else value
+        impl = getattr(module, "impl", None)
+        for attribute in VLLM_IMPL_ATTRIBUTES if attention and "kv_lora_rank" not in facts else ():  # MLA's: its own
+            if hasattr(impl, attribute):
+                facts[f"impl.{attribute}"] = getattr(impl, attribute)
         if getattr(module, "indexer", None) is not None:
             facts["selector.use_sparse"] = True
         for field, value in (selectors or {}).get(name, {}).items():

@@ -44,6 +44,9 @@ TRAINING_OVERRIDES = "policy.hf_config_overrides"
 ROLLOUT_OVERRIDES = "policy.generation.vllm_kwargs.hf_overrides"
 #: Where Megatron's ``TransformerConfig`` attributes are overridden in a recipe.
 MODEL_OVERRIDES = "policy.megatron_cfg.model_overrides"
+#: The provider attributes an own attention module (Gemma 2's, Gemma 3's) lays its layers out from,
+#: which a ``model_overrides`` entry would change where the table's per-layer rules cannot follow.
+OWN_MODULE_READS = ("window_size", "window_attn_skip_freq", "softmax_scale")
 #: How long a host reading run here may take (vLLM imports for tens of seconds on 2 cores).
 LIVE_TIMEOUT_S = 300
 _HOSTS = {"training": ("megatron", "megatron.bridge", "Megatron-Bridge"), "rollout": ("vllm", "vllm", "vLLM")}
@@ -176,12 +179,20 @@ def _training(config: Mapping[str, Any], architecture: str, applied: Mapping[str
     else:
         reading, source = found[0], found[1].label
     attributes = {**reading["attributes"], **applied}
+    own_layers = reading.get("layers")
     own = [name for name in reading.get("own_fields", []) if any(word in name for word in PER_LAYER_OWN_FIELDS)]
-    if own:
+    if own and own_layers is None:
         return NotRead(
             f"{reading['provider']} builds its layers with its own {', '.join(own)}, which the plugin does not read"
         )
-    model = megatron_model(attributes, "Megatron-Bridge", f"{source} ({reading['provider']})")
+    moved = sorted(set(applied) & set(OWN_MODULE_READS)) if own_layers is not None else []
+    if moved:
+        return NotRead(
+            f"{MODEL_OVERRIDES}.{moved[0]}: {reading['provider']}'s own attention module lays out each layer's "
+            "window and scale, which the plugin reads from config.json only"
+        )
+    source = f"{source} ({reading['provider']}{'; its own attention modules' if own_layers is not None else ''})"
+    model = megatron_model(attributes, "Megatron-Bridge", source, own_layers)
     return NotRead(f"{reading['provider']}: {model}") if isinstance(model, str) else model
 
 

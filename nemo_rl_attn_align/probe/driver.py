@@ -26,6 +26,7 @@ def run(request: ProbeRequest) -> divergence.ProbeResult:
     other = replace(request.other, sequences=request.sequences)
     if reference.name == other.name:
         other = replace(other, name=f"{other.name}-2")
+    sides.preflight([reference, other], request.workdir)
     reference_file = sides.run(reference, request.workdir)
     other_file = sides.run(other, request.workdir, reference=reference_file)
     return divergence.compare(capture.load(reference_file), capture.load(other_file), request.layers, request.atol)

@@ -138,25 +138,45 @@ def run(spec: SideSpec, workdir: Path, reference: Path | None = None) -> Path:
     """Run ``spec``'s side in its own process (``spec.python``); the path of the capture it wrote."""
     side_file, out = workdir / f"{spec.name}.side.json", workdir / f"{spec.name}.capture.pt"
     side_file.write_text(spec.to_json())
-    extra = [str(reference)] if reference is not None else []
-    command, env = side_command(spec, ENGINES[spec.engine], str(side_file), str(out), *extra)
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    command = [spec.python, "-m", ENGINES[spec.engine], str(side_file), str(out)]
+    command += [str(reference)] if reference is not None else []
+    done = subprocess.run(command, capture_output=True, text=True, env=environment(spec, workdir))
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UsageError(f"side {spec.name} ({spec.python}) failed with exit {done.returncode}: {last}")
     return out
 
 
-def side_command(spec: SideSpec, module: str, *args: str) -> tuple[list[str], dict[str, str]]:
-    """The command that runs ``python -m module ARGS`` in ``spec``'s interpreter, and its environment:
-    the side's ``env`` over this one, this plugin's source root first on its path."""
-    return [spec.python, "-m", module, *args], {**os.environ, **spec.env, "PYTHONPATH": _package_root()}
+def preflight(specs: list[SideSpec], workdir: Path) -> None:
+    """Before any side starts: each side's interpreter finds every module its engine imports, else one
+    ``UsageError`` naming the side, the missing modules and the pip command that installs them."""
+    from nemo_rl_attn_align.probe.envs import missing
+
+    for spec in specs:
+        lacking = missing(spec.engine, spec.python, environment(spec, workdir))
+        if lacking is not None:
+            raise UsageError(
+                f"side {spec.name} ({spec.python}) cannot run engine {spec.engine}: {lacking} "
+                "(or build both sides' venvs: nemo-rl-attn-align probe --make-envs DIR)"
+            )
 
 
-def _package_root() -> str:
-    """This plugin's source root first on the side's path, so every venv runs the same probe."""
-    root = str(Path(__file__).resolve().parents[2])
-    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+def environment(spec: SideSpec, workdir: Path) -> dict[str, str]:
+    """The side's process environment: this one, the side's ``env``, and this plugin first on its path,
+    alone: a folder in ``workdir`` holding a link to the package (the folder that holds the package
+    is a site-packages for an installed plugin, whose other packages are not the side venv's)."""
+    plugin = workdir / "plugin"
+    link = plugin / PACKAGE.name
+    plugin.mkdir(exist_ok=True)
+    if link.is_symlink():  # a kept --out folder: link this plugin, whichever it linked before
+        link.unlink()
+    link.symlink_to(PACKAGE, target_is_directory=True)
+    path = os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, **spec.env, "PYTHONPATH": path}
+
+
+#: This plugin's package folder.
+PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def side_main(capture: Callable[[SideSpec, capture_file.Capture | None], capture_file.Capture], argv: list[str]) -> int:

@@ -38,6 +38,8 @@ FRAMEWORK_THRESHOLD = 1.05
 NO_DRIFT = {"token_mult_prob_error": 1.0}
 BAND_LABEL = "attention alone (estimate from replays)"
 ZERO_LABEL = "attention alone: 0 by construction"
+#: On a panel the estimate has no figure for (the replays give NeMo-RL's logprob metrics only).
+NOT_THIS_METRIC = "attention alone: not estimated for this metric"
 #: The ``gid`` of the note under the panels (what the estimate is, or why there is none).
 NOTE_GID = "attention_note"
 NO_STEPS = "no drift steps in the report; the driver records them from NeMo-RL's train metrics"
@@ -146,7 +148,7 @@ def _draw_threshold(ax: Any, top: float) -> None:
         ax.axhline(FRAMEWORK_THRESHOLD, color=_THRESHOLD, linestyle="--", linewidth=1.0, label=label)
     else:
         note = f"NeMo-RL's {FRAMEWORK_THRESHOLD} framework-problem threshold is above this range"
-        ax.text(0.99, 0.97, note, transform=ax.transAxes, ha="right", va="top", fontsize=7, color=_THRESHOLD)
+        ax.text(0.99, 0.97, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color=_THRESHOLD)
 
 
 def _draw_panel(ax: Any, metric: str, xy: tuple[Sequence[int], Sequence[float]], estimate: Any, x_range) -> None:
@@ -154,15 +156,19 @@ def _draw_panel(ax: Any, metric: str, xy: tuple[Sequence[int], Sequence[float]],
     marker = "." if len(xs) <= 60 else None
     ax.plot(xs, ys, color=_OBSERVED, linewidth=1.0, marker=marker, label=f"observed (NeMo-RL train/{metric})")
     top = _draw_estimate(ax, metric, estimate, x_range)
+    if top is None and estimate_band(estimate, "token_mult_prob_error") is not None:  # estimated, not this one
+        ax.plot([], [], color=_ESTIMATE, linestyle=":", label=NOT_THIS_METRIC)  # said in the legend
     if metric == "token_mult_prob_error":
         _draw_threshold(ax, max([*ys, *([top] if top is not None else [])]))
     ax.set_xlim(*x_range)
     ax.ticklabel_format(axis="y", useOffset=False)
-    ax.set_title(metric, fontsize=9)
-    ax.set_xlabel("training step", fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.set_title(metric, fontsize=10)
+    ax.set_xlabel("training step", fontsize=9)
+    ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high + 0.4 * (high - low))  # headroom: the legend stands above the data
+    ax.legend(fontsize=8, loc="upper right")
 
 
 def drift_figure(doc: Mapping[str, Any]) -> Any:
@@ -187,7 +193,7 @@ def drift_figure(doc: Mapping[str, Any]) -> Any:
     colour = _VERDICT_COLOURS.get(str(doc["verdict"]), "black")
     fig.suptitle(plot_title(doc), fontsize=11, color=colour, parse_math=False)
     note = "\n".join(textwrap.wrap(estimate_note(estimate), _NOTE_WIDTH)[:2])
-    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", color="#444444", parse_math=False, gid=NOTE_GID)
+    fig.text(0.01, 0.01, note, fontsize=8, ha="left", va="bottom", color="#444444", parse_math=False, gid=NOTE_GID)
     fig.tight_layout(rect=(0.0, 0.05, 1.0, 0.96))
     return fig
 

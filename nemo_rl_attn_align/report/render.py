@@ -221,12 +221,13 @@ def render_changes(previous: Mapping[str, Any], doc: Mapping[str, Any]) -> list[
     return lines
 
 
-def render_preview(preview: Any) -> str:
-    """A ``compare.preview.BindingPreview`` as text: the binding table, its errors and the notes."""
+def render_preview(preview: Any, said: str | None = None) -> str:
+    """A ``compare.preview.BindingPreview`` as text: the binding table, its errors and the notes (but
+    those holding ``said``, which the caller has printed already)."""
     lines = ["attention contract preview (from the config; 'pending' = known only once the engines run):"]
     if preview.binding is not None:
         binding = preview.binding.to_dict()
         lines.append(render_binding(binding))
         lines.extend(render_findings(binding["findings"], shown=("error",)))
-    lines.extend(f"note: {note}" for note in preview.notes)
+    lines.extend(f"note: {note}" for note in preview.notes if said is None or said not in note)
     return "\n".join(lines)

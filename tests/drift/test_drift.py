@@ -56,6 +56,9 @@ def test_a_model_the_replays_do_not_model_is_said_so_not_swept_as_plain_attentio
     with pytest.raises(UsageError, match="learnable softmax sinks, which the replays do not model"):
         shape_of({"policy": {"model_name": str(model)}})
     assert shape_of({"policy": {"model_name": str(model)}}, heads=8, head_dim=64).heads == 8
+    gemma2 = write_transformers_config(tmp_path / "gemma2-like", "gemma2", num_hidden_layers=2)
+    with pytest.raises(UsageError, match="a logit soft cap of 50, which the replays do not model"):
+        shape_of({"policy": {"model_name": str(gemma2)}})
 
 
 @pytest.mark.parametrize(
@@ -118,6 +121,14 @@ def test_sweep_json_complete(tmp_path, write_yaml, capsys):
     assert result == json.loads((out / "drift-report.json").read_text())
     assert result["shape"]["sources"]["heads"] == "attention_align.drift" and result["shape"]["seq_len"] == 64
     assert (out / "drift-heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["heatmap"]
+    from nemo_rl_attn_align.drift.render import _cell
+
+    # every cell says its figure, or why the pair did not run
+    assert _cell(result, "bf16", "reference", "reference") == (0.0, "0\nbit-equal")
+    assert _cell(result, "fp32", "te-p2p:cp=2", "reference")[1] == "not run:\nno fp32 kernel"
+    assert math.isnan(_cell(result, "fp32", "reference", "vllm-fa3:chunk=16,splits=2")[0])
+    width, height = _png_size(out / "drift-heatmap.png")
+    assert width <= 1000 and height <= 1000  # read without zooming: two small panels stacked
     # fp32: only the reference runs (TE's flash path and vLLM reject fp32): no rows for the others
     assert len(result["pairs"]) == 2 * 2 + 1 and len(result["engines"]) == 3 + 1
     assert {(s["engine"], s["dtype"]) for s in result["skipped"]} == {
@@ -385,3 +396,9 @@ def test_not_replayable_engine_is_listed_without_figures(capsys, tmp_path):
     report = json.loads((tmp_path / "drift-report.json").read_text())
     assert report["not_replayable"] == ["te-fused"]
     assert all(p["training"] != "te-fused" for p in report["pairs"]) and report["pairs"]
+
+
+def _png_size(path) -> tuple[int, int]:
+    """A PNG's width and height, from its IHDR chunk."""
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")

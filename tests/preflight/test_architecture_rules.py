@@ -51,6 +51,10 @@ S = synthesis()
         (["present", ["key", "w"]], {"w": 4}, True),
         (["present", ["key", "w"]], {"w": None}, False),
         (["present", ["key", "w"]], {}, MISSING),
+        (["rsqrt", ["key", "d"]], {"d": 256}, 0.0625),
+        (["rsqrt", ["key", "d"]], {"d": 0}, None),
+        (["rsqrt", ["key", "d"]], {"d": None}, None),
+        (["rsqrt", ["key", "d"]], {}, MISSING),
     ],
 )
 def test_rules_evaluate_as_documented(rule, config, value):
@@ -133,3 +137,17 @@ def test_per_layer_kinds_by_a_period_and_by_a_per_layer_list():
     found = S.synthesize_layers(typed, layers)
     assert found["partition"] == {"by": "token", "key": "types"}
     assert found["kinds"] == {"full": {"heads": ["const", 8]}, "linear": None}
+
+
+def test_a_softmax_scale_is_learned_as_one_over_the_root_of_the_dimension_it_is_taken_from():
+    def host(config):  # Gemma: query_pre_attn_scalar ** -0.5 (not head_dim's), in the host's own arithmetic
+        return config["query_pre_attn_scalar"] ** -0.5
+
+    seen, unseen = _configs(12), _configs(12, seed=7)
+    for i, config in enumerate(seen + unseen):
+        config["query_pre_attn_scalar"] = (64, 144, 224, 256)[i % 4]
+    rule = S.synthesize(seen, [host(c) for c in seen])
+    assert rule == ["rsqrt", ["key", "query_pre_attn_scalar"]]
+    assert all(S.same(evaluate(rule, c), host(c)) for c in unseen)
+    with pytest.raises(S.NoRule):  # a scale of no integer dimension is not taken for one
+        S.synthesize(seen[:4], [0.3, 0.31, 0.32, 0.33])

@@ -93,6 +93,20 @@ def test_megatron_layouts_follow_megatron_cores_rules():
     )
 
 
+def test_a_providers_own_attention_modules_decide_each_layers_window_scale_and_soft_cap():
+    base = {"num_layers": 4, "num_attention_heads": 8, "num_query_groups": 2, "kv_channels": 64,
+            "window_size": [4095, 0]}  # fmt: skip
+    assert [k.window for k in megatron_model(base, "M", "s").per_layer()] == [4095] * 4  # megatron-core's rule
+    plain = megatron_model(base, "M", "s").kinds[0]
+    assert (plain.softmax_scale, plain.softcap) == (0.125, 0.0)  # 1/sqrt(kv_channels); no soft cap
+    own = [{"window": 8 if i % 2 == 0 else None, "softmax_scale": 224**-0.5, "softcap": 50.0} for i in range(4)]
+    model = megatron_model(base, "M", "s", own)
+    assert [(k.layers, k.window, k.softcap) for k in model.kinds] == [((0, 2), 8, 50.0), ((1, 3), None, 50.0)]
+    assert model.kinds[0].softmax_scale == pytest.approx(224**-0.5, rel=1e-7)  # as fp32, as kernels take it
+    assert "logit soft cap 50" in model.kinds[0].describe(4)
+    assert megatron_model(base, "M", "s", own[:3]) == "the provider's own attention modules give 3 layers for 4"
+
+
 def test_vllm_layers_map_sinks_windows_and_mla():
     layers = [
         {"module": "Attention", "attention": True, "num_heads": 8, "num_kv_heads": 2, "head_size": 64,
@@ -105,4 +119,7 @@ def test_vllm_layers_map_sinks_windows_and_mla():
     model = vllm_model(layers, "vLLM", "s")
     first, third = model.kinds
     assert (first.window, first.softmax, first.layers) == (127, "learnable", (0,))
+    assert (first.softmax_scale, first.softcap) == (None, None)  # the impl was not read: not known
+    capped = vllm_model([{**layers[0], "impl.scale": 0.125, "impl.logits_soft_cap": 0}], "vLLM", "s").kinds[0]
+    assert (capped.softmax_scale, capped.softcap) == (0.125, 0.0)
     assert third.mla.kv_lora_rank == 512 and third.sparse and third.head_dim_v == 512 and third.layers == (2,)

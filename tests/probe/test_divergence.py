@@ -131,3 +131,17 @@ def test_the_plot_is_written(tmp_path):
     ref = capture()
     plot(divergence.compare(ref, perturbed(ref, 1, "attention", 0.01)), tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_labels_zero_marks_the_first_divergence_and_names_what_was_not_measured():
+    pytest.importorskip("matplotlib")
+    from nemo_rl_attn_align.probe.plot import NOT_MEASURED, figure
+
+    ref = capture()
+    fig = figure(divergence.compare(ref, perturbed(ref, 1, "attention", 0.01), atol=1e-6))
+    where, adds = fig.axes
+    assert where.get_yticklabels()[0].get_text() == "0"  # a difference of 0 has its own row
+    assert where.get_ylim()[1] > 0.01 and where.get_ylim()[0] < 1e-6  # the data and --atol are in range
+    assert any(t.get_text() == "first difference: core attention" for t in where.texts)
+    legend = [t.get_text() for t in adds.get_legend().get_texts()]
+    assert any(text.endswith(NOT_MEASURED) for text in legend)  # the synthetic other side replayed nothing

@@ -125,12 +125,17 @@ def _probe(tmp_path, rollout: str, *extra: str):
 def test_the_cli_runs_each_side_in_its_own_process(tmp_path):
     (tmp_path / "prompts.json").write_text("[[3, 9, 27, 81], [2, 4, 8]]")
     extra = ["--json", "--prompts", str(tmp_path / "prompts.json"), "--out", str(tmp_path / "keep")]
+    pytest.importorskip("matplotlib")
+    extra += ["--plot", str(tmp_path / "probe.png")]
     done = _probe(tmp_path, '{"model": {"rotary_interleaved": true}}', *extra)
     assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == f"plot: {tmp_path / 'probe.png'}"  # stdout stays one JSON object
+    assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(done.stdout)
     assert data["first_divergence"]["stage"] == "rope" and data["first_divergence"]["layer"] == 0
     assert data["verdict"].startswith("attention adds 0 at every layer; the first difference is RoPE at layer 0")
     assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == [
+        "plugin",
         "rollout.capture.pt",
         "rollout.side.json",
         "train.capture.pt",

@@ -93,8 +93,11 @@ def test_a_recipe_the_probe_cannot_run_is_one_line_naming_the_key(override: str,
     assert names in str(err.value) and "\n" not in str(err.value)
 
 
-def test_the_cli_prints_the_sides_and_runs_nothing():
-    code, out, _ = run(str(EXAMPLE), "policy.generation.vllm_cfg.max_model_len=256", "--sides")
+@pytest.mark.parametrize("after_options", [False, True])
+def test_the_cli_prints_the_sides_and_runs_nothing(after_options: bool):
+    override = "policy.generation.vllm_cfg.max_model_len=256"
+    argv = [str(EXAMPLE), "--sides", override] if after_options else [str(EXAMPLE), override, "--sides"]
+    code, out, _ = run(*argv)
     shown = json.loads(out)
     assert code == 0 and set(shown) == {"training", "rollout", "notes"}
     assert shown["rollout"]["model"]["max_model_len"] == 256 and "sequences" not in shown["rollout"]

@@ -22,17 +22,20 @@ from tests.real_vllm.conftest import KV_CACHE_GIB
 pytestmark = pytest.mark.real_cross_engine
 
 
+#: The overrides that point the shipped example at the tiny checkpoint in float32 on CPU (docs/probe.md's
+#: and the README's example show the same command: tests/test_readme.py compares them).
+ON_CPU = (
+    "policy.precision=float32",
+    "policy.generation.vllm_cfg.precision=float32",
+    "policy.generation.vllm_cfg.max_model_len=128",
+    "++policy.generation.vllm_kwargs.block_size=32",
+)
+
+
 def probe_recipe(pythons, checkpoint, *overrides: str) -> dict:
     """``probe`` on the shipped example, on ``checkpoint``, in float32 on CPU, with ``overrides``."""
     command = [sys.executable, "-m", "nemo_rl_attn_align", "probe", str(default_example_path())]
-    command += [
-        f"policy.model_name={checkpoint}",
-        "policy.precision=float32",
-        "policy.generation.vllm_cfg.precision=float32",
-        "policy.generation.vllm_cfg.max_model_len=128",
-        "++policy.generation.vllm_kwargs.block_size=32",
-        *overrides,
-    ]
+    command += [f"policy.model_name={checkpoint}", *ON_CPU, *overrides]
     command += ["--training-python", pythons[0], "--rollout-python", pythons[1], "--atol", str(ATOL), "--json"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)

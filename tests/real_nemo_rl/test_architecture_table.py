@@ -7,6 +7,12 @@
 * An architecture the table lacks is read by Megatron-Bridge itself in a subprocess, and says so.
 * The Megatron worker's record of a provider Megatron-Bridge made from a config.json has the
   attention identity the preview predicts from the table for that config.
+* Gemma 2's and Gemma 3's providers lay their layers out in their own core-attention modules: the
+  table's per-layer window, scale and soft cap are what those modules hold in the model NeMo-RL's
+  path builds, on configs the generator never sampled; with Megatron-Bridge #4875 re-introduced
+  (Gemma 2's ``layer_number % 2 == 1`` back to ``== 0``, in a copy of the installed module) the
+  model's layers are the table's inverted, and the reader sees the inversion a regenerated table
+  would carry.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import module_json
 from tests.real_nemo_rl.conftest import LANE_VARIABLE, table_check
 
 pytestmark = pytest.mark.real_nemo_rl
@@ -142,3 +149,73 @@ def test_the_worker_record_of_megatron_bridges_provider_is_what_the_preview_pred
         assert record[name].known == preview[name].known, (name, record[name], preview[name])
         assert record.value(name) == preview.value(name), name
     assert record["layer_windows"].known and record["attention_layers"].known
+
+
+#: The Gemma configs checked: none of them a sampled one (other layer counts, windows, scalars).
+GEMMA_CASES = [
+    ("gemma2", {"num_hidden_layers": 7, "sliding_window": 23, "query_pre_attn_scalar": 96,
+                "attn_logit_softcapping": 40.0}),
+    ("gemma2", {"num_hidden_layers": 3, "sliding_window": 4096, "attn_logit_softcapping": None}),
+    ("gemma3_text", {"num_hidden_layers": 13, "sliding_window": 41, "query_pre_attn_scalar": 80}),
+]  # fmt: skip
+#: Small sizes, so the model builds in a moment on a CPU.
+GEMMA_SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "vocab_size": 512}  # fmt: skip
+
+
+def _gemma_dir(tmp_path: Path, model_type: str, settings: dict) -> Path:
+    from tests.conftest import write_transformers_config
+
+    return write_transformers_config(tmp_path / model_type, model_type, **GEMMA_SIZE, **settings)
+
+
+def _built(model_dir: Path, *flags: str) -> dict:
+    """``own_attention_probe``'s facts of the model NeMo-RL's path builds from ``model_dir`` (its own process)."""
+    return module_json("tests.real_nemo_rl.own_attention_probe", str(model_dir), *flags, timeout=600)
+
+
+def _layout(layers: list[dict]) -> list[tuple]:
+    return [(layer["window"], pytest.approx(layer["softmax_scale"], rel=1e-7), layer["softcap"]) for layer in layers]
+
+
+def _predicted(model_dir: Path):
+    """Both sides of the preview's reading of ``model_dir`` (the committed table's rules)."""
+    from nemo_rl_attn_align.preflight.model_facts import read_model_facts
+
+    facts = read_model_facts(str(model_dir))
+    assert "its own attention modules" in facts.training.source, facts.training
+    return facts.training, facts.rollout
+
+
+@pytest.mark.parametrize(("model_type", "settings"), GEMMA_CASES)
+def test_gemmas_per_layer_layout_in_the_table_is_what_the_providers_modules_hold(tmp_path, model_type, settings):
+    model = _gemma_dir(tmp_path, model_type, settings)
+    built = _built(model)["layers"]
+    training, rollout = _predicted(model)
+    assert [(k.window, k.softmax_scale, k.softcap) for k in training.per_layer()] == _layout(built)
+    assert [k.window for k in rollout.per_layer()] == [layer["window"] for layer in built]  # vLLM agrees
+    window, layers = settings["sliding_window"] - 1, settings["num_hidden_layers"]
+    if model_type == "gemma2":  # odd one-based layers slide, as HF's layer_types say
+        assert [layer["window"] for layer in built] == [window if i % 2 == 0 else None for i in range(layers)]
+        assert {layer["softcap"] for layer in built} == {settings["attn_logit_softcapping"] or 0.0}
+    else:  # every sixth one-based layer is global
+        assert [layer["window"] for layer in built] == [None if (i + 1) % 6 == 0 else window for i in range(layers)]
+    scalar = settings.get("query_pre_attn_scalar", 256)
+    assert all(layer["softmax_scale"] == pytest.approx(scalar**-0.5) for layer in built)
+
+
+def test_gemma2s_layer_kinds_inverted_by_the_4875_revert_show_against_the_table_and_in_the_reader(tmp_path):
+    from nemo_rl_attn_align.preflight.model_attention import megatron_model
+
+    settings = GEMMA_CASES[0][1]
+    model = _gemma_dir(tmp_path, "gemma2", settings)
+    reverted = _built(model, "--before-4875")
+    training, rollout = _predicted(model)
+    window = settings["sliding_window"] - 1
+    predicted = [k.window for k in training.per_layer()]
+    assert predicted == [k.window for k in rollout.per_layer()] == [window, None, window, None, window, None, window]
+    built = [layer["window"] for layer in reverted["layers"]]
+    assert built == [None if w is not None else window for w in predicted]  # every layer the other kind
+    reading = reverted["reader"]  # what a table generated from such a release would carry
+    buggy = megatron_model(reading["attributes"], "Megatron-Bridge", "read there", reading["layers"])
+    assert [k.window for k in buggy.per_layer()] == built

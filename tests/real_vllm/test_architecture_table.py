@@ -4,7 +4,8 @@
 * An architecture the table lacks is read by vLLM itself in a subprocess, and says so.
 * The rollout table's head-size classes are exact for vLLM's real CUDA selector.
 * A real engine of a tiny random-weight gpt-oss records the attention the preview predicts from the
-  table for its config.json: learnable sinks, a window on every other layer.
+  table for its config.json: learnable sinks, a window on every other layer; one of a Gemma 2 its
+  window on every other layer, its logit soft cap and its scale of ``query_pre_attn_scalar``.
 """
 
 from __future__ import annotations
@@ -51,17 +52,28 @@ def test_every_head_size_of_a_class_gets_its_representatives_answer():
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
-def test_a_real_gpt_oss_engine_records_the_attention_the_preview_predicts(engines):
+#: What each engine's record shows of its attention beside the identity fields.
+ENGINE_ATTENTION = {
+    "gpt-oss": {"softmax_type": "learnable", "layer_windows": [63, None], "logit_softcapping": None},
+    "gemma2": {"layer_windows": [63, None], "logit_softcapping": 50.0, "softmax_scale": 0.125},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_ATTENTION))
+def test_a_real_engine_records_the_attention_the_preview_predicts(engines, name):
     from nemo_rl_attn_align.contract.attention_identity import FIELDS
     from nemo_rl_attn_align.contract.contract import AttentionContract
     from nemo_rl_attn_align.contract.preview import predict_rollout
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
-    engine = engines("gpt-oss")
+    engine = engines(name)
     record = AttentionContract.from_dict(engine.record()["contract"])
     policy = {"model_name": str(engine.model), "precision": "bfloat16", "generation": {"backend": "vllm"}}
     preview = predict_rollout(read_recipe_facts({"policy": policy}, {}), {})
-    for name in FIELDS:
-        assert record[name].provenance.value == "observed", (name, record[name])
-        assert record.value(name) == preview.value(name), (name, record.value(name), preview.value(name))
-    assert (record.value("softmax_type"), record.value("layer_windows")) == ("learnable", [63, None])
+    for field in FIELDS:
+        assert record[field].provenance.value == "observed", (field, record[field])
+        assert record.value(field) == preview.value(field), (field, record.value(field), preview.value(field))
+    for field in ("softmax_scale", "logit_softcapping"):  # the preview's from vLLM's reading, not config.json's
+        assert record.value(field) == preview.value(field), (field, record.value(field), preview.value(field))
+        assert preview[field].source.startswith("vLLM's reading of"), preview[field]
+    assert {field: record.value(field) for field in ENGINE_ATTENTION[name]} == ENGINE_ATTENTION[name]

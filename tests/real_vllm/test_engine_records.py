@@ -38,7 +38,8 @@ def expected_fields(engine) -> dict:
     sinks = hf["architectures"][0] == "GptOssForCausalLM"  # vLLM's gpt-oss attention has learnable sinks
     chunked = args.get("enable_chunked_prefill", True)
     rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta")}
-    tokenizer = hashlib.sha256(b"tokenizer.json\0" + (engine.model / "tokenizer.json").read_bytes()).hexdigest()
+    file_sha = hashlib.sha256((engine.model / "tokenizer.json").read_bytes()).hexdigest()
+    tokenizer = hashlib.sha256(f"tokenizer.json\0{file_sha}\0".encode()).hexdigest()  # each file by its own sha256
     invariant = engine.env.get("VLLM_BATCH_INVARIANT") == "1"
     return {
         "architecture": hf["architectures"][0],

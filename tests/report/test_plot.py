@@ -20,6 +20,7 @@ from nemo_rl_attn_align.report.plot import (
     FRAMEWORK_THRESHOLD,
     NO_MATPLOTLIB,
     NO_STEPS,
+    NOT_THIS_METRIC,
     NOTE_GID,
     PIXELS,
     PLOT_FILENAME,
@@ -149,6 +150,7 @@ def test_every_nemo_rl_metric_gets_a_panel_and_verl_metrics_do_not(tmp_path):
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert titles == ["token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error"]
     assert BAND_LABEL not in _legend(fig.axes[2])  # the estimate has no policy_kl figure
+    assert NOT_THIS_METRIC in _legend(fig.axes[2]) and NOT_THIS_METRIC not in _legend(fig.axes[0])  # said so
     token = fig.axes[0]
     assert not any(str(FRAMEWORK_THRESHOLD) in label for label in _legend(token))  # 1.004 is far below 1.05
     assert any("threshold is above this range" in t.get_text() for t in token.texts)
