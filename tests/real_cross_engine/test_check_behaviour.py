@@ -1,0 +1,118 @@
+"""``check --training-python --rollout-python`` end to end, as a user runs it before launch: the shipped
+GRPO example pointed at a tiny local Mistral checkpoint (a sliding window), each side's ``rope``,
+``mask`` and ``softmax`` computed by its host in its own venv (Megatron-Bridge in lane nemo_rl's,
+vLLM in lane vllm's) and bound by the preview. As shipped they match; with Megatron-Bridge #2656
+re-introduced into the training venv's bridge (a patched copy of its package first on the path of
+that side's process: the shared venv is never touched) ``check`` stops the recipe (exit 1:
+``on_mismatch`` identity is error by default) and names the window off by one at layer 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
+from tests.real_cross_engine.conftest import REPO
+
+pytestmark = pytest.mark.real_cross_engine
+
+#: Megatron-Bridge #2656's fix in its Mistral bridge (upstream commit 5fcab34f8), undone by the test.
+FIX_2656 = "hf_config.sliding_window - 1"
+MISTRAL_BRIDGE = Path("models") / "mistral" / "mistral_bridge.py"
+
+
+@pytest.fixture(scope="module")
+def mistral(pythons, tmp_path_factory) -> tuple[Path, int]:
+    """A tiny random-weight Mistral checkpoint with its tokenizer (made by the training venv's
+    transformers, ``tests/real_vllm/tiny_models.py``), and its ``sliding_window``."""
+    directory = tmp_path_factory.mktemp("tiny-mistral")
+    make = "import sys; from pathlib import Path; from tests.real_vllm.tiny_models import make_model; "
+    make += "make_model(Path(sys.argv[1]), 'mistral')"
+    subprocess.run(
+        [pythons[0], "-c", make, str(directory)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return directory, json.loads((directory / "config.json").read_text())["sliding_window"]
+
+
+def check(pythons, checkpoint: Path, pythonpath: str | None = None) -> tuple[int, dict]:
+    """``check --json`` on the shipped example on ``checkpoint`` with both sides' interpreters
+    (``pythonpath``: what the check process's PYTHONPATH holds, after this plugin, on each side's path)."""
+    command = [sys.executable, "-m", "nemo_rl_attn_align", "check", str(default_example_path())]
+    command += [f"policy.model_name={checkpoint}", f"policy.tokenizer.name={checkpoint}"]
+    command += ["--training-python", pythons[0], "--rollout-python", pythons[1], "--json"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"PYTHONPATH": pythonpath} if pythonpath else {})
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def _computed(result: dict) -> None:
+    for side, host in (("training", "Megatron-Bridge (megatron-bridge "), ("rollout", "vLLM (vllm")):
+        shown = result["behaviour"][side]
+        assert shown["why_not"] is None and shown["host"].startswith(host), shown
+        assert shown["computed"] == sorted(BEHAVIOUR_FIELDS) and shown["problems"] == [], shown
+        for name in BEHAVIOUR_FIELDS:
+            field = result["attention_align"][side]["fields"][name]
+            assert field["provenance"] == "configured" and field["source"].startswith(f"computed by {host}"), field
+
+
+def test_the_example_on_a_mistral_checkpoint_computes_the_same_behaviour_on_both_sides(pythons, mistral):
+    code, result = check(pythons, mistral[0])
+    assert code == 0, result["attention_align"]["binding"]["findings"]
+    _computed(result)
+    binding = {r["field"]: r for r in result["attention_align"]["binding"]["fields"]}
+    for name in BEHAVIOUR_FIELDS:
+        assert binding[name]["status"] == "match", binding[name]["message"]
+    window = mistral[1] - 1  # keys before the query: Hugging Face's sliding_window counts the query too
+    assert result["attention_align"]["training"]["fields"]["mask"]["value"]["kinds"] == [
+        {"causal": True, "window": window}
+    ]
+
+
+def _bridge_2656(training_python: str, root: Path) -> Path:
+    """A copy of the training venv's ``megatron/bridge`` under ``root`` with #2656's fix undone in its
+    Mistral bridge (``megatron`` is a namespace package: the copy first on the path is the one imported)."""
+    where = subprocess.run(
+        # found, not imported: Megatron-Bridge imports Transformer Engine, which lane nemo_rl's venv stands in for
+        [training_python, "-c", "import importlib.util as u; print(*u.find_spec('megatron.bridge').submodule_search_locations)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.strip()
+    copy = root / "megatron" / "bridge"
+    shutil.copytree(where, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (copy / MISTRAL_BRIDGE).read_text()
+    assert source.count(FIX_2656) == 1, "the installed Mistral bridge has no #2656 fix to undo"
+    (copy / MISTRAL_BRIDGE).write_text(source.replace(FIX_2656, "hf_config.sliding_window"))
+    return root
+
+
+def test_megatron_bridge_2656_reintroduced_stops_the_recipe_naming_the_window_off_by_one(pythons, mistral, tmp_path):
+    checkpoint, window = mistral
+    code, result = check(pythons, checkpoint, pythonpath=str(_bridge_2656(pythons[0], tmp_path)))
+    assert code == 1 and result["verdict"] == "violation"
+    _computed(result)
+    binding = result["attention_align"]["binding"]
+    assert "identity" in binding["failed_tiers"]
+    [finding] = [f for f in binding["findings"] if f["code"] == "ATTN_BEHAVIOUR_MISMATCH"]
+    assert (
+        f"mask: layer 0: from query position {window} on, the training kernel sees {window + 1} tokens, "
+        in (finding["message"])
+    )
+    assert f"the rollout kernel {window} tokens" in finding["message"]
+    assert finding["fix"].startswith("the window is off by one")
+    assert {r["field"]: r["status"] for r in binding["fields"]}["rope"] == "match"
