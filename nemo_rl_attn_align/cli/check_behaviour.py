@@ -118,22 +118,32 @@ def _run(specs: Mapping[str, Any], explicit: set[str]) -> dict[str, ComputedBeha
             command = [spec.python, "-m", MODULE, str(side_file), str(out)]
             process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             running[side] = (process, out, spec.python)
-        for side, (process, out, python) in running.items():
-            try:
-                _, stderr = process.communicate(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-                results[side] = ComputedBehaviour(side, python, why_not=f"did not finish in {TIMEOUT_S} s")
-                continue
-            last = (stderr.strip().splitlines() or ["no output"])[-1][:600]
-            if process.returncode == 2 and side in explicit:
-                raise UsageError(f"{FLAGS[side]} {python}: {last.removeprefix('error: ')}")
-            if process.returncode != 0:
-                results[side] = ComputedBehaviour(side, python, why_not=f"exit {process.returncode}: {last}")
-                continue
-            results[side] = _read(side, python, out)
+        try:
+            for side, (process, out, python) in running.items():
+                results[side] = _wait(side, process, out, python, side in explicit)
+        finally:  # a side that raised leaves none running
+            for process, _, _ in running.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
     return results
+
+
+def _wait(side: str, process: subprocess.Popen, out: Path, python: str, explicit: bool) -> ComputedBehaviour:
+    """What ``side``'s process computed, or why not; a ``UsageError`` where the interpreter the command
+    line named (``explicit``) lacks its host."""
+    try:
+        _, stderr = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return ComputedBehaviour(side, python, why_not=f"did not finish in {TIMEOUT_S} s")
+    last = (stderr.strip().splitlines() or ["no output"])[-1][:600]
+    if process.returncode == 2 and explicit:
+        raise UsageError(f"{FLAGS[side]} {python}: {last.removeprefix('error: ')}")
+    if process.returncode != 0:
+        return ComputedBehaviour(side, python, why_not=f"exit {process.returncode}: {last}")
+    return _read(side, python, out)
 
 
 def _read(side: str, python: str, out: Path) -> ComputedBehaviour:

@@ -4,7 +4,8 @@ GRPO example pointed at a tiny local Mistral checkpoint (a sliding window), each
 vLLM in lane vllm's) and bound by the preview. As shipped they match; with Megatron-Bridge #2656
 re-introduced into the training venv's bridge (a patched copy of its package first on the path of
 that side's process: the shared venv is never touched) ``check`` stops the recipe (exit 1:
-``on_mismatch`` identity is error by default) and names the window off by one at layer 0."""
+``on_mismatch`` identity is error by default) and names the window off by one at layer 0, and the
+``model_overrides`` its fix line names make the recipe pass again."""
 
 from __future__ import annotations
 
@@ -46,11 +47,11 @@ def mistral(pythons, tmp_path_factory) -> tuple[Path, int]:
     return directory, json.loads((directory / "config.json").read_text())["sliding_window"]
 
 
-def check(pythons, checkpoint: Path, pythonpath: str | None = None) -> tuple[int, dict]:
+def check(pythons, checkpoint: Path, *overrides: str, pythonpath: str | None = None) -> tuple[int, dict]:
     """``check --json`` on the shipped example on ``checkpoint`` with both sides' interpreters
     (``pythonpath``: what the check process's PYTHONPATH holds, after this plugin, on each side's path)."""
     command = [sys.executable, "-m", "nemo_rl_attn_align", "check", str(default_example_path())]
-    command += [f"policy.model_name={checkpoint}", f"policy.tokenizer.name={checkpoint}"]
+    command += [f"policy.model_name={checkpoint}", f"policy.tokenizer.name={checkpoint}", *overrides]
     command += ["--training-python", pythons[0], "--rollout-python", pythons[1], "--json"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"PYTHONPATH": pythonpath} if pythonpath else {})
@@ -82,28 +83,34 @@ def test_the_example_on_a_mistral_checkpoint_computes_the_same_behaviour_on_both
     ]
 
 
-def _bridge_2656(training_python: str, root: Path) -> Path:
-    """A copy of the training venv's ``megatron/bridge`` under ``root`` with #2656's fix undone in its
+@pytest.fixture(scope="module")
+def bridge_2656(pythons, tmp_path_factory) -> str:
+    """A folder holding a copy of the training venv's ``megatron/bridge`` with #2656's fix undone in its
     Mistral bridge (``megatron`` is a namespace package: the copy first on the path is the one imported)."""
     where = subprocess.run(
         # found, not imported: Megatron-Bridge imports Transformer Engine, which lane nemo_rl's venv stands in for
-        [training_python, "-c", "import importlib.util as u; print(*u.find_spec('megatron.bridge').submodule_search_locations)"],
+        [
+            pythons[0],
+            "-c",
+            "import importlib.util as u; print(*u.find_spec('megatron.bridge').submodule_search_locations)",
+        ],
         capture_output=True,
         text=True,
         check=True,
         timeout=300,
     ).stdout.strip()
+    root = tmp_path_factory.mktemp("bridge-2656")
     copy = root / "megatron" / "bridge"
     shutil.copytree(where, copy, ignore=shutil.ignore_patterns("__pycache__"))
     source = (copy / MISTRAL_BRIDGE).read_text()
     assert source.count(FIX_2656) == 1, "the installed Mistral bridge has no #2656 fix to undo"
     (copy / MISTRAL_BRIDGE).write_text(source.replace(FIX_2656, "hf_config.sliding_window"))
-    return root
+    return str(root)
 
 
-def test_megatron_bridge_2656_reintroduced_stops_the_recipe_naming_the_window_off_by_one(pythons, mistral, tmp_path):
+def test_megatron_bridge_2656_reintroduced_stops_the_recipe_naming_the_window_off_by_one(pythons, mistral, bridge_2656):
     checkpoint, window = mistral
-    code, result = check(pythons, checkpoint, pythonpath=str(_bridge_2656(pythons[0], tmp_path)))
+    code, result = check(pythons, checkpoint, pythonpath=bridge_2656)
     assert code == 1 and result["verdict"] == "violation"
     _computed(result)
     binding = result["attention_align"]["binding"]
@@ -115,4 +122,31 @@ def test_megatron_bridge_2656_reintroduced_stops_the_recipe_naming_the_window_of
     )
     assert f"the rollout kernel {window} tokens" in finding["message"]
     assert finding["fix"].startswith("the window is off by one")
+    assert f"set policy.megatron_cfg.model_overrides.window_size=[{window - 1}, 0]" in finding["fix"]
     assert {r["field"]: r["status"] for r in binding["fields"]}["rope"] == "match"
+
+
+def test_with_2656_reintroduced_the_fix_lines_model_override_passes(pythons, mistral, bridge_2656):
+    """The override the finding's fix names, applied on the provider as NeMo-RL applies
+    ``policy.megatron_cfg.model_overrides``, gives the training side the rollout's window."""
+    checkpoint, window = mistral
+    override = f"++policy.megatron_cfg.model_overrides.window_size=[{window - 1},0]"
+    code, result = check(pythons, checkpoint, override, pythonpath=bridge_2656)
+    assert code == 0, result["attention_align"]["binding"]["findings"]
+    _computed(result)
+    assert result["attention_align"]["training"]["fields"]["mask"]["value"]["kinds"] == [
+        {"causal": True, "window": window - 1}
+    ]
+
+
+def test_each_venv_given_for_the_other_side_is_one_line_and_exit_2(pythons, mistral):
+    """The two interpreters swapped (lane vllm's venv has no Megatron-Bridge, lane nemo_rl's no vLLM):
+    one line naming the flag, the interpreter and what it lacks, no verdict, no traceback."""
+    command = [sys.executable, "-m", "nemo_rl_attn_align", "check", str(default_example_path())]
+    command += [f"policy.model_name={mistral[0]}", "--training-python", pythons[1], "--rollout-python", pythons[0]]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 2 and done.stdout == "", done.stdout[-2000:]
+    assert done.stderr.splitlines() == [
+        f"error: --training-python {pythons[1]}: {pythons[1]} has no megatron.bridge: give the interpreter of a venv "
+        "with Megatron-Bridge"
+    ]
