@@ -94,6 +94,21 @@ def test_behaviour_in_a_python_without_the_hosts_says_so_per_side_and_changes_no
     assert result["verdict"] == "ok"
 
 
+def test_behaviour_imports_no_host_in_checks_process():
+    """Finding whether this Python has each host imports none of it (``megatron`` included)."""
+    _no_hosts_here()
+    code = (
+        "import sys\n"
+        "from nemo_rl_attn_align.cli import main\n"
+        f"main(['check', {str(GRPO)!r}, '--behaviour'])\n"
+        "bad = sorted(m for m in ('torch', 'megatron', 'vllm', 'ray') if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "training rope, mask and softmax not computed" in done.stdout  # the host lookup ran
+
+
 def test_a_recipe_without_a_rollout_computes_the_training_side_only():
     _no_hosts_here()
     result = evaluate(SFT, [], environ={}, behaviour={"training": None, "rollout": None})

@@ -96,11 +96,15 @@ def _side(cfg: Mapping[str, Any], facts: RecipeFacts, side: str) -> Any:
 
 
 def _has_host(side: str) -> bool:
+    """Whether this Python finds ``side``'s host module, importing nothing of it (not even ``megatron``)."""
+    import importlib.machinery
     import importlib.util
 
-    module = HOST_MODULES[side]
-    top = importlib.util.find_spec(module.split(".")[0])
-    return top is not None and ("." not in module or importlib.util.find_spec(module) is not None)
+    top, _, sub = HOST_MODULES[side].partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not sub:
+        return spec is not None
+    return importlib.machinery.PathFinder.find_spec(f"{top}.{sub}", spec.submodule_search_locations) is not None
 
 
 def _run(specs: Mapping[str, Any], explicit: set[str]) -> dict[str, ComputedBehaviour]:
