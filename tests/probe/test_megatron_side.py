@@ -184,6 +184,9 @@ def test_a_megatron_bridge_side_file_names_a_checkpoint_and_a_precision_nemo_rl_
     side.write_text(json.dumps({"engine": "megatron-bridge", "model": {**model, "precision": "fp8"}}))
     with pytest.raises(UsageError, match=r"model.precision='fp8': use one of float32, bfloat16, float16"):
         SideSpec.read(side)
+    side.write_text(json.dumps({"engine": "megatron-bridge", "model": {**model, "hf_config_overrides": [1]}}))
+    with pytest.raises(UsageError, match=r"model.hf_config_overrides=\[1\] is not an object; give the Hugging Face"):
+        SideSpec.read(side)
     side.write_text(json.dumps({"engine": "megatron-bridge", "model": {"checkpoint": "Qwen/Qwen2.5-1.5B"}}))
     assert SideSpec.read(side).model["checkpoint"] == "Qwen/Qwen2.5-1.5B"  # a hub id, as policy.model_name
     for wrong in (str(tmp_path / "missing"), "no-slash", str(tmp_path / "train.json")):
