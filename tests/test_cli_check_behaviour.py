@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -32,13 +33,14 @@ SFT = EXAMPLES / "sft_megatron_flash.yaml"
 HOSTS = {"training": "megatron.bridge", "rollout": "vllm"}
 
 
-def check(*args: str) -> subprocess.CompletedProcess:
+def check(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "nemo_rl_attn_align", "check", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=120,
+        env={**os.environ, **env},
     )
 
 
@@ -113,6 +115,55 @@ def test_a_recipe_without_a_rollout_computes_the_training_side_only():
     _no_hosts_here()
     result = evaluate(SFT, [], environ={}, behaviour={"training": None, "rollout": None})
     assert set(result["behaviour"]) == {"training"}
+
+
+@pytest.fixture
+def stand_in(tmp_path) -> str:
+    """An executable standing in for a host venv's interpreter (``tests/stand_in_host_python.py``)."""
+    path = tmp_path / "stand-in-python"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "tests" / "stand_in_host_python.py"}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def _with_stand_ins(stand_in: str, **env: str) -> tuple[int, dict]:
+    done = check(str(GRPO), "--training-python", stand_in, "--rollout-python", stand_in, "--json", **env)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_each_sides_interpreter_gets_its_side_and_what_it_computed_is_bound(stand_in):
+    code, result = _with_stand_ins(stand_in)
+    assert code == 0, result["attention_align"]["binding"]["findings"]
+    for side, engine in (("training", "megatron-bridge"), ("rollout", "vllm")):
+        shown = result["behaviour"][side]
+        assert shown["python"] == stand_in and shown["computed"] == sorted(BEHAVIOUR_FIELDS), shown
+        [given] = shown["substitutions"]  # what the stand-in was run with: the module, the side, the model
+        module, got_engine, model = given.split(" ")
+        assert (module, got_engine) == ("nemo_rl_attn_align.hosts.behaviour_preview", engine)
+        assert "models--Qwen--Qwen2.5-1.5B" in model  # the directory of the config.json check read
+        field = result["attention_align"][side]["fields"]["mask"]
+        assert field["provenance"] == "configured" and field["value"] == MASK, field
+    statuses = {r["field"]: r["status"] for r in result["attention_align"]["binding"]["fields"]}
+    assert all(statuses[name] == "match" for name in BEHAVIOUR_FIELDS)
+
+
+def test_a_wider_training_window_computed_by_its_interpreter_stops_the_recipe(stand_in):
+    code, result = _with_stand_ins(stand_in, ATTN_ALIGN_STAND_IN_WINDOW="64")
+    assert code == 1 and result["verdict"] == "violation"
+    [finding] = [f for f in result["attention_align"]["binding"]["findings"] if f["code"] == "ATTN_BEHAVIOUR_MISMATCH"]
+    assert finding["message"].startswith(
+        "mask: layer 0: from query position 65 on, the training kernel sees 65 tokens, the rollout kernel every "
+        "earlier token"
+    )
+
+
+def test_a_host_that_crashes_leaves_its_fields_pending_with_its_last_line(stand_in):
+    code, result = _with_stand_ins(stand_in, ATTN_ALIGN_STAND_IN_FAIL="1")
+    assert code == 0 and result["verdict"] == "ok"
+    why = "exit 1: RuntimeError: the stand-in host crashed"
+    assert result["behaviour"]["training"]["why_not"] == why
+    assert result["attention_align"]["training"]["fields"]["rope"]["source"] == f"not computed by {stand_in}: {why}"
 
 
 def _computed(side: str, **fields) -> ComputedBehaviour:
