@@ -89,8 +89,8 @@ def _probe(rotary: Any) -> Any:
         raise Unreadable(f"{type(rotary).__name__} holds one cache per scaling factor {rotary.scaling_factors}")
     probe = copy.copy(rotary)
     held = getattr(rotary, "cos_sin_cache", None)
-    on_device = isinstance(held, torch.Tensor) and held.device.type != "meta"  # a meta model holds no values
-    with torch.device(held.device if on_device else "cpu"):
+    device = held.device if isinstance(held, torch.Tensor) else None
+    with torch.device(device if device is not None and device.type != "meta" else "cpu"):  # meta: no values
         cache = probe._compute_cos_sin_cache()
     if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
         raise Unreadable(f"{type(rotary).__name__}._compute_cos_sin_cache() gave no [positions, dims] tensor")
