@@ -35,6 +35,25 @@ def module_json(module: str, *args: str, first_on_path: str | None = None, timeo
     return json.loads(done.stdout.splitlines()[-1])
 
 
+#: The hosts the CLI's own process never imports.
+HOST_MODULES = ("torch", "transformer_engine", "megatron", "vllm", "ray")
+
+
+def cli_in_fresh_process(*argv: str) -> tuple[str, list[str]]:
+    """The CLI's ``main(argv)`` in a fresh interpreter: what it printed, and the host modules
+    (``HOST_MODULES``) that process imported."""
+    code = (
+        "import json, sys\n"
+        "from nemo_rl_attn_align.cli import main\n"
+        f"main({list(argv)!r})\n"
+        f"print(json.dumps(sorted(m for m in {HOST_MODULES!r} if m in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed, _, imported = done.stdout.rstrip("\n").rpartition("\n")
+    return printed, json.loads(imported)
+
+
 def preview_of(cfg, environ=None, settings=None):
     """``compare.preview.preview_binding`` as ``check`` calls it: the recipe read once with ``environ``
     (default: empty) and its ``attention_align`` settings (unless ``settings`` are given)."""
