@@ -363,4 +363,3 @@ def test_the_recipe_probe_on_cpu_is_the_command_the_cross_engine_stage_runs():
         *ON_CPU,
     ]
     assert "--training-python probe-envs/training/bin/python --rollout-python probe-envs/rollout/bin/python" in command
-
