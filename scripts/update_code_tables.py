@@ -1,4 +1,4 @@
-"""Rewrite the code tables in docs/rules-and-limits.md and docs/report-schema.md from ``nemo_rl_attn_align.vocab.codes``.
+"""Rewrite the code tables of docs/rules-and-limits.md and docs/report-schema.md from ``vocab.codes``.
 
 Each table stands between ``<!-- codes:NAME -->`` and ``<!-- /codes:NAME -->``. Run it after adding or
 changing a code (the tests fail while a table differs from the registry)::
