@@ -76,6 +76,8 @@ RUN_HERE = (
     "nemo-rl-attn-align check examples/configs/grpo_math_1B_megatron_flash.yaml",
     "nemo-rl-attn-align check examples/configs/grpo_math_1B_megatron_flash.yaml policy.precision=float32",
     "nemo-rl-attn-align check examples/configs/grpo_math_1B_megatron_flash_mismatch.yaml --fix",
+    "nemo-rl-attn-align check examples/configs/grpo_math_1B_megatron_flash.yaml policy.model_name=results/step_100/hf "
+    "--gpu sm90",
     'nemo-rl-attn-align check "$(nemo-rl-attn-align examples grpo_math_1B_megatron_flash.yaml)"',
     "nemo-rl-attn-align probe --make-envs probe-envs --print",
     "nemo-rl-attn-align probe train.json rollout.json",
@@ -188,17 +190,24 @@ RUN_IN_PROCESS = [
 ]
 
 
+#: The local model directories shown commands name: (model type, config arguments) of its config.json.
+MODEL_DIRS = {"results/step_100/hf": ("gpt_oss", {"num_hidden_layers": 24})}
+
+
 @pytest.mark.parametrize("name,part,output", RUN_IN_PROCESS)
 def test_the_commands_run_here_print_what_the_page_shows(name, part, output, tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-cache"))  # the shown output has no local model
-    args = cli_args(part)
-    if "--plot" in args:
-        pytest.importorskip("matplotlib")
-        args = [str(tmp_path / a) if a.endswith(".png") else a for a in args]
-    code, printed = run_cli(args, REPO)
+    """Run in a folder holding the checkout's ``examples`` and the model directories the command names."""
+    from tests.example_models import write_transformers_config
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-cache"))  # the shown output has no cached model
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    for folder, (model_type, config) in MODEL_DIRS.items():
+        if folder in part:
+            write_transformers_config(tmp_path / folder, model_type, **config)
+    code, printed = run_cli(cli_args(part), tmp_path)
     assert code in (0, 1), printed
     assert shows(output, printed), f"{name}: {part}\n{printed}"
-    if "--plot" in args:
+    if "--plot" in part:
         assert (tmp_path / "sample-run.png").stat().st_size > 10_000
 
 
