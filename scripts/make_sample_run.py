@@ -45,9 +45,6 @@ OVERRIDES = (
     "policy.generation.vllm_cfg.max_model_len=128",
     "++policy.generation.vllm_kwargs.block_size=32",
 )
-#: The probe's training side on CPU: megatron-core's fused masked softmax is a CUDA extension, which
-#: the local layer spec calls in bfloat16 unless it is off.
-PROBE_ON_CPU = ("++policy.megatron_cfg.model_overrides.masked_softmax_fusion=false",)
 KV_CACHE_GIB = "1"
 
 
@@ -111,7 +108,7 @@ def probe_step(step: int, model: Path, training_python: str, cwd: Path) -> dict[
     prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 24))] for _ in range(4)]
     (cwd / f"prompts-{step}.json").write_text(json.dumps(prompts))
     command = [sys.executable, "-m", "nemo_rl_attn_align", "probe", str(EXAMPLE), f"policy.model_name={model}"]
-    command += [*OVERRIDES, *PROBE_ON_CPU, "--training-python", training_python, "--rollout-python", sys.executable]
+    command += [*OVERRIDES, "--training-python", training_python, "--rollout-python", sys.executable]
     command += ["--prompts", f"prompts-{step}.json", "--json"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEMO_RL_ATTN_ALIGN")}
     env.update({"NEMO_RL_ATTN_ALIGN": "0", "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, "PYTHONPATH": str(REPO)})
