@@ -1,4 +1,4 @@
-"""``python -m tests.real_nemo_rl.bridge_behaviour [upstream]``: the behaviour fields the Megatron
+"""``python -m tests.real_nemo_rl.bridge_behaviour``: the behaviour fields the Megatron
 worker records (``hosts.megatron_behaviour``) for models Megatron-Bridge builds from tiny configs of
 transformers' own config classes, beside what Hugging Face's own model computes for the same config.
 
@@ -13,21 +13,16 @@ is Transformer Engine's, so its mask and softmax here are the local module's, no
 The reference per layer: the window Hugging Face's ``layer_types`` / ``sliding_window`` give
 (``sliding_window - 1`` keys before the query), the scale and soft cap of its attention, and its
 rotary module's (cos, sin) at ``ROPE_POSITIONS`` (angles and magnitudes of half-split pairs, as its
-``rotate_half`` pairs them). ``upstream`` builds two upstream bugs instead: Megatron-Bridge #2656
-re-introduced into the installed Mistral bridge (its ``provider_bridge`` source with
-``sliding_window - 1`` made ``sliding_window`` again, executed in the bridge's module), and Gemma 2
-with ``attention_backend: local``, under which Megatron-Bridge 0.6.2's ``provide()`` replaces
-Gemma 2's own core attention by megatron-core's (no soft cap, every layer windowed). Prints one JSON
-line: model -> {"training": {field: [provenance, value, source]}, "problems", "hf": {"rope", "mask",
-"softmax"}}.
+``rotate_half`` pairs them). Prints one JSON line: model -> {"training": {field: [provenance,
+value, source]}, "problems", "hf": {"rope", "mask", "softmax"}}. ``build_on_cpu`` is how the
+upstream-bug corpus (``tests/upstream_bugs/training_side.py``) builds the model NeMo-RL's worker path
+configured; the upstream bugs themselves are re-introduced and caught there.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
-import textwrap
 from typing import Any
 
 from nemo_rl_attn_align.probe.bridge_side import _cpu_settings, import_bridge
@@ -68,18 +63,6 @@ def hf_config(model_type: str):
     return config
 
 
-def revert_2656() -> None:
-    """Megatron-Bridge #2656 undone in the installed Mistral bridge: (W, 0) again, W + 1 tokens seen."""
-    from megatron.bridge.models.mistral import mistral_bridge
-
-    source = textwrap.dedent(inspect.getsource(mistral_bridge.MistralBridge.provider_bridge))
-    assert "hf_config.sliding_window - 1" in source, "the installed Mistral bridge has no #2656 fix to revert"
-    namespace: dict[str, Any] = {}
-    exec(compile(source.replace("hf_config.sliding_window - 1", "hf_config.sliding_window"), "revert", "exec"),
-         vars(mistral_bridge), namespace)  # fmt: skip
-    mistral_bridge.MistralBridge.provider_bridge = namespace["provider_bridge"]
-
-
 def _cpu_spec(provider: Any) -> None:
     """The local layer spec, keeping a converter's own attention modules that build without TE."""
     from megatron.bridge.models.gpt_provider import default_layer_spec
@@ -103,19 +86,31 @@ def _cpu_spec(provider: Any) -> None:
 def megatron_model(model_type: str, attention_backend: str | None = None):
     """The model Megatron-Bridge provides for the tiny config (``attention_backend``: as NeMo-RL's
     ``megatron_cfg.attention_backend`` sets it on the provider)."""
-    import torch
     from megatron.core.transformer.enums import AttnBackend
 
     bridge, _ = import_bridge()
     provider = bridge.AutoBridge.from_hf_config(hf_config(model_type)).to_megatron_provider(load_weights=False)
+    if attention_backend is not None:
+        provider.attention_backend = AttnBackend[attention_backend]
+    return build_on_cpu(provider)
+
+
+def build_on_cpu(provider: Any):
+    """The model ``provider`` provides, built on the CPU in float32 (``_cpu_spec``): under
+    ``attention_backend: local`` Megatron-Bridge's ``provide()`` swaps a converter's core attention for
+    megatron-core's, as on a GPU."""
+    import torch
+    from megatron.core.transformer.enums import AttnBackend
+
+    asked = provider.attention_backend
     provider.bf16 = provider.fp16 = False
     provider.params_dtype = provider.pipeline_dtype = torch.float32
     _cpu_spec(provider)
-    if attention_backend is not None:
-        provider.attention_backend = AttnBackend[attention_backend]
+    if asked == AttnBackend.local:
+        provider.attention_backend = asked
     provider.layernorm_zero_centered_gamma = False  # Gemma's norm: torch's LayerNorm lacks it (no attention change)
-    if provider.num_moe_experts:  # gpt-oss's experts: without TE's kernels and CUDA streams
-        provider.moe_permute_fusion = provider.moe_grouped_gemm = False
+    provider.moe_permute_fusion = provider.moe_grouped_gemm = False  # TE's kernels (a recipe turns them on)
+    if provider.num_moe_experts:  # gpt-oss's experts: without CUDA streams
         provider.moe_token_dispatcher_type = "allgather"
     provider.finalize()
     with cpu_only(), own_nvte_environment():  # Megatron asserts the NVTE variables, then sets them
@@ -176,18 +171,13 @@ def hugging_face(model_type: str) -> dict:
     }
 
 
-def main(argv: list[str]) -> int:
+def main() -> int:
     from nemo_rl_attn_align.hosts import megatron_behaviour
 
     ensure_model_parallel()
-    backends: dict[str, str | None] = dict.fromkeys(MODELS)
-    if argv == ["upstream"]:
-        import_bridge()
-        revert_2656()
-        backends = {"mistral": None, "gemma2": "local"}
     out = {}
-    for model_type, backend in backends.items():
-        fields, problems = megatron_behaviour.read(megatron_model(model_type, backend))
+    for model_type in MODELS:
+        fields, problems = megatron_behaviour.read(megatron_model(model_type))
         training = {name: [f.provenance.value, f.value, f.source] for name, f in fields.items()}
         out[model_type] = {"training": training, "problems": problems, "hf": hugging_face(model_type)}
     print(json.dumps(out))
@@ -195,4 +185,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """NeMo-RL's own packing and forward step on one packed micro-batch, with the plugin active.
 
-``python -m tests.real_nemo_rl.packed_probe TREE {fixed,dropped}`` prints one JSON line.
+``python -m tests.upstream_bugs.packed_probe TREE {fixed,dropped}`` prints one JSON line.
 
-Run by ``test_packed_boundaries.py`` in a process of its own, with the plugin's checkout and the
+Run by ``test_packed_sequences.py`` in a process of its own, with the plugin's checkout and the
 stand-ins on the path (``TREE``, a NeMo-RL source tree, goes after them: it has a ``tests`` package
 of its own) and the plugin activated by its ``.pth``. It records facts only; the tests judge them.
 
@@ -29,6 +29,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -65,16 +66,22 @@ def _token_logprobs(logits, tokens):
     return logits[0, :-1].float().log_softmax(-1).gather(-1, tokens[1:, None])[:, 0]
 
 
+def report(report_dir: Path) -> dict[str, Any]:
+    """``nemo-rl-attn-align report`` on the report folder, as a user runs it: exit code, text, verdict, findings."""
+    command = [sys.executable, "-m", "nemo_rl_attn_align", "report", str(report_dir)]
+    text = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    doc = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300).stdout)
+    return {"exit_code": text.returncode, "text": text.stdout, "verdict": doc["verdict"], "findings": doc["findings"]}
+
+
 def run(report_dir: Path) -> dict[str, Any]:
     import torch
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl.models.megatron import data, train
 
-    from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.hosts import megatron_worker
     from nemo_rl_attn_align.hosts._patching import is_wrapped
     from nemo_rl_attn_align.probe.megatron_side import cpu_only
-    from nemo_rl_attn_align.report.document import collect
     from nemo_rl_attn_align.report.store import read_worker_files
     from tests.fake_nemo_rl.cpu_megatron import TINY_MODEL, StandInGPTProvider, build_gpt
 
@@ -101,7 +108,6 @@ def run(report_dir: Path) -> dict[str, Any]:
         ]
     packed = [out["logprobs"][b, 1:n].tolist() for b, n in enumerate(LENGTHS)]  # NeMo-RL's: 0 at token 0
     detail = next(iter(read_worker_files(report_dir).details.values())).to_dict()
-    doc = collect(report_dir, AlignSettings())
     return {
         "seam_wrapped_before": seam_wrapped,
         "seam_wrapped_after": is_wrapped(data._pack_sequences_for_megatron),
@@ -109,7 +115,7 @@ def run(report_dir: Path) -> dict[str, Any]:
         "fix_in_source": FIX in Path(train.__file__).read_text(),
         "train_file": train.__file__,
         "detail": detail,
-        "report": {"verdict": doc["verdict"], "findings": doc["findings"]},
+        "report": report(report_dir),
         "packed_logprobs": packed,
         "alone_logprobs": alone,
     }

@@ -23,12 +23,12 @@ from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.vocab.codes import Code
 from tests.conftest import module_json
 
-from .conftest import REFS, snapshot
-from .packed_probe import LENGTHS
+from tests.real_nemo_rl.conftest import REFS, snapshot
+from tests.upstream_bugs.packed_probe import LENGTHS
 
 pytestmark = pytest.mark.real_nemo_rl
 
-STAND_INS = Path(__file__).parent / "stand_ins"
+STAND_INS = Path(__file__).parents[1] / "real_nemo_rl" / "stand_ins"
 SITES = [f"decoder.layers.{i}.self_attention.core_attention" for i in range(2)]
 PACKED_BY = "nemo_rl.models.megatron.data._pack_sequences_for_megatron"
 _probes: dict[str, dict] = {}
@@ -38,7 +38,7 @@ def _probe(case: str) -> dict:
     """The probe's facts for ``case``, once per case."""
     if case not in _probes:
         tree = str(snapshot("7ea279a"))
-        _probes[case] = module_json("tests.real_nemo_rl.packed_probe", tree, case, first_on_path=str(STAND_INS))
+        _probes[case] = module_json("tests.upstream_bugs.packed_probe", tree, case, first_on_path=str(STAND_INS))
     return _probes[case]
 
 
