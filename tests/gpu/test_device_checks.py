@@ -52,6 +52,18 @@ def test_the_probe_section_runs_its_two_cases_on_cpu():
     assert rows[1]["attention_share"][0] > 0 and rows[1]["replay_estimate"] == rows[1]["attention_share"]
 
 
+def test_the_fingerprints_section_binds_both_sides_of_one_model_on_cpu():
+    pytest.importorskip("megatron.core")
+    aligned, window = device_checks.fingerprints("cpu")
+    assert aligned["equal"] and window["equal"], (aligned["differences"], window["differences"])
+    assert set(aligned["sides"]) == {"training", "rollout"} and aligned["same_on_cpu"] == {"training": True, "rollout": True}
+    assert {f: v["provenance"] for f, v in aligned["sides"]["rollout"].items()} == dict.fromkeys(("rope", "mask", "softmax"), "observed")
+    assert all(d is None for d in aligned["differences"].values())
+    mask = window["differences"]["mask"]
+    assert mask["layer"] == 0 and "the training kernel sees every earlier token, the rollout kernel 8 tokens" in mask["message"]
+    assert window["differences"]["rope"] is None and window["differences"]["softmax"] is None
+
+
 def test_script_needs_out_and_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     missing = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
