@@ -1,6 +1,6 @@
 """NeMo-RL's own packing and forward step on one packed micro-batch, with the plugin active.
 
-``python -m tests.upstream_bugs.packed_probe TREE {fixed,dropped}`` prints one JSON line.
+``python -m tests.upstream_bugs.packed_probe TREE {fixed,dropped,truncated}`` prints one JSON line.
 
 Run by ``test_packed_sequences.py`` in a process of its own, with the plugin's checkout and the
 stand-ins on the path (``TREE``, a NeMo-RL source tree, goes after them: it has a ``tests`` package
@@ -9,7 +9,12 @@ of its own) and the plugin activated by its ``.pth``. It records facts only; the
 ``dropped`` re-introduces the upstream bug at import, in this process only: ``nemo_rl.models.megatron.train``
 is compiled from the tree's own source with the one statement that hands the packed boundaries to
 the model (``additional_kwargs["packed_seq_params"] = packed_seq_params`` in ``model_forward``) taken
-out, as NeMo-RL #2105 / #4167 lose them on the DTensor path; nothing on disk changes.
+out, as NeMo-RL #2105 / #4167 lose them on the DTensor path; nothing on disk changes. ``truncated``
+re-introduces Megatron-Bridge #4400 the same way: that statement hands the model what the installed
+Megatron-Bridge's own ``get_packed_seq_params`` makes of NeMo-RL's boundaries in the legacy layout
+its Nemotron Omni encoder gave before the fix (``cu_seqlens`` with its ``cu_seqlens_argmin``,
+``cu_seqlens_unpadded`` without ``cu_seqlens_unpadded_argmin``: Megatron-Bridge 0.6.2 still cuts
+those at their argmin, 0 where no -1 sentinel follows, to nothing).
 
 The model is a tiny megatron-core GPTModel on CPU (``cpu_megatron.build_gpt(..., packed=True)``: its
 attention layers megatron-core's, its core attention the CPU stand-in for Transformer Engine's), given
@@ -42,22 +47,52 @@ TRAIN = "nemo_rl.models.megatron.train"
 LENGTHS = (5, 3, 4)
 
 
+#: What ``FIX`` becomes per case: the boundaries dropped, or made by Megatron-Bridge as before #4400.
+BUGS = {
+    "dropped": "pass",
+    "truncated": FIX.replace("= packed_seq_params", "= __import__('tests.upstream_bugs.packed_probe').upstream_bugs"
+                             ".packed_probe.megatron_bridge_4400(packed_seq_params)"),
+}  # fmt: skip
+
+
+def megatron_bridge_4400(params):
+    """NeMo-RL's ``params`` through the installed Megatron-Bridge's ``get_packed_seq_params``, in the
+    layout its Nemotron Omni encoder gave before #4400 (no ``cu_seqlens_unpadded_argmin``)."""
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    padded = params.cu_seqlens_q_padded
+    legacy = {
+        "cu_seqlens": padded,
+        "cu_seqlens_argmin": padded.new_tensor(len(padded)),
+        "cu_seqlens_unpadded": params.cu_seqlens_q,
+        "max_seqlen": params.max_seqlen_q,
+    }
+    return get_packed_seq_params(legacy)
+
+
 class _WithoutFix(importlib.machinery.SourceFileLoader):
-    """Compiles the module from its source with ``FIX`` replaced by ``pass`` (no bytecode cache)."""
+    """Compiles the module from its source with ``FIX`` replaced by ``bug`` (no bytecode cache)."""
+
+    def __init__(self, fullname, path, bug):
+        super().__init__(fullname, path)
+        self.bug = bug
 
     def get_code(self, fullname):
         source = Path(self.path).read_text()
         if source.count(FIX) != 1:
             raise RuntimeError(f"{self.path} has {source.count(FIX)} lines {FIX!r}; expected 1")
-        return compile(source.replace(FIX, "pass"), self.path, "exec", dont_inherit=True)
+        return compile(source.replace(FIX, self.bug), self.path, "exec", dont_inherit=True)
 
 
-class _DropFinder(importlib.abc.MetaPathFinder):
+class _BugFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, bug: str):
+        self.bug = bug
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname != TRAIN:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        spec.loader = _WithoutFix(fullname, spec.origin)
+        spec.loader = _WithoutFix(fullname, spec.origin, self.bug)
         return spec
 
 
@@ -128,8 +163,8 @@ def main(tree: str, case: str) -> None:
     import_bridge()  # megatron-core first (its own attention, not the stand-in's), then TE's stand-in
     import attn_align_stand_ins  # noqa: F401 - the names megatron-core 0.19.2 lacks
 
-    if case == "dropped":
-        sys.meta_path.insert(0, _DropFinder())
+    if case in BUGS:
+        sys.meta_path.insert(0, _BugFinder(BUGS[case]))
     with tempfile.TemporaryDirectory() as report_dir:
         result = run(Path(report_dir))
     print(json.dumps(result, default=str))

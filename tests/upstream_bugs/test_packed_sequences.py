@@ -98,6 +98,22 @@ def test_the_upstream_bug_reintroduced_is_an_error_naming_the_call_and_counts():
     assert not probe["seam_wrapped_after"] and probe["hooks_left"] == []
 
 
+def test_megatron_bridge_4400_reintroduced_is_an_error_counting_the_truncated_boundaries():
+    """The boundaries reach the model, but Megatron-Bridge cut the unpadded ones to nothing: the kernel
+    the stand-in replays runs on the padded ones (TE's would fail on an empty cu_seqlens_q), and the
+    call attends 0 of 3 sequences apart."""
+    probe = _probe("truncated")
+    statement = probe["detail"]["packed_boundaries"]
+    received = {**dict.fromkeys(("cu_seqlens_q", "cu_seqlens_kv"), 0), **dict.fromkeys(("cu_seqlens_q_padded", "cu_seqlens_kv_padded"), 3)}
+    assert [(c["site"], c["received"], c["sequences_attended"]) for c in statement["calls"]] == [
+        (site, {"qkv_format": "thd", **received}, 0) for site in SITES
+    ]
+    [truncated] = probe["detail"]["coded_findings"]
+    assert truncated["code"] == Code.PACKED_BOUNDARIES_DROPPED.value and truncated["severity"] == "error"
+    assert truncated["key"] == f"workers.policy-rank0.{SITES[0]}" and truncated["value"] == "0 of 3 sequences"
+    assert "Megatron-Bridge #4400" in truncated["fix"] and probe["report"]["verdict"] == "fail"
+
+
 def _parameters(path: Path, function: str) -> list[str] | None:
     tree = ast.parse(path.read_text())
     found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
