@@ -297,10 +297,15 @@ def fingerprints(device: str) -> list[dict]:
     for name, knob, expected in (("aligned", {}, None), ("window", {"window_size": (7, 0)}, ("mask", 0))):
         start = time.perf_counter()
         sides, off_device = {}, {}
-        for side, spec in (("training", SideSpec("train", model=model)), ("rollout", SideSpec(name, model={**model, **knob}))):
+        for side, spec in (
+            ("training", SideSpec("train", model=model)),
+            ("rollout", SideSpec(name, model={**model, **knob})),
+        ):
             built = build(spec)
             fields, _ = megatron_behaviour.read(built)
-            sides[side] = {f: {"provenance": v.provenance.value, "value": v.value, "source": v.source} for f, v in fields.items()}
+            sides[side] = {
+                f: {"provenance": v.provenance.value, "value": v.value, "source": v.source} for f, v in fields.items()
+            }
             cpu_fields, _ = megatron_behaviour.read(built.to("cpu"))
             off_device[side] = all(
                 v.value is None or difference(f, v.value, cpu_fields[f].value) is None for f, v in fields.items()
@@ -309,7 +314,9 @@ def fingerprints(device: str) -> list[dict]:
         for field in BEHAVIOUR_FIELDS:
             t, r = sides["training"][field]["value"], sides["rollout"][field]["value"]
             diff = difference(field, t, r) if t is not None and r is not None else None
-            found[field] = None if diff is None else {"layer": diff.layer, "position": diff.position, "message": diff.message}
+            found[field] = (
+                None if diff is None else {"layer": diff.layer, "position": diff.position, "message": diff.message}
+            )
         named = [(f, d["layer"]) for f, d in found.items() if d is not None]
         observed = all(v["provenance"] == "observed" for s in sides.values() for v in s.values())
         rows.append(

@@ -56,11 +56,19 @@ def test_the_fingerprints_section_binds_both_sides_of_one_model_on_cpu():
     pytest.importorskip("megatron.core")
     aligned, window = device_checks.fingerprints("cpu")
     assert aligned["equal"] and window["equal"], (aligned["differences"], window["differences"])
-    assert set(aligned["sides"]) == {"training", "rollout"} and aligned["same_on_cpu"] == {"training": True, "rollout": True}
-    assert {f: v["provenance"] for f, v in aligned["sides"]["rollout"].items()} == dict.fromkeys(("rope", "mask", "softmax"), "observed")
+    assert set(aligned["sides"]) == {"training", "rollout"} and aligned["same_on_cpu"] == {
+        "training": True,
+        "rollout": True,
+    }
+    assert {f: v["provenance"] for f, v in aligned["sides"]["rollout"].items()} == dict.fromkeys(
+        ("rope", "mask", "softmax"), "observed"
+    )
     assert all(d is None for d in aligned["differences"].values())
     mask = window["differences"]["mask"]
-    assert mask["layer"] == 0 and "the training kernel sees every earlier token, the rollout kernel 8 tokens" in mask["message"]
+    assert (
+        mask["layer"] == 0
+        and "the training kernel sees every earlier token, the rollout kernel 8 tokens" in mask["message"]
+    )
     assert window["differences"]["rope"] is None and window["differences"]["softmax"] is None
 
 

@@ -7,13 +7,9 @@ their models come from the test session's Hugging Face cache (``tests/example_mo
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.real_nemo_rl.conftest import snapshot
+from tests.real_nemo_rl.conftest import check_recipe
 
 pytestmark = pytest.mark.real_nemo_rl
 
@@ -25,16 +21,7 @@ MEGATRON_GENERATION = (
 
 
 def check(recipe: str, *args: str) -> dict:
-    path = snapshot("7ea279a") / RECIPES / recipe
-    proc = subprocess.run(
-        [sys.executable, "-m", "nemo_rl_attn_align", "check", str(path), *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    result = json.loads(proc.stdout)
-    assert result["exit_code"] == proc.returncode, proc.stderr[-2000:]
-    return result
+    return check_recipe(f"{RECIPES}/{recipe}", *args)[0]
 
 
 def _pairs(result: dict) -> list[dict]:

@@ -41,13 +41,23 @@ REVERTS: dict[str, tuple[Edit, ...]] = {
             "megatron.bridge.models.gemma.gemma2_bridge",
             "Gemma2Bridge",
             "provider_bridge",
-            (("provider.window_size = (hf_config.sliding_window - 1, 0)", "provider.window_size = (hf_config.sliding_window, 0)"),),
+            (
+                (
+                    "provider.window_size = (hf_config.sliding_window - 1, 0)",
+                    "provider.window_size = (hf_config.sliding_window, 0)",
+                ),
+            ),
         ),
         Edit(
             "megatron.bridge.models.gpt_oss.gpt_oss_bridge",
             "GPTOSSBridge",
             "provider_bridge",
-            (("provider.window_size = (hf_pretrained.config.sliding_window - 1, 0)", "provider.window_size = (128, 0)"),),
+            (
+                (
+                    "provider.window_size = (hf_pretrained.config.sliding_window - 1, 0)",
+                    "provider.window_size = (128, 0)",
+                ),
+            ),
         ),
     ),
     # Megatron-Bridge #4875 (1c0174012, v0.6.0): Gemma 2's window on odd one-based layers (Hugging

@@ -32,7 +32,8 @@ from tests.real_cross_engine.conftest import ROLLOUT, TRAINING, missing_interpre
 from tests.real_nemo_rl.conftest import SNAPSHOTS_VARIABLE, snapshots_root
 from tests.real_vllm.conftest import BASE_ARGS, IN_PROCESS, KV_CACHE_GIB, PROMPT
 from tests.real_vllm.reverts import REVERT_ENV
-from tests.upstream_bugs.cases import ENGINES, MODELS, REPORTS, TRAINING as TRAINING_SIDES
+from tests.upstream_bugs.cases import ENGINES, MODELS, REPORTS
+from tests.upstream_bugs.cases import TRAINING as TRAINING_SIDES
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -129,7 +130,10 @@ class Step0:
         fixed = [name for name, (_, revert) in ENGINES.items() if revert is None]
         for k, name in enumerate(fixed):
             self.rollout[name] = (folder, FIRST_ENGINE + (f"-engine{k}" if k else ""))
-        spec = {"engines": [{"model": str(models[ENGINES[n][0]]), "engine": BASE_ARGS} for n in fixed], "prompt": PROMPT}
+        spec = {
+            "engines": [{"model": str(models[ENGINES[n][0]]), "engine": BASE_ARGS} for n in fixed],
+            "prompt": PROMPT,
+        }
         env = {"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(folder), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, **IN_PROCESS}
         log = self.root / "rollout-installed.log"
         return _run([python, str(REAL_VLLM / "serve_many.py"), json.dumps(spec)], env, log), log

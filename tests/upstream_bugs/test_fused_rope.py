@@ -9,12 +9,10 @@ the preset; with the user's fix on the command line nothing is recommended.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.real_nemo_rl.conftest import snapshot
+from tests.real_nemo_rl.conftest import check_recipe
 
 pytestmark = pytest.mark.real_nemo_rl
 
@@ -25,12 +23,7 @@ OVERRIDE = f"'++{KEY}=false'"
 
 def check(*args: str) -> tuple[dict, str]:
     """``check RECIPE ARGS --fix`` as JSON and as text."""
-    command = [sys.executable, "-m", "nemo_rl_attn_align", "check", str(snapshot("7ea279a") / RECIPE), *args, "--fix"]
-    text = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    doc = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120)
-    result = json.loads(doc.stdout)
-    assert result["exit_code"] == doc.returncode == text.returncode, doc.stderr[-2000:]
-    return result, text.stdout
+    return check_recipe(RECIPE, *args, "--fix")
 
 
 def _rope_fusion(result: dict) -> list[dict]:

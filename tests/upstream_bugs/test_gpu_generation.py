@@ -9,13 +9,9 @@ pair NeMo-RL documents and H100 does not; with the fix, GB200 does not either.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.real_nemo_rl.conftest import snapshot
+from tests.real_nemo_rl.conftest import check_recipe
 
 pytestmark = pytest.mark.real_nemo_rl
 
@@ -26,12 +22,7 @@ CODE = "KERNEL_PAIR_DOCUMENTED"
 
 def check(*args: str) -> tuple[dict, str]:
     """``check RECIPE ARGS`` as JSON and as text."""
-    command = [sys.executable, "-m", "nemo_rl_attn_align", "check", str(snapshot("7ea279a") / RECIPE), *args]
-    text = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    doc = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120)
-    result = json.loads(doc.stdout)
-    assert result["exit_code"] == doc.returncode == text.returncode, doc.stderr[-2000:]
-    return result, text.stdout
+    return check_recipe(RECIPE, *args)
 
 
 def _pairs(result: dict) -> list[dict]:

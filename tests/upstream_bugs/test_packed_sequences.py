@@ -22,7 +22,6 @@ import pytest
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.vocab.codes import Code
 from tests.conftest import module_json
-
 from tests.real_nemo_rl.conftest import REFS, snapshot
 from tests.upstream_bugs.packed_probe import LENGTHS
 
@@ -104,7 +103,10 @@ def test_megatron_bridge_4400_reintroduced_is_an_error_counting_the_truncated_bo
     call attends 0 of 3 sequences apart."""
     probe = _probe("truncated")
     statement = probe["detail"]["packed_boundaries"]
-    received = {**dict.fromkeys(("cu_seqlens_q", "cu_seqlens_kv"), 0), **dict.fromkeys(("cu_seqlens_q_padded", "cu_seqlens_kv_padded"), 3)}
+    received = {
+        **dict.fromkeys(("cu_seqlens_q", "cu_seqlens_kv"), 0),
+        **dict.fromkeys(("cu_seqlens_q_padded", "cu_seqlens_kv_padded"), 3),
+    }
     assert [(c["site"], c["received"], c["sequences_attended"]) for c in statement["calls"]] == [
         (site, {"qkv_format": "thd", **received}, 0) for site in SITES
     ]
