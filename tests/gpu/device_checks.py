@@ -285,8 +285,9 @@ def probe(device: str) -> list[dict]:
 
 def fingerprints(device: str) -> list[dict]:
     """Both sides' behaviour fingerprints of one model on ``device`` (bf16 there), per case: each side's
-    fields, what ``compare.behaviour`` finds between the sides, and whether each side reads the same with
-    its model moved to the CPU (``equal``: the expected difference only, every field observed, the same off the device)."""
+    fields, what ``compare.behaviour`` finds between the sides, and whether each side reads the same
+    with its model moved to the CPU (``equal``: the expected difference only, every field observed,
+    the same off the device)."""
     from nemo_rl_attn_align.compare.behaviour import difference
     from nemo_rl_attn_align.hosts import megatron_behaviour
     from nemo_rl_attn_align.probe.megatron_side import build
