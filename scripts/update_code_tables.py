@@ -1,4 +1,4 @@
-"""Rewrite the code tables in README.md and docs/report-schema.md from ``nemo_rl_attn_align.vocab.codes``.
+"""Rewrite the code tables of docs/rules-and-limits.md and docs/report-schema.md from ``vocab.codes``.
 
 Each table stands between ``<!-- codes:NAME -->`` and ``<!-- /codes:NAME -->``. Run it after adding or
 changing a code (the tests fail while a table differs from the registry)::
@@ -27,7 +27,7 @@ TABLES = {
     "report": ((Kind.BINDING, Kind.DETERMINISM, Kind.REPORT, Kind.HOST, Kind.PRESET), "meaning"),
 }
 #: File (relative to the repository) -> the tables it holds.
-FILES = {"README.md": ("rule",), "docs/report-schema.md": ("report",)}
+FILES = {"docs/rules-and-limits.md": ("rule",), "docs/report-schema.md": ("report",)}
 
 
 def table(name: str) -> str:

@@ -17,7 +17,7 @@ Off a GPU, what cannot run is replaced, and the capture names each replacement
 Engine (``te_stand_in.py``, only where TE is absent; megatron-core is imported before it, so
 megatron-core itself sees no TE and builds its own modules), megatron-core's local layer spec and
 ``attention_backend`` ``local`` for TE's, no fused RoPE, no persistent layer norm, no gradient
-accumulation fusion (``CPU_SETTINGS``), and ``megatron_side.cpu_only``'s two.
+accumulation fusion, no fused masked softmax (``CPU_SETTINGS``), and ``megatron_side.cpu_only``'s two.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ CPU_SETTINGS = {
     "apply_rope_fusion": False,
     "persist_layer_norm": False,
     "gradient_accumulation_fusion": False,
+    "masked_softmax_fusion": False,  # megatron-core's CUDA extension, called in half precision
 }
 #: megatron-core modules imported before the Transformer Engine stand-in, so that none of them
 #: takes the stand-in for TE (each decides ``HAVE_TE`` when it is first imported).

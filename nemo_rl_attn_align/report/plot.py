@@ -142,16 +142,19 @@ def _draw_estimate(ax: Any, metric: str, estimate: Any, x_range: tuple[float, fl
 
 
 def _draw_threshold(ax: Any, top: float) -> None:
-    """NeMo-RL's 1.05 line when the data reach a fifth of the way to it, else a note that it is above."""
+    """NeMo-RL's 1.05 line when the data reach a fifth of the way to it, else a legend entry saying
+    it is above (in the legend, so the two never overlap)."""
     if top - 1.0 >= 0.2 * (FRAMEWORK_THRESHOLD - 1.0):
         label = f"{FRAMEWORK_THRESHOLD}: NeMo-RL's framework-problem threshold"
         ax.axhline(FRAMEWORK_THRESHOLD, color=_THRESHOLD, linestyle="--", linewidth=1.0, label=label)
     else:
-        note = f"NeMo-RL's {FRAMEWORK_THRESHOLD} framework-problem threshold is above this range"
-        ax.text(0.99, 0.97, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color=_THRESHOLD)
+        note = f"NeMo-RL's {FRAMEWORK_THRESHOLD} framework-problem threshold: above this range"
+        ax.plot([], [], color=_THRESHOLD, linestyle="--", linewidth=1.0, label=note)
 
 
 def _draw_panel(ax: Any, metric: str, xy: tuple[Sequence[int], Sequence[float]], estimate: Any, x_range) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     xs, ys = xy
     marker = "." if len(xs) <= 60 else None
     ax.plot(xs, ys, color=_OBSERVED, linewidth=1.0, marker=marker, label=f"observed (NeMo-RL train/{metric})")
@@ -161,6 +164,7 @@ def _draw_panel(ax: Any, metric: str, xy: tuple[Sequence[int], Sequence[float]],
     if metric == "token_mult_prob_error":
         _draw_threshold(ax, max([*ys, *([top] if top is not None else [])]))
     ax.set_xlim(*x_range)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_title(metric, fontsize=10)
     ax.set_xlabel("training step", fontsize=9)

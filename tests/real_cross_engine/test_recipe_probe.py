@@ -64,3 +64,13 @@ def test_a_provider_field_set_in_the_recipe_reaches_the_training_side(pythons, c
     assert (first["layer"], first["stage"]) == (0, "attention")
     assert result["layers"][0]["attention_share"]["max_abs"] == pytest.approx(first["max_abs"], rel=1e-3)
     assert result["layers"][0]["rope_share"]["max_abs"] < ATOL
+
+
+def test_the_recipe_in_bfloat16_runs_on_cpu_without_the_fused_softmax(pythons, checkpoint):
+    """The recipe's own precision: megatron-core's fused masked softmax (a CUDA extension it calls in
+    half precision) is turned off on CPU and named, as the other CUDA-only settings are."""
+    result = probe_recipe(
+        pythons, checkpoint, "policy.precision=bfloat16", "policy.generation.vllm_cfg.precision=bfloat16"
+    )
+    assert "masked_softmax_fusion: False (was True)" in result["substitutions"]["training"]
+    assert result["token_mult_prob_error"] == pytest.approx(1.0, abs=0.05)

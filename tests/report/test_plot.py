@@ -152,8 +152,9 @@ def test_every_nemo_rl_metric_gets_a_panel_and_verl_metrics_do_not(tmp_path):
     assert BAND_LABEL not in _legend(fig.axes[2])  # the estimate has no policy_kl figure
     assert NOT_THIS_METRIC in _legend(fig.axes[2]) and NOT_THIS_METRIC not in _legend(fig.axes[0])  # said so
     token = fig.axes[0]
-    assert not any(str(FRAMEWORK_THRESHOLD) in label for label in _legend(token))  # 1.004 is far below 1.05
-    assert any("threshold is above this range" in t.get_text() for t in token.texts)
+    assert not any(FRAMEWORK_THRESHOLD in line.get_ydata() for line in token.lines)  # 1.004 is far below 1.05
+    assert any("threshold: above this range" in label for label in _legend(token))  # said in the legend
+    assert all(float(tick).is_integer() for tick in token.get_xticks())  # steps, not 1.5, 2.5
 
 
 @pytest.mark.parametrize(
