@@ -29,5 +29,5 @@ PYTHONPATH="$PWD" "$python313" -m nemo_rl_attn_align.probe.envs training "$venv"
 "${pip[@]}" --no-deps "$(plugin_source)"
 echo "lane nemo_rl: venv ready in $((SECONDS - lane_start))s"
 
-ATTN_ALIGN_TEST_LANE=nemo_rl "$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_nemo_rl tests/real_nemo_rl
+ATTN_ALIGN_TEST_LANE=nemo_rl "$venv/bin/python" -m pytest -q -p no:cacheprovider -m real_nemo_rl tests/real_nemo_rl tests/upstream_bugs
 echo "lane nemo_rl: $((SECONDS - lane_start))s"

@@ -108,6 +108,14 @@ class ModelConfigSnapshot(_Attributes):
     seq_len_interpolation_factor: float | None = None
     rope_scaling: bool | None = None
     rope_scaling_factor: float | None = None
+    # YaRN as Megatron-Bridge's providers carry it (megatron-core's GPTModel reads these)
+    yarn_rotary_scaling_factor: float | None = None
+    yarn_original_max_position_embeddings: int | None = None
+    yarn_beta_fast: float | None = None
+    yarn_beta_slow: float | None = None
+    yarn_mscale: float | None = None
+    yarn_mscale_all_dim: float | None = None
+    yarn_correction_range_round_to_int: bool | None = None
     apply_rope_fusion: bool | None = None
     vocab_size: int | None = None
     tensor_model_parallel_size: int | None = None

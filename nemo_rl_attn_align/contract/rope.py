@@ -5,7 +5,8 @@ model config plus ``rope_scaling``/``rope_scaling_factor`` (Llama 3.x frequency 
 ``GPTModel`` argument that Megatron-Bridge's providers carry) or ``seq_len_interpolation_factor``
 (linear); Hugging Face configs (what vLLM runs) use ``rope_theta``, ``partial_rotary_factor`` and a
 ``rope_scaling`` dict (transformers >= 5: one ``rope_parameters`` dict). ``canonical_rope`` maps
-either onto ``(rope_type, {"theta", "partial_rotary_factor", "scaling"?})``; ``hf_rope`` reads the
+either onto ``(rope_type, {"theta", "partial_rotary_factor", "scaling"?})`` (YaRN's ``truncate``
+written out: Hugging Face's and vLLM's default true where a config leaves it out); ``hf_rope`` reads the
 Hugging Face values from a config object or a ``config.json`` mapping.
 """
 
@@ -32,6 +33,8 @@ def canonical_rope(theta: Any, partial_rotary_factor: Any, scaling: Mapping[str,
     if not isinstance(scaling, Mapping):
         return "default", {k: v for k, v in params.items() if v is not None}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type == "yarn":  # Hugging Face and vLLM round the correction band unless it says otherwise
+        scaling = {"truncate": True, **scaling}
     extra = {k: _number(v) for k, v in sorted(scaling.items()) if k not in ("rope_type", "type")}
     if rope_type != "default" or extra:
         params["scaling"] = extra

@@ -44,6 +44,8 @@ def _rope(snap: ModelConfigSnapshot) -> tuple[str | None, dict | None]:
         return None, None
     if kind in ("none", "learned_absolute"):
         return "none", {}
+    if kind == "yarn" and snap.yarn_rotary_scaling_factor is not None:
+        return canonical_rope(snap.rotary_base, snap.rotary_percent, _yarn_scaling(snap))
     if kind != "rope":
         return kind, {"theta": snap.rotary_base}
     return canonical_rope(
@@ -51,6 +53,21 @@ def _rope(snap: ModelConfigSnapshot) -> tuple[str | None, dict | None]:
         snap.rotary_percent,
         megatron_scaling(snap.rope_scaling, snap.rope_scaling_factor, snap.seq_len_interpolation_factor),
     )
+
+
+def _yarn_scaling(snap: ModelConfigSnapshot) -> dict[str, Any]:
+    """A Megatron-Bridge provider's YaRN fields as Hugging Face's ``rope_parameters`` name them;
+    ``truncate``: whether megatron-core rounds the correction band (``round_to_int``; None does not)."""
+    fields = {
+        "factor": snap.yarn_rotary_scaling_factor,
+        "original_max_position_embeddings": snap.yarn_original_max_position_embeddings,
+        "beta_fast": snap.yarn_beta_fast,
+        "beta_slow": snap.yarn_beta_slow,
+        "mscale": snap.yarn_mscale,
+        "mscale_all_dim": snap.yarn_mscale_all_dim,
+    }
+    truncate = bool(snap.yarn_correction_range_round_to_int)
+    return {"rope_type": "yarn", **{k: v for k, v in fields.items() if v is not None}, "truncate": truncate}
 
 
 def _flash_attention_version(b: ContractBuilder, seen: Mapping[str, Any] | None, requested: Any, not_read: str) -> None:
@@ -111,7 +128,8 @@ def model_identity_fields(b: ContractBuilder, snap: ModelConfigSnapshot, src: st
     put_field(b, "decode_cp_size", None, "training does not decode", "configured")
     rope_type, rope_params = _rope(snap)
     put_field(b, "rope_type", rope_type, src + "position_embedding_type")
-    put_field(b, "rope_parameters", rope_params, src + "rotary_base/rotary_percent/rope_scaling")
+    scaling = "yarn_*" if rope_type == "yarn" else "rope_scaling"
+    put_field(b, "rope_parameters", rope_params, src + f"rotary_base/rotary_percent/{scaling}")
     put_field(b, "vocab_size", snap.vocab_size, src + "vocab_size")
     if snap.tokenizer:
         tokenizer = tokenizer_identity(snap.tokenizer)

@@ -1,7 +1,7 @@
 """The device checks (``tests/gpu/run_device_checks.sh OUT``): what can be measured on a bare GPU.
 
 Sized for one 10-minute call on one H200 with Python 3.12, torch with CUDA and Triton only (no
-Transformer Engine, flash-attn or vLLM; a megatron-core wheel may travel). Four sections, each
+Transformer Engine, flash-attn or vLLM; a megatron-core wheel may travel). Five sections, each
 written to ``OUT/device-checks.json`` as it finishes (a timeout keeps what is done):
 
 * ``reference_invariance`` -- the reference on CUDA under every plan axis (CP size, layout and
@@ -18,6 +18,13 @@ written to ``OUT/device-checks.json`` as it finishes (a timeout keeps what is do
   side in its own process as the CLI runs them) on the device, bf16: an aligned pair (no first
   divergence, attention adds 0 at every layer) and one attention knob (``softmax_scale``: named at
   core attention, layer 0, the replay estimate beside the measured share), with the figures.
+* ``fingerprints`` -- both sides' behaviour fingerprints (``rope``, ``mask``, ``softmax``, read from
+  the live modules by ``hosts.megatron_behaviour`` as the Megatron worker's hook reads them) of
+  ``probe``'s tiny megatron-core model on the device, bf16: the two sides of one model bound by
+  ``compare.behaviour`` (no difference), a sliding window on one side named at layer 0, and each
+  fingerprint the same read again with the model moved to the CPU (megatron-core's ``get_emb`` may
+  still evaluate on the current CUDA device). Both sides are megatron-core's: the device
+  has no vLLM (bug 6 of docs/upstream-bugs.md: the kernels differ per GPU, the fingerprints must not).
 
 The pure parts (cases, comparison, the JSON record) run on CPU in ``test_device_checks.py``.
 Usage: ``python -m tests.gpu.device_checks OUT [--quick]``.
@@ -276,6 +283,57 @@ def probe(device: str) -> list[dict]:
     return rows
 
 
+def fingerprints(device: str) -> list[dict]:
+    """Both sides' behaviour fingerprints of one model on ``device`` (bf16 there), per case: each side's
+    fields, what ``compare.behaviour`` finds between the sides, and whether each side reads the same
+    with its model moved to the CPU (``equal``: the expected difference only, every field observed,
+    the same off the device)."""
+    from nemo_rl_attn_align.compare.behaviour import difference
+    from nemo_rl_attn_align.hosts import megatron_behaviour
+    from nemo_rl_attn_align.probe.megatron_side import build
+    from nemo_rl_attn_align.probe.sides import SideSpec
+    from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
+
+    model = {"bf16": True, "params_dtype": "bfloat16"} if device == "cuda" else {}
+    rows = []
+    for name, knob, expected in (("aligned", {}, None), ("window", {"window_size": (7, 0)}, ("mask", 0))):
+        start = time.perf_counter()
+        sides, off_device = {}, {}
+        for side, spec in (
+            ("training", SideSpec("train", model=model)),
+            ("rollout", SideSpec(name, model={**model, **knob})),
+        ):
+            built = build(spec)
+            fields, _ = megatron_behaviour.read(built)
+            sides[side] = {
+                f: {"provenance": v.provenance.value, "value": v.value, "source": v.source} for f, v in fields.items()
+            }
+            cpu_fields, _ = megatron_behaviour.read(built.to("cpu"))
+            off_device[side] = all(
+                v.value is None or difference(f, v.value, cpu_fields[f].value) is None for f, v in fields.items()
+            )
+        found = {}
+        for field in BEHAVIOUR_FIELDS:
+            t, r = sides["training"][field]["value"], sides["rollout"][field]["value"]
+            diff = difference(field, t, r) if t is not None and r is not None else None
+            found[field] = (
+                None if diff is None else {"layer": diff.layer, "position": diff.position, "message": diff.message}
+            )
+        named = [(f, d["layer"]) for f, d in found.items() if d is not None]
+        observed = all(v["provenance"] == "observed" for s in sides.values() for v in s.values())
+        rows.append(
+            {
+                "case": name,
+                "seconds": round(time.perf_counter() - start, 2),
+                "sides": sides,
+                "differences": found,
+                "same_on_cpu": off_device,
+                "equal": observed and named == ([expected] if expected else []) and all(off_device.values()),
+            }
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -297,6 +355,7 @@ def main(argv=None) -> int:
         ("fa2_vs_sdpa", lambda: fa2_vs_sdpa(device, args.quick)),
         ("megatron_local", lambda: megatron_local(device)),
         ("probe", lambda: probe(device)),
+        ("fingerprints", lambda: fingerprints(device)),
     ]
     failed = False
     for name, run in sections:

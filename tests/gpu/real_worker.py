@@ -74,6 +74,19 @@ def write_checkpoint(directory: Path, model: Mapping[str, Any]) -> Path:
     """A tiny Llama as NeMo-RL's HF import leaves it in ``directory`` (returned); ``model`` uses
     Megatron's names (``HF_NAMES`` go into ``config.json``, the rest, such as ``attention_dropout``
     or ``deterministic_mode``, onto the provider; ``transformer_impl: local`` picks the local spec)."""
+    from transformers import LlamaConfig
+
+    directory.mkdir(parents=True, exist_ok=True)
+    hf = LlamaConfig(**{HF_NAMES[k]: v for k, v in model.items() if k in HF_NAMES}, architectures=["LlamaForCausalLM"])
+    hf.save_pretrained(directory)
+    _tokenizer(directory, hf.vocab_size)
+    return write_run_config(directory, hf, {k: v for k, v in model.items() if k not in HF_NAMES})
+
+
+def write_run_config(directory: Path, hf: Any, provider_fields: Mapping[str, Any] | None = None) -> Path:
+    """``directory/iter_0000000/run_config.yaml`` as NeMo-RL's HF import writes it for the model of
+    Hugging Face config ``hf``: the provider the installed Megatron-Bridge makes of it, with
+    ``provider_fields`` set on it (``transformer_impl: local`` picks the local spec); ``directory``."""
     from megatron.bridge import AutoBridge
     from megatron.bridge.models.gpt_provider import local_layer_spec
     from megatron.bridge.training.config import (
@@ -85,17 +98,12 @@ def write_checkpoint(directory: Path, model: Mapping[str, Any]) -> Path:
         TokenizerConfig,
         TrainingConfig,
     )
-    from transformers import LlamaConfig
 
-    directory.mkdir(parents=True, exist_ok=True)
-    hf = LlamaConfig(**{HF_NAMES[k]: v for k, v in model.items() if k in HF_NAMES}, architectures=["LlamaForCausalLM"])
-    hf.save_pretrained(directory)
-    _tokenizer(directory, hf.vocab_size)
+    provider_fields = provider_fields or {}
     provider = AutoBridge.from_hf_config(hf).to_megatron_provider(load_weights=False)
-    for key, value in model.items():
-        if key not in HF_NAMES:
-            setattr(provider, key, value)
-    if model.get("transformer_impl") == "local":
+    for key, value in provider_fields.items():
+        setattr(provider, key, value)
+    if provider_fields.get("transformer_impl") == "local":
         provider.transformer_layer_spec = local_layer_spec
     container = ConfigContainer(
         model=provider,

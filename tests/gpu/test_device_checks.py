@@ -52,6 +52,46 @@ def test_the_probe_section_runs_its_two_cases_on_cpu():
     assert rows[1]["attention_share"][0] > 0 and rows[1]["replay_estimate"] == rows[1]["attention_share"]
 
 
+def test_the_fingerprints_section_binds_both_sides_of_one_model_on_cpu():
+    pytest.importorskip("megatron.core")
+    aligned, window = device_checks.fingerprints("cpu")
+    assert aligned["equal"] and window["equal"], (aligned["differences"], window["differences"])
+    assert set(aligned["sides"]) == {"training", "rollout"} and aligned["same_on_cpu"] == {
+        "training": True,
+        "rollout": True,
+    }
+    assert {f: v["provenance"] for f, v in aligned["sides"]["rollout"].items()} == dict.fromkeys(
+        ("rope", "mask", "softmax"), "observed"
+    )
+    assert all(d is None for d in aligned["differences"].values())
+    mask = window["differences"]["mask"]
+    assert (
+        mask["layer"] == 0
+        and "the training kernel sees every earlier token, the rollout kernel 8 tokens" in mask["message"]
+    )
+    assert window["differences"]["rope"] is None and window["differences"]["softmax"] is None
+
+
+def test_main_records_each_section_and_fails_on_an_inequality(tmp_path, monkeypatch):
+    """``main``'s loop with the sections stubbed: rows kept, a missing megatron-core recorded without
+    failing, any other error or an unequal row failing the run (exit 1)."""
+    monkeypatch.setattr(device_checks, "reference_invariance", lambda device, quick: [{"equal": True}])
+    monkeypatch.setattr(device_checks, "fa2_vs_sdpa", lambda device, quick: [{"equal_fraction": 1.0}])
+    monkeypatch.setattr(device_checks, "megatron_local", lambda device: (_ for _ in ()).throw(ImportError("megatron")))
+    monkeypatch.setattr(device_checks, "probe", lambda device: [{"equal": True}])
+    monkeypatch.setattr(device_checks, "fingerprints", lambda device: [{"case": "window", "equal": True}])
+    assert device_checks.main([str(tmp_path), "--device", "cpu"]) == 0
+    data = json.loads((tmp_path / "device-checks.json").read_text())
+    assert set(data["sections"]) == {"reference_invariance", "fa2_vs_sdpa", "probe", "fingerprints"}
+    assert data["sections"]["fingerprints"]["rows"] == [{"case": "window", "equal": True}]
+    assert "megatron" in data["errors"]["megatron_local"] and data["environment"]["device"] == "cpu"
+    monkeypatch.setattr(device_checks, "fingerprints", lambda device: [{"case": "window", "equal": False}])
+    assert device_checks.main([str(tmp_path / "unequal"), "--device", "cpu"]) == 1
+    monkeypatch.setattr(device_checks, "probe", lambda device: (_ for _ in ()).throw(RuntimeError("no CUDA")))
+    assert device_checks.main([str(tmp_path / "error"), "--device", "cpu"]) == 1
+    assert "no CUDA" in json.loads((tmp_path / "error" / "device-checks.json").read_text())["errors"]["probe"]
+
+
 def test_script_needs_out_and_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     missing = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)

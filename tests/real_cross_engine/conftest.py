@@ -20,7 +20,8 @@ REPO = HERE.parents[1]
 TRAINING, ROLLOUT = "ATTN_ALIGN_TEST_TRAINING_PYTHON", "ATTN_ALIGN_TEST_ROLLOUT_PYTHON"
 
 
-def _missing() -> str | None:
+def missing_interpreters() -> str | None:
+    """Why the two interpreters cannot be used (None: both are given)."""
     for variable in (TRAINING, ROLLOUT):
         value = os.environ.get(variable)
         if not value or not os.access(value, os.X_OK):
@@ -28,14 +29,19 @@ def _missing() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config, items):
-    """Skip this folder's tests, with one line, where the two interpreters are not given."""
-    reason = _missing()
+def skip_without_interpreters(items, folder: Path, marker: str = "real_cross_engine") -> None:
+    """Skip the tests of ``folder`` marked ``marker``, with one line, where the two interpreters are not given."""
+    reason = missing_interpreters()
     if reason is None:
         return
     for item in items:
-        if HERE in Path(str(item.fspath)).parents:
+        if folder in Path(str(item.fspath)).parents and item.get_closest_marker(marker) is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip this folder's tests, with one line, where the two interpreters are not given."""
+    skip_without_interpreters(items, HERE)
 
 
 @pytest.fixture(scope="session")

@@ -1,41 +1,33 @@
-"""``python -m tests.real_nemo_rl.bridge_behaviour [upstream]``: the behaviour fields the Megatron
+"""``python -m tests.real_nemo_rl.bridge_behaviour``: the behaviour fields the Megatron
 worker records (``hosts.megatron_behaviour``) for models Megatron-Bridge builds from tiny configs of
 transformers' own config classes, beside what Hugging Face's own model computes for the same config.
 
 Each model is built as NeMo-RL builds it (``AutoBridge.from_hf_config(...).to_megatron_provider(
-load_weights=False)``, ``finalize()``, ``provide()``), on the CPU as ``check``'s preview builds one
-(``hosts.behaviour_preview.local_attention_spec``): megatron-core imported before the Transformer
-Engine stand-in, the local layer spec, fp32, ``cpu_only``. A converter's own attention modules stay
-where they build without TE: Gemma 2's core attention (``Gemma2FlexDotProductAttention``) and Gemma
-3's self-attention (``Gemma3SelfAttention``, which picks the local or global RoPE) on the local
-spec's linear layers; Gemma 3's core attention is Transformer Engine's, so its mask and softmax here
-are the local module's, not the converter's. Beside each: ``check``'s preview of the same config
-(``preview``), the model built on the meta device.
+load_weights=False)``, ``finalize()``, ``provide()``), on the CPU as ``probe/bridge_side.py`` builds
+one: megatron-core imported before the Transformer Engine stand-in, the local layer spec, fp32,
+``cpu_only``. A converter's own attention modules stay where they build without TE: Gemma 2's core
+attention (``Gemma2FlexDotProductAttention``) and Gemma 3's self-attention (``Gemma3SelfAttention``,
+which picks the local or global RoPE) on the local spec's linear layers; Gemma 3's core attention
+is Transformer Engine's, so its mask and softmax here are the local module's, not the converter's.
 
 The reference per layer: the window Hugging Face's ``layer_types`` / ``sliding_window`` give
 (``sliding_window - 1`` keys before the query), the scale and soft cap of its attention, and its
 rotary module's (cos, sin) at ``ROPE_POSITIONS`` (angles and magnitudes of half-split pairs, as its
-``rotate_half`` pairs them). ``upstream`` builds two upstream bugs instead: Megatron-Bridge #2656
-re-introduced into the installed Mistral bridge (its ``provider_bridge`` source with
-``sliding_window - 1`` made ``sliding_window`` again, executed in the bridge's module), and Gemma 2
-with ``attention_backend: local``, under which Megatron-Bridge 0.6.2's ``provide()`` replaces
-Gemma 2's own core attention by megatron-core's (no soft cap, every layer windowed). Prints one JSON
-line: model -> {"training": {field: [provenance, value, source]}, "problems", "hf": {"rope", "mask",
-"softmax"}, "preview": the preview side's answer}.
+``rotate_half`` pairs them). Prints one JSON line: model -> {"training": {field: [provenance,
+value, source]}, "problems", "hf": {"rope", "mask", "softmax"}, "preview": check's preview of the same config}. ``build_on_cpu`` is how the
+upstream-bug corpus (``tests/upstream_bugs/training_side.py``) builds the model NeMo-RL's worker path
+configured; the upstream bugs themselves are re-introduced and caught there.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.hosts.behaviour_preview import cpu_build_settings, local_attention_spec
-from nemo_rl_attn_align.probe.bridge_side import import_bridge, set_recipe_settings
+from nemo_rl_attn_align.probe.bridge_side import _cpu_settings, import_bridge
 from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel, own_nvte_environment
 from nemo_rl_attn_align.vocab.behaviour import ROPE_POSITIONS, per_layer
 
@@ -73,46 +65,58 @@ def hf_config(model_type: str):
     return config
 
 
-def revert_2656() -> None:
-    """Megatron-Bridge #2656 undone in the installed Mistral bridge: (W, 0) again, W + 1 tokens seen."""
-    from megatron.bridge.models.mistral import mistral_bridge
+def _cpu_spec(provider: Any) -> None:
+    """The local layer spec, keeping a converter's own attention modules that build without TE."""
+    from megatron.bridge.models.gpt_provider import default_layer_spec
+    from megatron.core.transformer.enums import AttnBackend
 
-    source = textwrap.dedent(inspect.getsource(mistral_bridge.MistralBridge.provider_bridge))
-    assert "hf_config.sliding_window - 1" in source, "the installed Mistral bridge has no #2656 fix to revert"
-    namespace: dict[str, Any] = {}
-    exec(compile(source.replace("hf_config.sliding_window - 1", "hf_config.sliding_window"), "revert", "exec"),
-         vars(mistral_bridge), namespace)  # fmt: skip
-    mistral_bridge.MistralBridge.provider_bridge = namespace["provider_bridge"]
-
-
-def recipe_settings(attention_backend: str | None) -> dict[str, str]:
-    """The recipe's precision (float32) and ``megatron_cfg.attention_backend`` where one is given."""
-    return {"precision": "float32", **({"attention_backend": attention_backend} if attention_backend else {})}
+    own = provider.transformer_layer_spec
+    _cpu_settings(provider)
+    if own is default_layer_spec or not callable(own):
+        return
+    theirs, spec = own(provider).submodules.self_attention, provider.transformer_layer_spec(provider)
+    mine = spec.submodules.self_attention
+    mine.module, mine.params = theirs.module, theirs.params
+    core = theirs.submodules.core_attention
+    if isinstance(core, type) and not any(cls.__name__ == "TEDotProductAttention" for cls in core.__mro__):
+        mine.submodules.core_attention = core
+        # provide() swaps any core attention for megatron-core's local one under AttnBackend.local
+        provider.attention_backend = AttnBackend.auto
+    provider.transformer_layer_spec = spec
 
 
 def megatron_model(model_type: str, attention_backend: str | None = None):
-    """The model Megatron-Bridge provides for the tiny config, its weights on the CPU (``attention_backend``:
-    as NeMo-RL's ``megatron_cfg.attention_backend`` sets it on the provider); the layer spec as
-    ``check``'s preview builds it without TE (``hosts.behaviour_preview``), on a real device."""
+    """The model Megatron-Bridge provides for the tiny config (``attention_backend``: as NeMo-RL's
+    ``megatron_cfg.attention_backend`` sets it on the provider)."""
+    from megatron.core.transformer.enums import AttnBackend
+
     bridge, _ = import_bridge()
     provider = bridge.AutoBridge.from_hf_config(hf_config(model_type)).to_megatron_provider(load_weights=False)
-    set_recipe_settings(provider, recipe_settings(attention_backend))
-    local_attention_spec(provider)
-    cpu_build_settings(provider)
+    if attention_backend is not None:
+        provider.attention_backend = AttnBackend[attention_backend]
+    return build_on_cpu(provider)
+
+
+def build_on_cpu(provider: Any):
+    """The model ``provider`` provides, built on the CPU in float32 (``_cpu_spec``): under
+    ``attention_backend: local`` Megatron-Bridge's ``provide()`` swaps a converter's core attention for
+    megatron-core's, as on a GPU."""
+    import torch
+    from megatron.core.transformer.enums import AttnBackend
+
+    asked = provider.attention_backend
+    provider.bf16 = provider.fp16 = False
+    provider.params_dtype = provider.pipeline_dtype = torch.float32
+    _cpu_spec(provider)
+    if asked == AttnBackend.local:
+        provider.attention_backend = asked
+    provider.layernorm_zero_centered_gamma = False  # Gemma's norm: torch's LayerNorm lacks it (no attention change)
+    provider.moe_permute_fusion = provider.moe_grouped_gemm = False  # TE's kernels (a recipe turns them on)
+    if provider.num_moe_experts:  # gpt-oss's experts: without CUDA streams
+        provider.moe_token_dispatcher_type = "allgather"
     provider.finalize()
     with cpu_only(), own_nvte_environment():  # Megatron asserts the NVTE variables, then sets them
         return provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
-
-
-def preview(model_type: str, attention_backend: str | None, directory: Path) -> dict:
-    """``check``'s training preview of the tiny config written to ``directory``: the model built on the
-    meta device by ``hosts.behaviour_preview``, in this process."""
-    from nemo_rl_attn_align.hosts.behaviour_preview import preview as side_preview
-    from nemo_rl_attn_align.probe.sides import SideSpec
-
-    hf_config(model_type).save_pretrained(directory)
-    model = {"checkpoint": str(directory), **recipe_settings(attention_backend)}
-    return side_preview(SideSpec("training", engine="megatron-bridge", model=model))
 
 
 def _hf_rope(model: Any, config: Any, layer: int) -> dict:
@@ -169,29 +173,35 @@ def hugging_face(model_type: str) -> dict:
     }
 
 
-def main(argv: list[str]) -> int:
+def preview(model_type: str, directory: Path) -> dict:
+    """``check``'s training preview (``hosts.behaviour_preview``: the model on the meta device) of the tiny
+    config written to ``directory``, in float32 as the model above."""
+    from nemo_rl_attn_align.hosts.behaviour_preview import preview as side_preview
+    from nemo_rl_attn_align.probe.sides import SideSpec
+
+    hf_config(model_type).save_pretrained(directory)
+    model = {"checkpoint": str(directory), "precision": "float32"}
+    return side_preview(SideSpec("training", engine="megatron-bridge", model=model))
+
+
+def main() -> int:
     from nemo_rl_attn_align.hosts import megatron_behaviour
 
     ensure_model_parallel()
-    backends: dict[str, str | None] = dict.fromkeys(MODELS)
-    if argv == ["upstream"]:
-        import_bridge()
-        revert_2656()
-        backends = {"mistral": None, "gemma2": "local"}
     out = {}
     with tempfile.TemporaryDirectory(prefix="bridge-behaviour-") as scratch:
-        for model_type, backend in backends.items():
-            fields, problems = megatron_behaviour.read(megatron_model(model_type, backend))
+        for model_type in MODELS:
+            fields, problems = megatron_behaviour.read(megatron_model(model_type))
             training = {name: [f.provenance.value, f.value, f.source] for name, f in fields.items()}
             out[model_type] = {
                 "training": training,
                 "problems": problems,
                 "hf": hugging_face(model_type),
-                "preview": preview(model_type, backend, Path(scratch) / model_type),
+                "preview": preview(model_type, Path(scratch) / model_type),
             }
     print(json.dumps(out))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

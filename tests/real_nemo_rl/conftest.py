@@ -10,6 +10,7 @@ every test here skips with one line (in a lane,
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,17 @@ def snapshot(ref: str) -> Path:
     if not (tree / "nemo_rl").is_dir():
         pytest.skip(f"{tree} holds no NeMo-RL source tree")
     return tree
+
+
+def check_recipe(recipe: str, *args: str) -> tuple[dict, str]:
+    """``check`` on ``recipe`` (a path in NeMo-RL 7ea279a's tree, read unmodified) with ``args``, as a
+    user runs it: the ``--json`` document and the text, their exit codes agreeing."""
+    command = [sys.executable, "-m", "nemo_rl_attn_align", "check", str(snapshot("7ea279a") / recipe), *args]
+    text = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    doc = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120)
+    result = json.loads(doc.stdout)
+    assert result["exit_code"] == doc.returncode == text.returncode, doc.stderr[-2000:]
+    return result, text.stdout
 
 
 def load_source_module(tree: Path, relative: str, name: str):

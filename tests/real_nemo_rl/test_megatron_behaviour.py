@@ -3,10 +3,8 @@
 subprocess: megatron-core must be imported before the Transformer Engine stand-in there, while this
 lane's other modules load the stand-in first). Windows in visible tokens, Gemma 2's layer kinds in
 Hugging Face's order, RoPE angles and YaRN's attention factor, scales, soft caps and sinks agree
-within ``compare.behaviour``'s tolerance. Two upstream bugs: Megatron-Bridge #2656 re-introduced
-into the installed Mistral bridge shows as a window one token wider; Gemma 2 under
-``attention_backend: local`` (Megatron-Bridge 0.6.2 swaps its core attention) as windows on every
-layer and no soft cap.
+within ``compare.behaviour``'s tolerance. The upstream bugs these fields catch are re-introduced and
+caught end to end in ``tests/upstream_bugs``.
 """
 
 from __future__ import annotations
@@ -24,15 +22,11 @@ MODELS = ("llama", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt_oss")
 WINDOW = 8  # bridge_behaviour.WINDOW: Hugging Face's sliding_window, the query included
 
 
-def _run(*args: str) -> dict:
-    if os.environ.get(LANE_VARIABLE) != "nemo_rl":
-        pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has Megatron-Bridge")
-    return module_json("tests.real_nemo_rl.bridge_behaviour", *args)
-
-
 @pytest.fixture(scope="module")
 def built() -> dict:
-    return _run()
+    if os.environ.get(LANE_VARIABLE) != "nemo_rl":
+        pytest.skip(f"runs in lane .ci/lanes/nemo_rl.sh ({LANE_VARIABLE}=nemo_rl), whose venv has Megatron-Bridge")
+    return module_json("tests.real_nemo_rl.bridge_behaviour")
 
 
 def _checked(field: str, value: dict) -> dict:
@@ -72,59 +66,18 @@ def test_converter_modules_are_read_where_they_run(built):
     assert "YarnRotaryEmbedding" in gpt_oss[2] and "mscale=1.34657" in gpt_oss[2]
 
 
-@pytest.fixture(scope="module")
-def upstream() -> dict:
-    return _run("upstream")
-
-
-def test_megatron_bridge_2656_reintroduced_is_a_window_one_token_wider(upstream):
-    from nemo_rl_attn_align.compare.behaviour import difference
-
-    seen = upstream["mistral"]
-    training = _checked("mask", seen["training"]["mask"][1])
-    assert training["kinds"] == [{"causal": True, "window": WINDOW}]  # W + 1 tokens seen
-    found = difference("mask", training, _checked("mask", seen["hf"]["mask"]))
-    assert found is not None and found.layer == 0 and found.position == WINDOW
-    assert f"the training kernel sees {WINDOW + 1} tokens, the rollout kernel {WINDOW} tokens" in found.message
-    assert "the window is off by one" in found.fix
-
-
-def test_gemma2_on_the_local_backend_loses_its_soft_cap_and_layer_kinds(upstream):
-    """Megatron-Bridge 0.6.2's provide() puts megatron-core's DotProductAttention in place of Gemma 2's
-    own under attention_backend local: every layer windowed, no soft cap (found by these fingerprints)."""
-    from nemo_rl_attn_align.compare.behaviour import difference
-
-    seen = upstream["gemma2"]
-    mask, softmax = (_checked(f, seen["training"][f][1]) for f in ("mask", "softmax"))
-    found = difference("mask", mask, _checked("mask", seen["hf"]["mask"]))
-    assert found is not None and found.layer == 1 and "training windows layers 0-3, rollout layers 0,2" in found.message
-    found = difference("softmax", softmax, _checked("softmax", seen["hf"]["softmax"]))
-    assert found is not None and "training soft-caps the logits at none, rollout soft-caps the logits at 50" in (
-        found.message
-    )
-    assert seen["training"]["mask"][2].startswith("DotProductAttention.scale_mask_softmax")
-
-
-def _same_as_built(seen: dict, model_type: str) -> None:
+@pytest.mark.parametrize("model_type", MODELS)
+def test_checks_preview_computes_what_the_built_model_records(built, model_type):
+    """``check --training-python``'s side (``hosts.behaviour_preview``: the model on the meta device, its
+    rotary on the CPU) gives the values and sources the reader records from the model built with its
+    weights, exactly; Gemma 3's mask and softmax are unobservable there (its core attention is TE's own)."""
+    seen = built[model_type]
     preview = seen["preview"]
     assert "error" not in preview and preview["problems"] == [], preview
     for field, (provenance, value, source) in seen["training"].items():
         got = preview["fields"][field]
-        if model_type == "gemma3_text" and field != "rope":  # its core attention is Transformer Engine's own
+        if model_type == "gemma3_text" and field != "rope":
             assert got["provenance"] == "unobservable", got
             assert got["source"].startswith("gemma3_layer_spec's core attention needs Transformer Engine"), got
             continue
         assert (got["provenance"], got["value"], got["source"]) == (provenance, value, source), field
-
-
-@pytest.mark.parametrize("model_type", MODELS)
-def test_checks_preview_computes_what_the_built_model_records(built, model_type):
-    """``check --training-python``'s side (``hosts.behaviour_preview``: the model on the meta device,
-    its rotary on the CPU) gives the values and sources the reader records from the model built with
-    its weights, exactly."""
-    _same_as_built(built[model_type], model_type)
-
-
-@pytest.mark.parametrize("model_type", ["mistral", "gemma2"])
-def test_checks_preview_sees_the_upstream_bugs_the_built_model_shows(upstream, model_type):
-    _same_as_built(upstream[model_type], model_type)

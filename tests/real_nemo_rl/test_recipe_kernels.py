@@ -1,5 +1,5 @@
-"""``check --gpu`` on NeMo-RL's own recipes (ref 7ea279a): the kernel pair its gpt-oss recipe documents,
-and both kernels of its Megatron-generation recipes.
+"""``check --gpu`` on NeMo-RL's own recipes (ref 7ea279a): both kernels of its Megatron-generation
+recipes (its gpt-oss recipe's documented kernel pair: tests/upstream_bugs/test_gpu_generation.py).
 
 The recipes are read unmodified from the snapshot (their ``defaults:`` chains resolved by ``check``);
 their models come from the test session's Hugging Face cache (``tests/example_models.py``).
@@ -7,18 +7,13 @@ their models come from the test session's Hugging Face cache (``tests/example_mo
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.real_nemo_rl.conftest import snapshot
+from tests.real_nemo_rl.conftest import check_recipe
 
 pytestmark = pytest.mark.real_nemo_rl
 
 RECIPES = "examples/configs/recipes/llm"
-GPT_OSS = "grpo-gptoss-20b-8n4g-megatron.yaml"
 MEGATRON_GENERATION = (
     "grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml",
     "grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml",
@@ -26,32 +21,11 @@ MEGATRON_GENERATION = (
 
 
 def check(recipe: str, *args: str) -> dict:
-    path = snapshot("7ea279a") / RECIPES / recipe
-    proc = subprocess.run(
-        [sys.executable, "-m", "nemo_rl_attn_align", "check", str(path), *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    result = json.loads(proc.stdout)
-    assert result["exit_code"] == proc.returncode, proc.stderr[-2000:]
-    return result
+    return check_recipe(f"{RECIPES}/{recipe}", *args)[0]
 
 
 def _pairs(result: dict) -> list[dict]:
     return [f for f in result["kernels"]["findings"] if f["code"] == "KERNEL_PAIR_DOCUMENTED"]
-
-
-@pytest.mark.parametrize("gpu", ["sm100", "B300"])
-def test_gpt_oss_recipe_rolls_out_with_triton_and_without_its_line_warns_of_the_pair(gpu):
-    kept = check(GPT_OSS, "--gpu", gpu)
-    assert {kind["kernel"] for kind in kept["kernels"]["rollout"]} == {"TRITON_ATTN"}
-    assert not _pairs(kept)
-    dropped = check(GPT_OSS, "~policy.generation.vllm_kwargs.attention_backend", "--gpu", gpu)
-    assert {kind["kernel"] for kind in dropped["kernels"]["rollout"]} == {"FLASHINFER"}
-    (pair,) = _pairs(dropped)
-    assert "grpo-gptoss-20b-8n4g-megatron.yaml" in pair["message"]
-    assert pair["fix"] == "set policy.generation.vllm_kwargs.attention_backend=TRITON_ATTN."
 
 
 @pytest.mark.parametrize("recipe", MEGATRON_GENERATION)

@@ -71,13 +71,14 @@ def save_tokenizer(directory: Path, vocab_size: int) -> None:
     ).save_pretrained(directory)
 
 
-def make_model(directory: Path, architecture: str, seed: int = 0) -> Path:
-    """Write a tiny random-weight ``architecture`` model with its tokenizer to ``directory``."""
+def make_model(directory: Path, architecture: str, seed: int = 0, overrides: dict | None = None) -> Path:
+    """Write a tiny random-weight ``architecture`` model with its tokenizer to ``directory``
+    (``overrides``: config keys over the architecture's)."""
     import torch
     import transformers
 
     config_cls, model_cls, extra = ARCHITECTURES[architecture]
-    config = getattr(transformers, config_cls)(**{**SHAPE, "tie_word_embeddings": False, **extra})
+    config = getattr(transformers, config_cls)(**{**SHAPE, "tie_word_embeddings": False, **extra, **(overrides or {})})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(directory)

@@ -1,15 +1,20 @@
 """NeMo-RL's own packing and forward step on one packed micro-batch, with the plugin active.
 
-``python -m tests.real_nemo_rl.packed_probe TREE {fixed,dropped}`` prints one JSON line.
+``python -m tests.upstream_bugs.packed_probe TREE {fixed,dropped,truncated}`` prints one JSON line.
 
-Run by ``test_packed_boundaries.py`` in a process of its own, with the plugin's checkout and the
+Run by ``test_packed_sequences.py`` in a process of its own, with the plugin's checkout and the
 stand-ins on the path (``TREE``, a NeMo-RL source tree, goes after them: it has a ``tests`` package
 of its own) and the plugin activated by its ``.pth``. It records facts only; the tests judge them.
 
 ``dropped`` re-introduces the upstream bug at import, in this process only: ``nemo_rl.models.megatron.train``
 is compiled from the tree's own source with the one statement that hands the packed boundaries to
 the model (``additional_kwargs["packed_seq_params"] = packed_seq_params`` in ``model_forward``) taken
-out, as NeMo-RL #2105 / #4167 lose them on the DTensor path; nothing on disk changes.
+out, as NeMo-RL #2105 / #4167 lose them on the DTensor path; nothing on disk changes. ``truncated``
+re-introduces Megatron-Bridge #4400 the same way: that statement hands the model what the installed
+Megatron-Bridge's own ``get_packed_seq_params`` makes of NeMo-RL's boundaries in the legacy layout
+its Nemotron Omni encoder gave before the fix (``cu_seqlens`` with its ``cu_seqlens_argmin``,
+``cu_seqlens_unpadded`` without ``cu_seqlens_unpadded_argmin``: Megatron-Bridge 0.6.2 still cuts
+those at their argmin, 0 where no -1 sentinel follows, to nothing).
 
 The model is a tiny megatron-core GPTModel on CPU (``cpu_megatron.build_gpt(..., packed=True)``: its
 attention layers megatron-core's, its core attention the CPU stand-in for Transformer Engine's), given
@@ -29,6 +34,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,22 +47,52 @@ TRAIN = "nemo_rl.models.megatron.train"
 LENGTHS = (5, 3, 4)
 
 
+#: What ``FIX`` becomes per case: the boundaries dropped, or made by Megatron-Bridge as before #4400.
+BUGS = {
+    "dropped": "pass",
+    "truncated": FIX.replace("= packed_seq_params", "= __import__('tests.upstream_bugs.packed_probe').upstream_bugs"
+                             ".packed_probe.megatron_bridge_4400(packed_seq_params)"),
+}  # fmt: skip
+
+
+def megatron_bridge_4400(params):
+    """NeMo-RL's ``params`` through the installed Megatron-Bridge's ``get_packed_seq_params``, in the
+    layout its Nemotron Omni encoder gave before #4400 (no ``cu_seqlens_unpadded_argmin``)."""
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    padded = params.cu_seqlens_q_padded
+    legacy = {
+        "cu_seqlens": padded,
+        "cu_seqlens_argmin": padded.new_tensor(len(padded)),
+        "cu_seqlens_unpadded": params.cu_seqlens_q,
+        "max_seqlen": params.max_seqlen_q,
+    }
+    return get_packed_seq_params(legacy)
+
+
 class _WithoutFix(importlib.machinery.SourceFileLoader):
-    """Compiles the module from its source with ``FIX`` replaced by ``pass`` (no bytecode cache)."""
+    """Compiles the module from its source with ``FIX`` replaced by ``bug`` (no bytecode cache)."""
+
+    def __init__(self, fullname, path, bug):
+        super().__init__(fullname, path)
+        self.bug = bug
 
     def get_code(self, fullname):
         source = Path(self.path).read_text()
         if source.count(FIX) != 1:
             raise RuntimeError(f"{self.path} has {source.count(FIX)} lines {FIX!r}; expected 1")
-        return compile(source.replace(FIX, "pass"), self.path, "exec", dont_inherit=True)
+        return compile(source.replace(FIX, self.bug), self.path, "exec", dont_inherit=True)
 
 
-class _DropFinder(importlib.abc.MetaPathFinder):
+class _BugFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, bug: str):
+        self.bug = bug
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname != TRAIN:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        spec.loader = _WithoutFix(fullname, spec.origin)
+        spec.loader = _WithoutFix(fullname, spec.origin, self.bug)
         return spec
 
 
@@ -65,16 +101,22 @@ def _token_logprobs(logits, tokens):
     return logits[0, :-1].float().log_softmax(-1).gather(-1, tokens[1:, None])[:, 0]
 
 
+def report(report_dir: Path) -> dict[str, Any]:
+    """``nemo-rl-attn-align report`` on the report folder, as a user runs it: exit code, text, verdict, findings."""
+    command = [sys.executable, "-m", "nemo_rl_attn_align", "report", str(report_dir)]
+    text = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    doc = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300).stdout)
+    return {"exit_code": text.returncode, "text": text.stdout, "verdict": doc["verdict"], "findings": doc["findings"]}
+
+
 def run(report_dir: Path) -> dict[str, Any]:
     import torch
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl.models.megatron import data, train
 
-    from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.hosts import megatron_worker
     from nemo_rl_attn_align.hosts._patching import is_wrapped
     from nemo_rl_attn_align.probe.megatron_side import cpu_only
-    from nemo_rl_attn_align.report.document import collect
     from nemo_rl_attn_align.report.store import read_worker_files
     from tests.fake_nemo_rl.cpu_megatron import TINY_MODEL, StandInGPTProvider, build_gpt
 
@@ -101,7 +143,6 @@ def run(report_dir: Path) -> dict[str, Any]:
         ]
     packed = [out["logprobs"][b, 1:n].tolist() for b, n in enumerate(LENGTHS)]  # NeMo-RL's: 0 at token 0
     detail = next(iter(read_worker_files(report_dir).details.values())).to_dict()
-    doc = collect(report_dir, AlignSettings())
     return {
         "seam_wrapped_before": seam_wrapped,
         "seam_wrapped_after": is_wrapped(data._pack_sequences_for_megatron),
@@ -109,7 +150,7 @@ def run(report_dir: Path) -> dict[str, Any]:
         "fix_in_source": FIX in Path(train.__file__).read_text(),
         "train_file": train.__file__,
         "detail": detail,
-        "report": {"verdict": doc["verdict"], "findings": doc["findings"]},
+        "report": report(report_dir),
         "packed_logprobs": packed,
         "alone_logprobs": alone,
     }
@@ -122,8 +163,8 @@ def main(tree: str, case: str) -> None:
     import_bridge()  # megatron-core first (its own attention, not the stand-in's), then TE's stand-in
     import attn_align_stand_ins  # noqa: F401 - the names megatron-core 0.19.2 lacks
 
-    if case == "dropped":
-        sys.meta_path.insert(0, _DropFinder())
+    if case in BUGS:
+        sys.meta_path.insert(0, _BugFinder(BUGS[case]))
     with tempfile.TemporaryDirectory() as report_dir:
         result = run(Path(report_dir))
     print(json.dumps(result, default=str))

@@ -22,13 +22,12 @@ import pytest
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.vocab.codes import Code
 from tests.conftest import module_json
-
-from .conftest import REFS, snapshot
-from .packed_probe import LENGTHS
+from tests.real_nemo_rl.conftest import REFS, snapshot
+from tests.upstream_bugs.packed_probe import LENGTHS
 
 pytestmark = pytest.mark.real_nemo_rl
 
-STAND_INS = Path(__file__).parent / "stand_ins"
+STAND_INS = Path(__file__).parents[1] / "real_nemo_rl" / "stand_ins"
 SITES = [f"decoder.layers.{i}.self_attention.core_attention" for i in range(2)]
 PACKED_BY = "nemo_rl.models.megatron.data._pack_sequences_for_megatron"
 _probes: dict[str, dict] = {}
@@ -38,7 +37,7 @@ def _probe(case: str) -> dict:
     """The probe's facts for ``case``, once per case."""
     if case not in _probes:
         tree = str(snapshot("7ea279a"))
-        _probes[case] = module_json("tests.real_nemo_rl.packed_probe", tree, case, first_on_path=str(STAND_INS))
+        _probes[case] = module_json("tests.upstream_bugs.packed_probe", tree, case, first_on_path=str(STAND_INS))
     return _probes[case]
 
 
@@ -96,6 +95,25 @@ def test_the_upstream_bug_reintroduced_is_an_error_naming_the_call_and_counts():
     first, *later = _largest_difference(probe)
     assert first < 1e-4 and min(later) > 1e-3  # the later sequences attended the earlier ones
     assert not probe["seam_wrapped_after"] and probe["hooks_left"] == []
+
+
+def test_megatron_bridge_4400_reintroduced_is_an_error_counting_the_truncated_boundaries():
+    """The boundaries reach the model, but Megatron-Bridge cut the unpadded ones to nothing: the kernel
+    the stand-in replays runs on the padded ones (TE's would fail on an empty cu_seqlens_q), and the
+    call attends 0 of 3 sequences apart."""
+    probe = _probe("truncated")
+    statement = probe["detail"]["packed_boundaries"]
+    received = {
+        **dict.fromkeys(("cu_seqlens_q", "cu_seqlens_kv"), 0),
+        **dict.fromkeys(("cu_seqlens_q_padded", "cu_seqlens_kv_padded"), 3),
+    }
+    assert [(c["site"], c["received"], c["sequences_attended"]) for c in statement["calls"]] == [
+        (site, {"qkv_format": "thd", **received}, 0) for site in SITES
+    ]
+    [truncated] = probe["detail"]["coded_findings"]
+    assert truncated["code"] == Code.PACKED_BOUNDARIES_DROPPED.value and truncated["severity"] == "error"
+    assert truncated["key"] == f"workers.policy-rank0.{SITES[0]}" and truncated["value"] == "0 of 3 sequences"
+    assert "Megatron-Bridge #4400" in truncated["fix"] and probe["report"]["verdict"] == "fail"
 
 
 def _parameters(path: Path, function: str) -> list[str] | None:
