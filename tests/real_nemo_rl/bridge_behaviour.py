@@ -14,9 +14,10 @@ The reference per layer: the window Hugging Face's ``layer_types`` / ``sliding_w
 (``sliding_window - 1`` keys before the query), the scale and soft cap of its attention, and its
 rotary module's (cos, sin) at ``ROPE_POSITIONS`` (angles and magnitudes of half-split pairs, as its
 ``rotate_half`` pairs them). Prints one JSON line: model -> {"training": {field: [provenance,
-value, source]}, "problems", "hf": {"rope", "mask", "softmax"}, "preview": check's preview of the same config}. ``build_on_cpu`` is how the
-upstream-bug corpus (``tests/upstream_bugs/training_side.py``) builds the model NeMo-RL's worker path
-configured; the upstream bugs themselves are re-introduced and caught there.
+value, source]}, "problems", "hf": {"rope", "mask", "softmax"}, "preview": ``check``'s preview of
+the same config}. ``build_on_cpu`` is how the upstream-bug corpus
+(``tests/upstream_bugs/training_side.py``) builds the model NeMo-RL's worker path configured; the
+upstream bugs themselves are re-introduced and caught there.
 """
 
 from __future__ import annotations
