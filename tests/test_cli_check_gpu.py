@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from nemo_rl_attn_align.preflight import gpu as gpus
-from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, RolloutQuery, TrainingQuery
-from nemo_rl_attn_align.preflight.kernels import NEMO_RL_PINS, predict_rollout, predict_training
+from nemo_rl_attn_align.kernels import gpu as gpus
+from nemo_rl_attn_align.kernels import kernel_table
+from nemo_rl_attn_align.kernels.kernel_prediction import NEMO_RL_PINS, predict_rollout, predict_training
+from nemo_rl_attn_align.kernels.kernel_query import KernelOptions, RolloutQuery, TrainingQuery
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 from .conftest import EXAMPLES, REPO

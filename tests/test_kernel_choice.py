@@ -8,13 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.compare.kernel_choice import choose
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.hosts import nemo_rl_driver
-from nemo_rl_attn_align.preflight import kernels
-from nemo_rl_attn_align.preflight.kernel_pairs import flash_generation
-from nemo_rl_attn_align.preflight.kernel_query import (
+from nemo_rl_attn_align.kernels import kernel_prediction as kernels
+from nemo_rl_attn_align.kernels.kernel_choice import choose
+from nemo_rl_attn_align.kernels.kernel_pairs import flash_generation
+from nemo_rl_attn_align.kernels.kernel_prediction import (
+    megatron_flash_kernel,
+    predict_rollout,
+    predict_training,
+)
+from nemo_rl_attn_align.kernels.kernel_query import (
     Kernel,
     KernelOptions,
     KernelPlan,
@@ -22,11 +27,6 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     RolloutQuery,
     TrainingQuery,
     flash_pin_switches,
-)
-from nemo_rl_attn_align.preflight.kernels import (
-    megatron_flash_kernel,
-    predict_rollout,
-    predict_training,
 )
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 

@@ -39,7 +39,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_supported_versions_table_is_generated_from_the_data():
-    from nemo_rl_attn_align.hosts.versions import supported_table
+    from nemo_rl_attn_align.vocab.host_versions import supported_table
 
     assert supported_table() in README
 

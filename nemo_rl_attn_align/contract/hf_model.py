@@ -1,7 +1,7 @@
-"""The identity a model's ``config.json`` (``preflight.model_config``) fixes for both sides alike.
+"""The identity a model's ``config.json`` (``model.model_config``) fixes for both sides alike.
 
 Both sides build the model from this file; what their attention layers become is each host's
-reading (``preflight.model_facts``, ``contract.attention_identity``). Stdlib only.
+reading (``model.model_facts``, ``contract.attention_identity``). Stdlib only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_attn_align.contract.rope import canonical_rope, hf_rope
-from nemo_rl_attn_align.preflight.model_config import text_config
+from nemo_rl_attn_align.model.model_config import text_config
 
 
 def _positive_int(value: Any) -> int | None:

@@ -24,7 +24,7 @@ from nemo_rl_attn_align.contract.contract import (
 )
 from nemo_rl_attn_align.contract.rope import canonical_rope
 from nemo_rl_attn_align.contract.semantics import vllm_semantics
-from nemo_rl_attn_align.preflight.model_attention import HostModel, hf_left_window, vllm_model
+from nemo_rl_attn_align.model.model_attention import HostModel, hf_left_window, vllm_model
 from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.schema import FIELDS_SINCE_2, ContractError, normalize_dtype

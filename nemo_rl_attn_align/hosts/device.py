@@ -7,7 +7,7 @@ loaded the model), so recording never initializes CUDA itself (a forked process 
 from __future__ import annotations
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
-from nemo_rl_attn_align.preflight.gpu import of_capability
+from nemo_rl_attn_align.kernels.gpu import of_capability
 
 
 def device_gpu() -> FieldValue:

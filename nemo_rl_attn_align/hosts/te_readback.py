@@ -25,10 +25,11 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching, hooks
+from nemo_rl_attn_align.hosts import hooks
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
+from nemo_rl_attn_align.kernels.kernel_query import substantive
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.preflight.kernel_query import substantive
+from nemo_rl_attn_align.vocab import patching as _patching
 
 UTILS_MODULE = HOOKS["te_readback"].seams[0].module  # where get_attention_backend is
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
@@ -161,7 +162,7 @@ def _te_selection() -> tuple[dict[str, Any] | None, str]:
 
 
 def observe(modules: Iterable[Any]) -> dict[str, Any]:
-    """What the attention modules among ``modules`` (e.g. ``model.modules()``) really ran: ``status``
+    """What the attention modules among ``modules`` (e.g. a model's ``modules()``) really ran: ``status``
     ``observed`` (with ``backend``, ``detail``, TE's ``reasons``), ``no_backend`` (TE found none, and
     why) or ``unobservable``."""
     local, te = _attention_module_kinds(modules)

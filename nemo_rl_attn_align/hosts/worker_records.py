@@ -62,7 +62,7 @@ def write(
 def guarded_step(step: str, action: Callable[[], object]) -> None:
     """Run one observability step of a worker that has no record yet: its failure is a warning,
     or an error in strict mode."""
-    from nemo_rl_attn_align.hosts._patching import guarded
+    from nemo_rl_attn_align.vocab.patching import guarded
 
     guarded(step, action, HostRecord.settings().strict)
 
@@ -132,7 +132,7 @@ class HostRecord:
 
     def stop_if_strict(self) -> None:
         """In strict mode, any finding stops the run (after it has been written)."""
-        from nemo_rl_attn_align.hosts._patching import StrictModeError
+        from nemo_rl_attn_align.vocab.patching import StrictModeError
 
         lines = [*self.findings, *(f.line() for f in self.coded_findings)]
         if lines and self.settings().strict:
@@ -142,7 +142,7 @@ class HostRecord:
         """Run one step of the plugin's work in this worker (``action``'s result, None when it failed):
         a failure is one warning and a finding of this record, written with its detail where it can
         be; the run goes on. An error in strict mode; ``stops`` (the plugin's own stops) propagate."""
-        from nemo_rl_attn_align.hosts._patching import guarded
+        from nemo_rl_attn_align.vocab.patching import guarded
 
         return guarded(step, action, self.settings().strict, stops, on_failure=self._keep_failure)
 

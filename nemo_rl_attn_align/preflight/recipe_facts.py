@@ -16,12 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import UNSET, positive_int, value_at
+from nemo_rl_attn_align.config.config_lookup import UNSET, positive_int, value_at
+from nemo_rl_attn_align.model.model_config import ConfigNotRead, HFModelConfig, load_model_config
+from nemo_rl_attn_align.model.model_facts import ModelFacts
 from nemo_rl_attn_align.preflight.facts import PolicyFacts, policy_not_a_mapping, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts, read_generation_facts
-from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts, read_megatron_generation_facts
-from nemo_rl_attn_align.preflight.model_config import ConfigNotRead, HFModelConfig, load_model_config
-from nemo_rl_attn_align.preflight.model_facts import ModelFacts
+from nemo_rl_attn_align.preflight.megatron_generation_facts import (
+    MegatronGenerationFacts,
+    read_megatron_generation_facts,
+)
 from nemo_rl_attn_align.preflight.shape_facts import ShapeFacts, read_shape_facts
 from nemo_rl_attn_align.preflight.tokenizer import TokenizerIdentity, tokenizer_identity
 from nemo_rl_attn_align.vocab.errors import UsageError

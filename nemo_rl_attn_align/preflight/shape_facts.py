@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import Fact, value_at
+from nemo_rl_attn_align.config.config_lookup import Fact, value_at
 from nemo_rl_attn_align.vocab.names import BLOCK
 
 

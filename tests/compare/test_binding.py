@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.compare.binding import Status, Verdict, bind, same_value
-from nemo_rl_attn_align.compare.determinism import compare
-from nemo_rl_attn_align.compare.determinism_probe import probe
-from nemo_rl_attn_align.compare.profiles import PROFILES
+from nemo_rl_attn_align.binding.binding import Status, Verdict, bind, same_value
+from nemo_rl_attn_align.binding.determinism import compare
+from nemo_rl_attn_align.binding.determinism_probe import probe
+from nemo_rl_attn_align.binding.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.compare.determinism import (
+from nemo_rl_attn_align.binding.determinism import (
     BLOCKING_VARIABLES,
     DetStatus,
     NcclSyntaxError,
@@ -20,7 +20,7 @@ from nemo_rl_attn_align.compare.determinism import (
     nccl_protocols,
     parse_nccl_list,
 )
-from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe, probe
+from nemo_rl_attn_align.binding.determinism_probe import DeterminismProbe, probe
 from nemo_rl_attn_align.vocab.codes import Code
 
 # NCCL_ALGO value, collective, algorithms NCCL may use (worked out by hand from NCCL's parseList and
@@ -177,8 +177,8 @@ def test_probe_in_a_real_process_reads_env_and_torch_flags():
     result = _child(
         """
         import json, os, torch
-        from nemo_rl_attn_align.compare.determinism import probe
-        from nemo_rl_attn_align.compare.profiles import PROFILES
+        from nemo_rl_attn_align.binding.determinism import probe
+        from nemo_rl_attn_align.binding.profiles import PROFILES
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.use_deterministic_algorithms(True, warn_only=True)
         before = probe().to_dict()
@@ -207,7 +207,7 @@ def test_probe_without_torch_records_it_cleanly():
         """
         import json, sys
         sys.modules["torch"] = None  # torch cannot be imported in this process
-        from nemo_rl_attn_align.compare.determinism import probe
+        from nemo_rl_attn_align.binding.determinism import probe
         print(json.dumps(probe().to_dict()))
     """,
         {"NCCL_PROTO": "Simple"},

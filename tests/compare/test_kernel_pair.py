@@ -1,10 +1,10 @@
-"""The kernel pair a binding reads from the two records (``compare.kernel_pair``), in ``check --gpu``'s words."""
+"""The kernel pair a binding reads from the two records (``kernels.record_kernel_pair``), in ``check --gpu``'s words."""
 
 from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.compare.binding import bind
+from nemo_rl_attn_align.binding.binding import bind
 from nemo_rl_attn_align.contract.contract import FieldValue
 from tests.contract_samples import full_contract
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.compare.determinism import DetStatus, compare
-from nemo_rl_attn_align.compare.determinism_probe import probe
-from nemo_rl_attn_align.compare.profiles import PROFILES
+from nemo_rl_attn_align.binding.determinism import DetStatus, compare
+from nemo_rl_attn_align.binding.determinism_probe import probe
+from nemo_rl_attn_align.binding.profiles import PROFILES
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.vocab.errors import Severity
 

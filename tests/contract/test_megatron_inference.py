@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.contract.megatron_inference import ENGINE, megatron_inference_contract
+from nemo_rl_attn_align.contract.contract_preview import absent_sides, predict_rollout
+from nemo_rl_attn_align.contract.megatron_generation import ENGINE, megatron_inference_contract
 from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot, ModelConfigSnapshot
-from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout
-from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
+from nemo_rl_attn_align.preflight.megatron_generation_facts import resolve_flash_version
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Provenance
 from tests.conftest import preview_of

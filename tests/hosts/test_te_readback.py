@@ -14,7 +14,8 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, te_readback
+from nemo_rl_attn_align.hosts import te_readback
+from nemo_rl_attn_align.vocab import patching as _patching
 from tests.hosts.conftest import standin
 
 UTILS = """

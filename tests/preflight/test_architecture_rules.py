@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from nemo_rl_attn_align.preflight.architecture_rules import MISSING, evaluate, keys, layer_kind
+from nemo_rl_attn_align.model.architecture_rules import MISSING, evaluate, keys, layer_kind
 from tests.conftest import REPO
 
 

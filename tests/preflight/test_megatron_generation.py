@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
+from nemo_rl_attn_align.hosts.megatron_generation_hook import is_generation_only
 from nemo_rl_attn_align.preflight.expected_workers import expected_workers
-from nemo_rl_attn_align.preflight.megatron_generation import read_megatron_generation_facts
+from nemo_rl_attn_align.preflight.megatron_generation_facts import read_megatron_generation_facts
 
 TRAIN = {"tensor_model_parallel_size": 4, "context_parallel_size": 2, "enabled": True}
 

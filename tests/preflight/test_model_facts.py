@@ -1,5 +1,5 @@
-"""The model's attention as each host builds it (``preflight.model_facts``), from configs made with
-transformers' own classes; the per-layer layouts in ``preflight.model_attention``."""
+"""The model's attention as each host builds it (``model.model_facts``), from configs made with
+transformers' own classes; the per-layer layouts in ``model.model_attention``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from nemo_rl_attn_align.preflight import architectures
-from nemo_rl_attn_align.preflight.architectures import NotRead
-from nemo_rl_attn_align.preflight.model_attention import megatron_model, vllm_model
-from nemo_rl_attn_align.preflight.model_facts import hosts_read_here, read_model_facts
+from nemo_rl_attn_align.model import architectures
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_attention import megatron_model, vllm_model
+from nemo_rl_attn_align.model.model_facts import hosts_read_here, read_model_facts
 from tests.conftest import write_transformers_config
 
 pytest.importorskip("transformers", reason="the test models are made with transformers' classes")

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.compare.fix import minimal
-from nemo_rl_attn_align.compare.preset import align, blocking_causes, set_key
+from nemo_rl_attn_align.aligning.fix import minimal
+from nemo_rl_attn_align.aligning.preset import align, blocking_causes, set_key
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
@@ -37,7 +37,7 @@ def check(*args):
 
 def aligned(*overrides, alter_ok=False, environ=None):
     """The config, its alignment, and the reader and previewer ``align`` was given (as ``check``'s)."""
-    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.binding.binding_preview import preview_binding
 
     cfg = load_config(GRPO, list(overrides))
     settings = load_settings(cfg)
@@ -99,7 +99,7 @@ def test_fix_may_change_the_layout_and_is_minimal():
 
 
 def test_fix_checks_the_rules_in_the_environment_it_was_given(monkeypatch):
-    from nemo_rl_attn_align.compare import fix
+    from nemo_rl_attn_align.binding import fix
 
     environ = {"NVTE_FLASH_ATTN": "0"}
     cfg, result, (read, preview) = aligned(
@@ -199,8 +199,8 @@ def test_no_fusion_advice_where_rope_itself_differs():
     """Where the two sides' RoPE differ beyond the fusion, turning the fusion off is not the fix."""
     import dataclasses
 
-    from nemo_rl_attn_align.compare.binding import Status
-    from nemo_rl_attn_align.compare.preset import recommended
+    from nemo_rl_attn_align.aligning.preset import recommended
+    from nemo_rl_attn_align.binding.binding import Status
 
     _, result, _ = aligned()
     binding = result.preview.binding

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from tests.real_cross_engine.conftest import REPO
 from tests.real_cross_engine.test_bridge_vs_vllm import ATOL
 from tests.real_vllm.conftest import KV_CACHE_GIB

@@ -3,7 +3,7 @@
 subprocess: megatron-core must be imported before the Transformer Engine stand-in there, while this
 lane's other modules load the stand-in first). Windows in visible tokens, Gemma 2's layer kinds in
 Hugging Face's order, RoPE angles and YaRN's attention factor, scales, soft caps and sinks agree
-within ``compare.behaviour``'s tolerance. Two upstream bugs: Megatron-Bridge #2656 re-introduced
+within ``binding.behaviour_difference``'s tolerance. Two upstream bugs: Megatron-Bridge #2656 re-introduced
 into the installed Mistral bridge shows as a window one token wider; Gemma 2 under
 ``attention_backend: local`` (Megatron-Bridge 0.6.2 swaps its core attention) as windows on every
 layer and no soft cap.
@@ -43,7 +43,7 @@ def _checked(field: str, value: dict) -> dict:
 
 @pytest.mark.parametrize("model_type", MODELS)
 def test_each_models_behaviour_is_hugging_faces(built, model_type):
-    from nemo_rl_attn_align.compare.behaviour import difference
+    from nemo_rl_attn_align.binding.behaviour_difference import difference
 
     seen = built[model_type]
     assert seen["problems"] == []
@@ -78,7 +78,7 @@ def upstream() -> dict:
 
 
 def test_megatron_bridge_2656_reintroduced_is_a_window_one_token_wider(upstream):
-    from nemo_rl_attn_align.compare.behaviour import difference
+    from nemo_rl_attn_align.binding.behaviour_difference import difference
 
     seen = upstream["mistral"]
     training = _checked("mask", seen["training"]["mask"][1])
@@ -92,7 +92,7 @@ def test_megatron_bridge_2656_reintroduced_is_a_window_one_token_wider(upstream)
 def test_gemma2_on_the_local_backend_loses_its_soft_cap_and_layer_kinds(upstream):
     """Megatron-Bridge 0.6.2's provide() puts megatron-core's DotProductAttention in place of Gemma 2's
     own under attention_backend local: every layer windowed, no soft cap (found by these fingerprints)."""
-    from nemo_rl_attn_align.compare.behaviour import difference
+    from nemo_rl_attn_align.binding.behaviour_difference import difference
 
     seen = upstream["gemma2"]
     mask, softmax = (_checked(f, seen["training"][f][1]) for f in ("mask", "softmax"))

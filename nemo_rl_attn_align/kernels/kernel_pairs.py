@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nemo_rl_attn_align.preflight.kernel_query import Kernel, KernelPlan, RolloutQuery
+from nemo_rl_attn_align.kernels.kernel_query import Kernel, KernelPlan, RolloutQuery
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
 

@@ -28,7 +28,7 @@ from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuil
 from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics
 from nemo_rl_attn_align.contract.training import model_identity_fields
-from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
+from nemo_rl_attn_align.preflight.megatron_generation_facts import resolve_flash_version
 from nemo_rl_attn_align.vocab.kinds import dtype_or_none
 
 #: The engine name both the record and the preview give Megatron generation.

@@ -23,11 +23,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.preflight import architectures
-from nemo_rl_attn_align.preflight.architectures import NotRead
-from nemo_rl_attn_align.preflight.config_lookup import UNSET
-from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, HostModel, megatron_model, vllm_model
-from nemo_rl_attn_align.preflight.model_config import (
+from nemo_rl_attn_align.config.config_lookup import UNSET
+from nemo_rl_attn_align.model import architectures
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_attention import MEGATRON_ATTRIBUTES, HostModel, megatron_model, vllm_model
+from nemo_rl_attn_align.model.model_config import (
     ConfigNotRead,
     HFModelConfig,
     config_problems,

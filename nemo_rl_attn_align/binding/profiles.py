@@ -3,7 +3,7 @@
 ``PROFILES`` holds Megatron's deterministic mode (before and after Megatron-LM 3ab71ee) and vLLM's
 batch-invariant mode (before and from 0.33); ``vllm_batch_invariant`` reads the switch that turns
 the latter on. The preview and the tests apply them to an environment; ``compare`` in
-``compare/determinism.py`` then reads the result by meaning. Stdlib only.
+``binding/determinism.py`` then reads the result by meaning. Stdlib only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nemo_rl_attn_align.compare.determinism import DETERMINISTIC_CUBLAS, describe_env_value
+from nemo_rl_attn_align.binding.determinism import DETERMINISTIC_CUBLAS, describe_env_value
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
 
+from nemo_rl_attn_align.kernels.kernel_query import PRECISION_OF_DTYPE, Kernel, TrainingQuery
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
-from nemo_rl_attn_align.preflight.kernel_query import PRECISION_OF_DTYPE, Kernel, TrainingQuery
 
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 _SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3",
@@ -122,8 +122,8 @@ def select(query: TrainingQuery) -> Kernel:
 
     import transformer_engine
 
-    from nemo_rl_attn_align.hosts import _patching
     from nemo_rl_attn_align.hosts.te_readback import call_collecting_reasons
+    from nemo_rl_attn_align.vocab import patching as _patching
 
     utils = importlib.import_module(UTILS_MODULE)
     selector = _patching.original_of(utils.get_attention_backend)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.vocab import patching as _patching
 
 log = logging.getLogger("nemo_rl_attn_align")
 

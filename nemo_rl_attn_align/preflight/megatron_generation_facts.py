@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import section
+from nemo_rl_attn_align.config.config_lookup import section
 from nemo_rl_attn_align.preflight.facts import UNSET, Fact, PolicyFacts, generation_model_config, read_policy_facts
 
 _GEN = "policy.generation.mcore_generation_config"

@@ -15,7 +15,7 @@ from nemo_rl_attn_align.drift.shape import DEFAULT_GPU
 
 def render_table(result: dict[str, Any]) -> str:
     """The pairs as a fixed-width text table."""
-    from nemo_rl_attn_align.report.render import format_table
+    from nemo_rl_attn_align.report.report_render import format_table
 
     rows = [
         [

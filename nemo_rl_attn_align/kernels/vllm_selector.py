@@ -19,8 +19,8 @@ import functools
 import os
 from collections.abc import Iterator
 
-from nemo_rl_attn_align.preflight.gpu import capability
-from nemo_rl_attn_align.preflight.kernel_query import PRECISION_OF_DTYPE, Kernel, RolloutQuery
+from nemo_rl_attn_align.kernels.gpu import capability
+from nemo_rl_attn_align.kernels.kernel_query import PRECISION_OF_DTYPE, Kernel, RolloutQuery
 
 
 def unavailable() -> str | None:

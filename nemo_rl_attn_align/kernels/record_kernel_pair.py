@@ -3,7 +3,7 @@ whether they run one flash-attn generation, and the pairs the hosts document as 
 
 Read from the contracts' ``backend``, ``flash_attention_version`` and ``gpu`` fields (a preview's
 predicted or pending, a worker's observed or configured) with the vocabulary of the kernel
-predictions (``preflight.kernel_query``), so ``check --gpu`` and a run's report say the same
+predictions (``kernels.kernel_query``), so ``check --gpu`` and a run's report say the same
 thing of the same pair. Stdlib only.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.preflight.kernel_pairs import flash_generation, pair_findings
-from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan, KindKernel, RolloutQuery
+from nemo_rl_attn_align.kernels.kernel_pairs import flash_generation, pair_findings
+from nemo_rl_attn_align.kernels.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan, KindKernel, RolloutQuery
 from nemo_rl_attn_align.vocab.errors import Finding
 
 _FLASH_KERNELS = ("FlashAttention", "FLASH_ATTN", "flash_attn")

@@ -1,4 +1,4 @@
-"""Predict both attention contracts from a resolved NeMo-RL config alone (``compare.preview`` binds them).
+"""Predict both attention contracts from a resolved NeMo-RL config alone (``binding.binding_preview`` binds them).
 
 The training contract comes from ``policy`` / ``policy.megatron_cfg``, the rollout contract from
 ``policy.generation.vllm_cfg`` / ``vllm_kwargs`` (where NeMo-RL generates with Megatron, from the
@@ -24,9 +24,9 @@ from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuil
 from nemo_rl_attn_align.contract.hf_model import identity_fields
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics, te_semantics, vllm_semantics
+from nemo_rl_attn_align.model.model_config import HFModelConfig
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
-from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts
-from nemo_rl_attn_align.preflight.model_config import HFModelConfig
+from nemo_rl_attn_align.preflight.megatron_generation_facts import MegatronGenerationFacts
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.kinds import dtype_or_none
 from nemo_rl_attn_align.vocab.schema import (
@@ -209,9 +209,9 @@ def _vllm_backends(
 
 
 def _megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> None:
-    """The rollout fields megatron-core's inference engine would record (``contract.megatron_inference``),
+    """The rollout fields megatron-core's inference engine would record (``contract.megatron_generation``),
     read from the generation model's ``megatron_cfg`` as NeMo-RL merges it and ``mcore_generation_config``
-    (``preflight.megatron_generation``); what only the worker knows (the installed flash-attn when no
+    (``preflight.megatron_generation_facts``); what only the worker knows (the installed flash-attn when no
     version is pinned, ``max_requests``, the versions) is pending."""
     facts, key = gen.model, gen.model_key
     overrides = facts.model_overrides
@@ -223,7 +223,7 @@ def _megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> None:
     if dtype is not None:
         b.configured("dtype", dtype, "policy.precision (the generation model's params dtype)")
         b.configured("kv_cache_dtype", dtype, "the KV buffer is allocated in the params dtype")
-    from nemo_rl_attn_align.contract.megatron_inference import ENGINE  # megatron-core's inference: only here
+    from nemo_rl_attn_align.contract.megatron_generation import ENGINE  # megatron-core's inference: only here
 
     b.configured("engine", ENGINE, "policy.generation.backend: megatron")
     if pinned:

@@ -1,7 +1,7 @@
 """The kernel step of ``preset: aligned`` and ``check --fix``: one flash-attn generation on both sides.
 
 Once the semantic and determinism tiers pass, ``choose`` looks, on the GPU the kernels are
-predicted for (``preflight.kernels``: the hosts' own selectors, or their tables), for the fewest
+predicted for (``kernels.kernel_prediction``: the hosts' own selectors, or their tables), for the fewest
 settings after which the training kernel and every rollout kernel run the same flash-attn
 generation and no pair a host documents as mismatching (``kernel_pairs``) remains:
 
@@ -24,9 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.compare.change import Change
-from nemo_rl_attn_align.preflight.kernel_pairs import one_generation, pair_findings
-from nemo_rl_attn_align.preflight.kernel_query import (
+from nemo_rl_attn_align.kernels.kernel_pairs import one_generation, pair_findings
+from nemo_rl_attn_align.kernels.kernel_prediction import (
+    megatron_flash_kernel,
+    plan_kernels,
+    predict_rollout,
+    predict_training,
+)
+from nemo_rl_attn_align.kernels.kernel_query import (
     FLASH_GENERATIONS,
     Kernel,
     KernelOptions,
@@ -36,12 +41,7 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     TrainingQuery,
     flash_pin_switches,
 )
-from nemo_rl_attn_align.preflight.kernels import (
-    megatron_flash_kernel,
-    plan_kernels,
-    predict_rollout,
-    predict_training,
-)
+from nemo_rl_attn_align.vocab.change import Change
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
 

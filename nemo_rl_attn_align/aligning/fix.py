@@ -11,10 +11,10 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.compare.change import Change
-from nemo_rl_attn_align.compare.preset import Alignment, blocking_causes, set_key
+from nemo_rl_attn_align.aligning.preset import Alignment, blocking_causes, set_key
 from nemo_rl_attn_align.preflight.plan import build_plan
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
+from nemo_rl_attn_align.vocab.change import Change
 
 
 def minimal(

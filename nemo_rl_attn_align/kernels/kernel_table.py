@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.preflight.gpu import GPUS
-from nemo_rl_attn_align.preflight.kernel_query import (
+from nemo_rl_attn_align.kernels.gpu import GPUS
+from nemo_rl_attn_align.kernels.kernel_query import (
     FLASH_GENERATIONS,
     Kernel,
     RolloutQuery,

@@ -34,14 +34,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.compare.binding import Status
-from nemo_rl_attn_align.compare.change import Change
+from nemo_rl_attn_align.binding.binding import Status
+from nemo_rl_attn_align.vocab.change import Change
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
 from nemo_rl_attn_align.vocab.schema import Tier, field_spec
 
 if TYPE_CHECKING:
-    from nemo_rl_attn_align.compare.kernel_choice import KernelChoice
+    from nemo_rl_attn_align.kernels.kernel_choice import KernelChoice
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 #: Megatron's deterministic-mode cuBLAS workspace; vLLM's batch-invariant ``:16:8`` means the same.

@@ -15,7 +15,7 @@ collective, ``^`` enables everything except the listed elements, names are case-
 unknown element or collective is an error (NCCL refuses to initialise).
 
 What Megatron's deterministic mode and vLLM's batch-invariant mode do to the environment is in
-``compare/profiles.py``. Stdlib only.
+``binding/profiles.py``. Stdlib only.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_rl_attn_align.compare.determinism_probe import BLOCKING_VARIABLES, DeterminismProbe
+from nemo_rl_attn_align.binding.determinism_probe import BLOCKING_VARIABLES, DeterminismProbe
 
-# the hosts' workers and contract/preview.py import it from here
-from nemo_rl_attn_align.compare.determinism_probe import probe as probe
+# the hosts' workers and contract/contract_preview.py import it from here
+from nemo_rl_attn_align.binding.determinism_probe import probe as probe
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
 

@@ -4,7 +4,7 @@
 
 * identity: both sides equal, bit for bit (numbers by exact value, no tolerance); the behaviour
   fields (``rope``, ``mask``, ``softmax``: what the live modules compute) are equal when
-  ``compare.behaviour`` finds no difference, and where one is measured on both sides the configuration
+  ``binding.behaviour_difference`` finds no difference, and where one is measured on both sides the configuration
   fields that describe it (``FieldSpec.explained_by``) explain it instead of binding on their own;
 * semantic: both sides equal each other and the mandate; ``dtype`` may differ when
   ``allow_dtype_difference`` is set (a deliberate sweep, e.g. BF16 rollout against an FP32 reference);
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nemo_rl_attn_align.compare.behaviour import difference
-from nemo_rl_attn_align.compare.kernel_pair import KernelPair, kernel_pair
+from nemo_rl_attn_align.binding.behaviour_difference import difference
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
+from nemo_rl_attn_align.kernels.record_kernel_pair import KernelPair, kernel_pair
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding

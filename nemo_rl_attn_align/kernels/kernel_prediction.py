@@ -5,7 +5,7 @@ each side (``RecipeFacts.model``: the hosts' own readings of its config.json), a
 (TE's ``get_attention_backend``) and a ``RolloutQuery`` (vLLM's CUDA selector), and answers each:
 
 * with the real selector in this process, when ``live`` (the GPU asked about is this machine's)
-  and the host library loads here (``hosts.te_selector``, ``hosts.vllm_selector``);
+  and the host library loads here (``kernels.te_selector``, ``kernels.vllm_selector``);
 * else from the tables generated from those selectors (``kernel_table``), labelled with the
   versions they came from.
 
@@ -22,12 +22,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.architectures import NotRead
-from nemo_rl_attn_align.preflight.facts import is_count
-from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
-from nemo_rl_attn_align.preflight.kernel_pairs import pair_findings
-from nemo_rl_attn_align.preflight.kernel_query import (
+from nemo_rl_attn_align.kernels import kernel_table
+from nemo_rl_attn_align.kernels.kernel_pairs import pair_findings
+from nemo_rl_attn_align.kernels.kernel_query import (
     DTYPE_OF_PRECISION,
     Kernel,
     KernelOptions,
@@ -37,8 +34,11 @@ from nemo_rl_attn_align.preflight.kernel_query import (
     TrainingQuery,
     substantive,
 )
-from nemo_rl_attn_align.preflight.megatron_generation import resolve_flash_version
-from nemo_rl_attn_align.preflight.model_attention import HostModel, LayerKind
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_attention import HostModel, LayerKind
+from nemo_rl_attn_align.preflight.facts import is_count
+from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
+from nemo_rl_attn_align.preflight.megatron_generation_facts import resolve_flash_version
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Finding, finding
@@ -237,7 +237,7 @@ def _table_answer(side: str, requested: str | None, cell: int | str, assumptions
 def predict_training(query: TrainingQuery, options: KernelOptions = KernelOptions()) -> Kernel:
     """TE's answer for ``query``: its selector run here when ``options.live`` and TE loads, else the table."""
     if options.live and _live_allowed("transformer_engine"):
-        from nemo_rl_attn_align.hosts import te_selector
+        from nemo_rl_attn_align.kernels import te_selector
 
         if te_selector.unavailable() is None:
             return te_selector.select(query)
@@ -248,7 +248,7 @@ def predict_training(query: TrainingQuery, options: KernelOptions = KernelOption
 def predict_rollout(query: RolloutQuery, options: KernelOptions = KernelOptions()) -> Kernel:
     """vLLM's answer for ``query``: its selector run here when ``options.live`` and vLLM loads, else the table."""
     if options.live and _live_allowed("vllm"):
-        from nemo_rl_attn_align.hosts import vllm_selector
+        from nemo_rl_attn_align.kernels import vllm_selector
 
         if vllm_selector.unavailable() is None:
             return vllm_selector.select(query)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.preflight.architecture_rules import ABSENT, MISSING, evaluate, keys, layer_kind
+from nemo_rl_attn_align.model.architecture_rules import ABSENT, MISSING, evaluate, keys, layer_kind
 from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.limits import MAX_MODEL_LAYERS, integer_problem, shown
 

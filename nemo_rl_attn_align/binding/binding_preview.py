@@ -2,9 +2,9 @@
 
 ``preview_binding(facts, settings, environ)`` takes the recipe read once (``RecipeFacts``, read where
 the run starts: ``check``, the driver hook) and the ``attention_align`` settings, predicts both contracts
-(``contract.preview``) and the determinism diff the workers would report (``env_vars`` over the
+(``contract.contract_preview``) and the determinism diff the workers would report (``env_vars`` over the
 driver's environment, Megatron's deterministic mode and vLLM's batch-invariant mode applied), and
-binds them under the settings' mandate. ``report.render.render_preview`` prints it.
+binds them under the settings' mandate. ``report.report_render.render_preview`` prints it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from nemo_rl_attn_align.compare.binding import BindingReport, bind
-from nemo_rl_attn_align.compare.determinism import collective_for, compare, probe
-from nemo_rl_attn_align.compare.profiles import PROFILES
+from nemo_rl_attn_align.binding.binding import BindingReport, bind
+from nemo_rl_attn_align.binding.determinism import collective_for, compare, probe
+from nemo_rl_attn_align.binding.profiles import PROFILES
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training, worker_env
+from nemo_rl_attn_align.contract.contract_preview import absent_sides, predict_rollout, predict_training, worker_env
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.mandate import Mandate

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import Status
+from nemo_rl_attn_align.binding.binding import Status
 from nemo_rl_attn_align.config.settings import OnMismatch
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import Severity, format_finding
@@ -222,7 +222,7 @@ def render_changes(previous: Mapping[str, Any], doc: Mapping[str, Any]) -> list[
 
 
 def render_preview(preview: Any, said: str | None = None) -> str:
-    """A ``compare.preview.BindingPreview`` as text: the binding table, its errors and the notes (but
+    """A ``binding.binding_preview.BindingPreview`` as text: the binding table, its errors and the notes (but
     those holding ``said``, which the caller has printed already)."""
     lines = ["attention contract preview (from the config; 'pending' = known only once the engines run):"]
     if preview.binding is not None:
