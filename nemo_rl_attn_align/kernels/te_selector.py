@@ -6,15 +6,20 @@ with NeMo-RL's packed boundaries; causal, no bias, no dropout, training), sets t
 Megatron sets for the backend, and calls TE's real ``get_attention_backend`` on the GPU this process
 sees. The answer carries TE's own "Disabling ..." reasons. ``tests/real_te`` proves, on a declared
 device, that this gives what TE's forward selects for the same model. Imports torch and TE.
+``call_collecting_reasons`` (one call's reasons, TE's own log output untouched) is shared with the
+Megatron worker's read-back (``hosts.te_readback``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields
+from typing import Any
 
 from nemo_rl_attn_align.kernels.kernel_query import PRECISION_OF_DTYPE, Kernel, TrainingQuery
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
@@ -22,6 +27,49 @@ from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 _SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3",
              "NVTE_FLASH_ATTN_V4")  # fmt: skip
+TE_LOGGER = "DotProductAttention"
+#: Most of TE's reasons a selection keeps (TE logs one line per backend it disables).
+MAX_REASONS = 12
+
+
+class _ReasonCollector(logging.Handler):
+    """Keeps the "Disabling ..." lines of one ``get_attention_backend`` call."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed TE record is not ours to fail on
+            return
+        if message.startswith("Disabling") and message not in self.reasons and len(self.reasons) < MAX_REASONS:
+            self.reasons.append(message)
+
+
+def call_collecting_reasons(original: Callable, args: tuple, kwargs: dict) -> tuple[Any, list[str]]:
+    """``original(*args, **kwargs)`` with TE's debug reasons collected; TE's own handler, and the
+    logger's level afterwards, stay as the user's ``NVTE_DEBUG`` set them."""
+    attn_log: Any = getattr(sys.modules.get(UTILS_MODULE), "AttentionLogging", None)
+    stream = getattr(attn_log, "_stream_handler", None)
+    level = getattr(attn_log, "_log_level", None)
+    if not isinstance(level, int) or not isinstance(stream, logging.Handler):
+        return original(*args, **kwargs), []
+    logger = logging.getLogger(TE_LOGGER)
+    if not logger.hasHandlers():  # what get_attention_backend does on its first call
+        logger.addHandler(stream)
+    collector, stream_level = _ReasonCollector(), stream.level
+    stream.setLevel(max(stream_level, level))
+    logger.addHandler(collector)
+    attn_log._log_level = logging.DEBUG
+    try:
+        return original(*args, **kwargs), collector.reasons
+    finally:
+        attn_log._log_level = level
+        logger.setLevel(level)
+        logger.removeHandler(collector)
+        stream.setLevel(stream_level)
 
 
 def unavailable() -> str | None:
@@ -122,7 +170,6 @@ def select(query: TrainingQuery) -> Kernel:
 
     import transformer_engine
 
-    from nemo_rl_attn_align.hosts.te_readback import call_collecting_reasons
     from nemo_rl_attn_align.vocab import patching as _patching
 
     utils = importlib.import_module(UTILS_MODULE)
