@@ -1,7 +1,7 @@
 """Looking values up in a resolved NeMo-RL config (a plain dict), as NeMo-RL's own ``.get`` chains do.
 
 ``Fact`` is a value with the dotted key it was read from; ``UNSET`` marks a key that is absent.
-The readers of ``facts``, ``generation_facts`` and ``shape_facts`` share these lookups. Stdlib only.
+The recipe's readers (``preflight``'s facts, ``model.model_facts``) share these lookups. Stdlib only.
 """
 
 from __future__ import annotations

@@ -15,16 +15,17 @@ Every public function here takes the recipe read once (``preflight.recipe_facts.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from nemo_rl_attn_align.contract.attention_identity import model_identity
 from nemo_rl_attn_align.contract.contract import AttentionContract, ContractBuilder, configured_from
-from nemo_rl_attn_align.contract.hf_model import identity_fields
 from nemo_rl_attn_align.contract.rollout import kv_cache_format
+from nemo_rl_attn_align.contract.rope import canonical_rope, hf_rope
 from nemo_rl_attn_align.contract.semantics import megatron_inference_semantics, te_semantics, vllm_semantics
-from nemo_rl_attn_align.model.model_config import HFModelConfig
+from nemo_rl_attn_align.model.model_config import HFModelConfig, text_config
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
 from nemo_rl_attn_align.preflight.megatron_generation_facts import MegatronGenerationFacts
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
@@ -306,3 +307,43 @@ def predict_rollout(
         b.pending("flash_attention_version", "vLLM's bundled flash-attn, known at start")
     b.pending("versions", "the worker's installed libraries")
     return b.build(unset=Provenance.PENDING, unset_source="known at runtime")
+
+
+# The identity a model's ``config.json`` (``model.model_config``) fixes for both sides alike: both
+# sides build the model from it; what their attention layers become is each host's reading.
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def identity_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity fields a config.json fixes for both sides alike, beyond the attention layers
+    (``contract.attention_identity`` reads those from each host's build): the architecture, the
+    vocabulary, RoPE, soft capping and the softmax scale (fields it does not fix are left out).
+
+    ``softmax_scale`` is ``query_pre_attn_scalar ** -0.5`` where the model has one (Gemma 2/3),
+    else ``head_dim ** -0.5`` (not under multi-latent attention, whose scale YaRN's mscale sets in
+    the engines); ``logit_softcapping`` is ``attn_logit_softcapping`` (None: none).
+    """
+    hf = text_config(hf)
+    heads = _positive_int(hf.get("num_attention_heads"))
+    out: dict[str, Any] = {}
+    architectures = hf.get("architectures")
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        out["architecture"] = architectures[0]
+    if _positive_int(hf.get("vocab_size")):
+        out["vocab_size"] = hf["vocab_size"]
+    hidden = _positive_int(hf.get("hidden_size"))
+    head_dim = _positive_int(hf.get("head_dim")) or (hidden // heads if hidden and heads else None)
+    if head_dim and hf.get("kv_lora_rank") is None:
+        scalar = hf.get("query_pre_attn_scalar")
+        base = scalar if isinstance(scalar, (int, float)) and not isinstance(scalar, bool) and scalar > 0 else head_dim
+        out["softmax_scale"] = 1.0 / math.sqrt(base)
+    cap = hf.get("attn_logit_softcapping")
+    out["logit_softcapping"] = (
+        float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+    )
+    rope = hf_rope(hf)
+    out["rope_type"], out["rope_parameters"] = canonical_rope(
+        rope["rope_theta"], rope["partial_rotary_factor"], rope["rope_scaling"]
+    )
+    return out

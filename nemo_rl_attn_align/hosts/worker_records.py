@@ -23,6 +23,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
+from nemo_rl_attn_align.kernels.gpu import of_capability
+
 if TYPE_CHECKING:
     from nemo_rl_attn_align.vocab.errors import Finding
 
@@ -112,7 +115,6 @@ class HostRecord:
             "peers": self.peers(),
             **self.detail(),
         }
-        from nemo_rl_attn_align.hosts.device import with_device
 
         settings = self.settings()
         return write(settings.report_dir, with_device(self.contract()), self.probe, detail, settings.run_id)
@@ -149,3 +151,30 @@ class HostRecord:
     def _keep_failure(self, problem: str) -> None:
         self.findings.append(problem)
         self.write(self.stage)
+
+
+# The GPU a worker runs on, recorded in its contract (``gpu``), as the kernel tables name it: read from
+# torch only where CUDA is already initialized in the worker's process (its engine has loaded the
+# model), so recording never initializes CUDA itself (a forked process could not).
+def device_gpu() -> FieldValue:
+    """This process's GPU generation (observed), that it has none (observed null), or why it is not known."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return FieldValue.observed(None, "torch.cuda.is_available(): no CUDA device")
+        if not torch.cuda.is_initialized():
+            return FieldValue.unobservable(None, "CUDA is not initialized in this process when the record is written")
+        major, minor = torch.cuda.get_device_capability()
+        name = torch.cuda.get_device_name()
+    except Exception as err:  # observability: never breaks the worker
+        return FieldValue.unobservable(None, f"torch.cuda: {type(err).__name__}: {err}")
+    generation = of_capability(major, minor) or f"sm{major}{minor}"
+    return FieldValue.observed(generation, f"torch.cuda.get_device_capability: {major}.{minor} ({name})")
+
+
+def with_device(contract: AttentionContract) -> AttentionContract:
+    """``contract`` with its ``gpu`` field read here, unless the worker's own reader set it."""
+    if contract.fields["gpu"].provenance.known:
+        return contract
+    return AttentionContract(contract.side, contract.worker_id, {**contract.fields, "gpu": device_gpu()})
