@@ -11,7 +11,7 @@ imports and once per ``--te-path`` (a folder another TE wheel was installed into
 ``tests/real_vllm/table_worker.py`` once for the vLLM this interpreter imports and once per
 ``--vllm-path`` (a folder holding another vLLM's Python sources, unzipped from its CUDA wheel, with
 the flashinfer-python it pins installed beside them). Each writes one
-``nemo_rl_attn_align/kernels/tables/<host>-<version>.json.gz`` per version it ran (the others are
+``nemo_rl_attn_align/kernels/tables/<host>-<version>.json.xz`` per version it ran (the others are
 kept); with ``--check`` it prints ``<file> is current`` or ``is stale`` for each. ``readme`` rewrites
 the table between ``<!-- kernels:table -->`` markers from what ``check --gpu`` predicts for the
 shipped examples. The lanes run the first two; ``tests/test_cli_check_gpu.py`` fails when the README
@@ -21,7 +21,7 @@ is stale.
 from __future__ import annotations
 
 import argparse
-import gzip
+import lzma
 import json
 import os
 import re
@@ -110,8 +110,7 @@ def generate(side: str, host_paths: list[str]) -> dict[str, dict]:
 def _existing(side: str, version: str) -> dict | None:
     """The committed encoded table of ``side`` at ``version`` (None: no such file)."""
     try:
-        with gzip.open(kernel_table.path(side, version, TABLE_DIR), "rt", encoding="utf-8") as handle:
-            return json.load(handle).get("table")
+        return json.loads(lzma.decompress(kernel_table.path(side, version, TABLE_DIR).read_bytes())).get("table")
     except OSError:
         return None
 
