@@ -21,8 +21,8 @@ is stale.
 from __future__ import annotations
 
 import argparse
-import lzma
 import json
+import lzma
 import os
 import re
 import subprocess

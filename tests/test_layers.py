@@ -95,3 +95,12 @@ def test_an_upward_import_is_found(tmp_path):
         assert _violations() == ["config.settings imports binding.binding"]
     finally:
         globals()["PACKAGE"] = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align"
+
+
+def test_no_module_name_is_used_twice():
+    """One home per idea: a module's file name says which (``__init__`` and ``__main__`` aside)."""
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__"):
+            names.setdefault(path.stem, []).append(_module_name(path))
+    assert {name: where for name, where in names.items() if len(where) > 1} == {}

@@ -330,10 +330,10 @@ def align(
     kernels: Callable[[RecipeFacts], KernelChoice | None] | None = None,
 ) -> Alignment:
     """Apply the settings that make the semantic and determinism tiers of ``preview_of(read(cfg))``
-    pass, then ``kernels``' choice (``kernel_choice.kernel_step`` on the GPU known; None: no kernel step).
+    pass, then the kernel choice (``kernel_choice.kernel_step`` on the GPU known; None: no kernel step).
 
     ``read`` reads a config's facts (once per round); ``preview_of`` previews them
-    (``preview.preview_binding`` with fixed settings and environment). ``alter_ok`` lets parallel
+    (``binding_preview.preview_binding`` with fixed settings and environment). ``alter_ok`` lets parallel
     sizes change (``check --fix``); the preset keeps them. ``cfg`` is not modified: the changes are
     applied to a copy.
     """

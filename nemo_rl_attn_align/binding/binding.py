@@ -282,7 +282,7 @@ class BindingReport:
     mandate: Mandate | None
     allow_dtype_difference: bool
     determinism: DeterminismView | None = None
-    #: the kernels the two records name (``kernel_pair``); its documented pairs join the findings
+    #: the kernels the two records name (``record_kernel_pair``); its documented pairs join the findings
     kernels: KernelPair | None = None
 
     def result(self, name: str) -> FieldResult:

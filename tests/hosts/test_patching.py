@@ -1,4 +1,4 @@
-"""``_patching``: wrappers known by identity, unwrapping back to exactly what was there.
+"""``vocab.patching``: wrappers known by identity, unwrapping back to exactly what was there.
 
 Third parties stack their own wrappers on the functions the plugin wraps (``functools.wraps`` is
 how opentelemetry's and most decorators do it): their layer must survive our ``unwrap``, and
