@@ -210,7 +210,7 @@ def _vllm_backends(
 
 
 def _megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> None:
-    """The rollout fields megatron-core's inference engine would record (``contract.megatron_generation``),
+    """The rollout fields megatron-core's inference engine would record (``contract.megatron_generation_contract``),
     read from the generation model's ``megatron_cfg`` as NeMo-RL merges it and ``mcore_generation_config``
     (``preflight.megatron_generation_facts``); what only the worker knows (the installed flash-attn when no
     version is pinned, ``max_requests``, the versions) is pending."""
@@ -224,7 +224,7 @@ def _megatron_rollout(b: ContractBuilder, gen: MegatronGenerationFacts) -> None:
     if dtype is not None:
         b.configured("dtype", dtype, "policy.precision (the generation model's params dtype)")
         b.configured("kv_cache_dtype", dtype, "the KV buffer is allocated in the params dtype")
-    from nemo_rl_attn_align.contract.megatron_generation import ENGINE  # megatron-core's inference: only here
+    from nemo_rl_attn_align.contract.megatron_generation_contract import ENGINE  # megatron-core's inference: only here
 
     b.configured("engine", ENGINE, "policy.generation.backend: megatron")
     if pinned:

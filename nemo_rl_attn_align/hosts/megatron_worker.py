@@ -72,8 +72,8 @@ class TrainingRecord(HostRecord):
     @property
     def generation_only(self) -> bool:
         """A worker of NeMo-RL's dedicated Megatron generation policy: it trains nothing, so it writes
-        no training record (its engine writes the rollout one, ``hosts.megatron_generation_hook``)."""
-        from nemo_rl_attn_align.hosts.megatron_generation_hook import is_generation_only
+        no training record (its engine writes the rollout one, ``hosts.megatron_generation``)."""
+        from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
 
         return is_generation_only(self.policy_cfg)
 

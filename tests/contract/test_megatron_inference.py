@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_attn_align.contract.contract_preview import absent_sides, predict_rollout
-from nemo_rl_attn_align.contract.megatron_generation import ENGINE, megatron_inference_contract
+from nemo_rl_attn_align.contract.megatron_generation_contract import ENGINE, megatron_inference_contract
 from nemo_rl_attn_align.contract.megatron_snapshot import ContextSnapshot, InferenceSnapshot, ModelConfigSnapshot
 from nemo_rl_attn_align.preflight.megatron_generation_facts import resolve_flash_version
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts

@@ -12,8 +12,7 @@ import types
 
 import pytest
 
-from nemo_rl_attn_align.hosts import megatron_generation_hook as megatron_generation
-from nemo_rl_attn_align.hosts import megatron_worker
+from nemo_rl_attn_align.hosts import megatron_generation, megatron_worker
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.report.store import read_worker_files
 from nemo_rl_attn_align.vocab import patching as _patching

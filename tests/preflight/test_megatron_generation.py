@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.hosts.megatron_generation_hook import is_generation_only
+from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
 from nemo_rl_attn_align.preflight.expected_workers import expected_workers
 from nemo_rl_attn_align.preflight.megatron_generation_facts import read_megatron_generation_facts
 

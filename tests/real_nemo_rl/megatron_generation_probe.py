@@ -152,7 +152,7 @@ def recipes(tree: Path) -> dict[str, Any]:
     from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
     from omegaconf import OmegaConf
 
-    from nemo_rl_attn_align.hosts.megatron_generation_hook import is_generation_only
+    from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
     from nemo_rl_attn_align.preflight.facts import LAYOUT_KEYS
     from nemo_rl_attn_align.preflight.megatron_generation_facts import read_megatron_generation_facts
 

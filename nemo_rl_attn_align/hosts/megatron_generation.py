@@ -6,7 +6,7 @@ self, mcore_generation_config)``, which every ``MegatronPolicyWorker`` inherits 
 first ``prepare_for_generation``. After it, ``self.inference_context`` is the
 ``DynamicInferenceContext`` the engine runs and ``self._gen_model`` the model it wraps (the
 training model, or the dedicated inference-layout one): the rollout record is written from them
-(``contract.megatron_generation``), with the determinism probe of this process.
+(``contract.megatron_generation_contract``), with the determinism probe of this process.
 
 The same worker trains (colocated) or belongs to a dedicated inference ``Policy`` (not colocated,
 ``megatron_cfg`` merged with ``mcore_generation_config``): there the Megatron worker hook writes no
@@ -67,7 +67,7 @@ class GenerationRecord(HostRecord):
         return megatron_generation_peers(world_size())
 
     def contract(self):
-        from nemo_rl_attn_align.contract.megatron_generation import VERSIONED, megatron_inference_contract
+        from nemo_rl_attn_align.contract.megatron_generation_contract import VERSIONED, megatron_inference_contract
 
         return megatron_inference_contract(self.snapshot, self.worker_id, versions.library_versions(VERSIONED))
 
