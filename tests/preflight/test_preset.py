@@ -99,7 +99,7 @@ def test_fix_may_change_the_layout_and_is_minimal():
 
 
 def test_fix_checks_the_rules_in_the_environment_it_was_given(monkeypatch):
-    from nemo_rl_attn_align.binding import fix
+    from nemo_rl_attn_align.aligning import fix
 
     environ = {"NVTE_FLASH_ATTN": "0"}
     cfg, result, (read, preview) = aligned(
