@@ -29,8 +29,7 @@ from nemo_rl_attn_align.kernels.kernel_query import (
     flash_pin_switches,
 )
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
-
-from .test_cli_check_gpu import GPT_OSS, GRPO, check_json
+from tests.test_cli_check_gpu import GPT_OSS, GRPO, check_json
 
 PIN = "policy.generation.vllm_kwargs.attention_config.flash_attn_version"
 
