@@ -11,7 +11,7 @@
 2. The example recipes: their one copy is ``examples/configs/`` at the repository root (outside the
    package, where ``package-data`` cannot reach); ``build_py`` copies them into
    ``nemo_rl_attn_align/examples/configs`` of the build tree. An editable install reads them from the
-   source tree (``nemo_rl_attn_align/config/examples.py``).
+   source tree (``nemo_rl_attn_align/config/example_recipes.py``).
 
 Only public command APIs are used: ``run``, ``get_outputs`` and ``get_output_mapping`` (setuptools'
 ``SubCommand`` protocol for build steps).
@@ -45,7 +45,7 @@ class BuildPyWithExtras(build_py):
 
     def run(self):
         super().run()
-        if self.editable_mode:  # the files stay where they are (see nemo_rl_attn_align/config/examples.py)
+        if self.editable_mode:  # the files stay where they are (see nemo_rl_attn_align/config/example_recipes.py)
             return
         for target, source in self._extras().items():
             self.mkpath(str(Path(target).parent))

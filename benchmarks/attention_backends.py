@@ -280,7 +280,7 @@ def build_rows(results: Sequence[dict[str, Any]], args: argparse.Namespace, peak
 
 def render(doc: dict[str, Any]) -> str:
     """The results as a text table, with the device, the peak and the FLOP convention."""
-    from nemo_rl_attn_align.report.render import format_table
+    from nemo_rl_attn_align.report.report_render import format_table
 
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)

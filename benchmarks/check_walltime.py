@@ -20,7 +20,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 
 EXAMPLE = default_example_path()
 

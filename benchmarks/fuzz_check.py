@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nemo_rl_attn_align.config.examples import default_example_path  # noqa: E402
+from nemo_rl_attn_align.config.example_recipes import default_example_path  # noqa: E402
 from nemo_rl_attn_align.config.loader import load_config  # noqa: E402
 from nemo_rl_attn_align.vocab.errors import UsageError  # noqa: E402
 from tests import hostile_inputs as hi  # noqa: E402

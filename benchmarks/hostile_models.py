@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fuzz_check import CLI, run_measured  # noqa: E402
-from nemo_rl_attn_align.config.examples import default_example_path  # noqa: E402
+from nemo_rl_attn_align.config.example_recipes import default_example_path  # noqa: E402
 from tests import hostile_inputs as hi  # noqa: E402
 from tests import hostile_models as hm  # noqa: E402
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 def classify(path: Path) -> tuple[str, str]:
     """``(outcome, detail)`` for one recipe."""
-    from nemo_rl_attn_align.compare.preset import align
-    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.aligning.preset import align
+    from nemo_rl_attn_align.binding.binding_preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts

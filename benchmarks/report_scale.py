@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nemo_rl_attn_align.compare.determinism_probe import probe  # noqa: E402
+from nemo_rl_attn_align.binding.determinism_probe import probe  # noqa: E402
 from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record  # noqa: E402
 from nemo_rl_attn_align.vocab.worker_ids import rollout_peers, training_peers  # noqa: E402
 from tests.contract_samples import full_contract  # noqa: E402

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from nemo_rl_attn_align.preflight.architecture_rules import ABSENT, MISSING, evaluate, keys, layer_kind, lookup
+from nemo_rl_attn_align.model.architecture_rules import ABSENT, MISSING, evaluate, keys, layer_kind, lookup
 
 #: Layer-index periods tried for per-layer kinds (``i % p``).
 PERIODS = (2, 3, 4, 5, 6)

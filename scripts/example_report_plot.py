@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))  # a checkout that is not installed
 from nemo_rl_attn_align.config.settings import AlignSettings  # noqa: E402
 from nemo_rl_attn_align.drift.estimate import ESTIMATED, WHY_ESTIMATED, result  # noqa: E402
 from nemo_rl_attn_align.report.document import RunDescription, add_drift, collect  # noqa: E402
-from nemo_rl_attn_align.report.plot import write_drift_plot  # noqa: E402
+from nemo_rl_attn_align.report.report_plot import write_drift_plot  # noqa: E402
 
 OUT = REPO / "docs" / "images" / "report-plot.png"
 STEPS, SEED, SPIKE_AT = 200, 22, 137

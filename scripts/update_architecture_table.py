@@ -10,7 +10,7 @@ head sizes, windows, MLA ranks, per-layer kinds, keys removed), writes each as a
 directory, has the host read them all (``nemo_rl_attn_align.hosts.model_readers``: Megatron-Bridge's
 conversion for ``training``, vLLM's model built on the meta device for ``rollout``), and infers the
 rules that reproduce every answer (``architecture_synthesis``). The result, labelled with the host
-versions, replaces that side of ``nemo_rl_attn_align/preflight/tables/architectures.json``; the
+versions, replaces that side of ``nemo_rl_attn_align/model/tables/architectures.json``; the
 lanes run ``--check`` and fail while the committed table differs.
 """
 
@@ -36,8 +36,8 @@ from checkout_code import REPO  # first: the checkout's plugin, not an installed
 
 import architecture_synthesis as synthesis
 
-from nemo_rl_attn_align.preflight import architectures
-from nemo_rl_attn_align.preflight.architecture_rules import ABSENT
+from nemo_rl_attn_align.model import architectures
+from nemo_rl_attn_align.model.architecture_rules import ABSENT
 
 #: The model types of the models NeMo-RL's Megatron recipes train (7ea279a, examples/configs/**:
 #: every recipe with policy.megatron_cfg.enabled), each with the checkpoints that name it.

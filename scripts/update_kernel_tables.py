@@ -11,7 +11,7 @@ imports and once per ``--te-path`` (a folder another TE wheel was installed into
 ``tests/real_vllm/table_worker.py`` once for the vLLM this interpreter imports and once per
 ``--vllm-path`` (a folder holding another vLLM's Python sources, unzipped from its CUDA wheel, with
 the flashinfer-python it pins installed beside them). Each writes one
-``nemo_rl_attn_align/preflight/tables/<host>-<version>.json.gz`` per version it ran (the others are
+``nemo_rl_attn_align/kernels/tables/<host>-<version>.json.xz`` per version it ran (the others are
 kept); with ``--check`` it prints ``<file> is current`` or ``is stale`` for each. ``docs`` rewrites
 the table of ``docs/kernels.md`` between ``<!-- kernels:table -->`` markers from what ``check --gpu`` predicts for the
 shipped examples. The lanes run the first two; ``tests/test_cli_check_gpu.py`` fails when that table
@@ -21,8 +21,8 @@ is stale.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -35,10 +35,10 @@ from checkout_code import REPO  # first: the checkout's plugin, not an installed
 
 # isort: split
 
-from nemo_rl_attn_align.preflight import kernel_table
+from nemo_rl_attn_align.kernels import kernel_table
 
 #: The checkout's tables (not an installed copy's: a lane venv installs the plugin non-editable).
-TABLE_DIR = REPO / "nemo_rl_attn_align" / "preflight" / "tables"
+TABLE_DIR = REPO / "nemo_rl_attn_align" / "kernels" / "tables"
 WORKERS = {"training": "tests.real_te.table_worker", "rollout": "tests.real_vllm.table_worker"}
 VERSION_KEYS = {"training": "transformer-engine", "rollout": "vllm"}
 MARKER = re.compile(r"(<!-- kernels:table -->\n).*?(<!-- /kernels:table -->)", re.S)
@@ -110,8 +110,7 @@ def generate(side: str, host_paths: list[str]) -> dict[str, dict]:
 def _existing(side: str, version: str) -> dict | None:
     """The committed encoded table of ``side`` at ``version`` (None: no such file)."""
     try:
-        with gzip.open(kernel_table.path(side, version, TABLE_DIR), "rt", encoding="utf-8") as handle:
-            return json.load(handle).get("table")
+        return json.loads(lzma.decompress(kernel_table.path(side, version, TABLE_DIR).read_bytes())).get("table")
     except OSError:
         return None
 
@@ -119,8 +118,8 @@ def _existing(side: str, version: str) -> dict | None:
 def _kernels(example: str, overrides: list[str], gpu: str, side: str, version: str) -> list[dict]:
     """``side``'s kernel per layer kind for ``example`` on ``gpu``, from the ``version`` table."""
     from nemo_rl_attn_align.cli.check import evaluate
-    from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
-    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
+    from nemo_rl_attn_align.config.example_recipes import EXAMPLES_DIR
+    from nemo_rl_attn_align.kernels.kernel_query import KernelOptions
 
     options = KernelOptions(gpu=gpu, **{"te" if side == "training" else "vllm": version})
     return evaluate(EXAMPLES_DIR / example, overrides, environ={}, kernel_options=options)["kernels"][side]
@@ -141,8 +140,8 @@ def kernel_rows() -> str:
 
 
 def _kernel_rows() -> str:
-    from nemo_rl_attn_align.preflight.gpu import GENERATIONS
-    from nemo_rl_attn_align.preflight.kernels import NEMO_RL_PINS
+    from nemo_rl_attn_align.kernels.gpu import GENERATIONS
+    from nemo_rl_attn_align.kernels.kernel_prediction import NEMO_RL_PINS
 
     columns = [
         (side, version)

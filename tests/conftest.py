@@ -55,9 +55,9 @@ def cli_in_fresh_process(*argv: str) -> tuple[str, list[str]]:
 
 
 def preview_of(cfg, environ=None, settings=None):
-    """``compare.preview.preview_binding`` as ``check`` calls it: the recipe read once with ``environ``
+    """``binding.binding_preview.preview_binding`` as ``check`` calls it: the recipe read once with ``environ``
     (default: empty) and its ``attention_align`` settings (unless ``settings`` are given)."""
-    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.binding.binding_preview import preview_binding
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 

@@ -2,7 +2,7 @@
 
 ``check`` reads a model only from this machine, so the tests (``tests/conftest.py`` points
 ``HF_HUB_CACHE`` at such a cache for the whole session) and ``scripts/update_kernel_tables.py
-readme`` write one: each model's config.json made with transformers' own config class, at the
+docs`` write one: each model's config.json made with transformers' own config class, at the
 published checkpoint's sizes.
 """
 

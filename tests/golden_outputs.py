@@ -105,7 +105,7 @@ def _expected_workers() -> dict:
 
 def report_outputs(hf_cache: Path) -> dict[str, str]:
     """``report --json`` and ``report --all`` over reports of the sample contracts."""
-    from nemo_rl_attn_align.compare.determinism_probe import probe
+    from nemo_rl_attn_align.binding.determinism_probe import probe
     from nemo_rl_attn_align.config.settings import AlignSettings
     from nemo_rl_attn_align.report.document import RunDescription, collect, write_report
     from nemo_rl_attn_align.report.store import write_worker_record

@@ -138,7 +138,7 @@ POOLS: dict[str, list] = {
 #: ``megatron_cfg.enabled`` as NeMo-RL reads it: any truthy value enables Megatron.
 POOLS[f"{_M}.enabled"] = [*POOLS.get(f"{_M}.enabled", []), 1, 0, "yes", "false", "", None, [1]]
 
-#: The oracle's reading of the attention_align schema (README "Settings" table).
+#: The oracle's reading of the attention_align schema (docs/running-in-nemo-rl.md's "Settings" table).
 _MANDATE_VALUES = {
     "merge_rule": ("online_softmax_lse", "full_softmax"),
     "reduction_order": ("kv_index", "ring_step", "split_kv", "unspecified"),

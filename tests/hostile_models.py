@@ -5,7 +5,7 @@ sparse; a Hugging Face cache with broken refs and blobs; recipe overrides of the
 ``write_cases(root, count, seed)`` writes ``count`` cases under ``root`` (a directory each; the
 cache layout under ``root / "hub"``, which ``HF_HUB_CACHE`` must name), each a ``ModelCase``: the
 overrides that point ``check`` at it and why the input is unusable (None: usable). Whether a value
-is usable is decided here by the limits the README's "Limits on input" table states (each pool
+is usable is decided here by the limits docs/rules-and-limits.md's "Limits on input" table states (each pool
 below holds its valid and its invalid values by construction), not by the plugin's reader.
 ``tests/test_hostile_model_files.py`` runs a sample through the real CLI;
 ``benchmarks/hostile_models.py`` runs ten thousand and prints the worst time and memory.
@@ -81,7 +81,7 @@ def _integer_pools(most: int, required: bool) -> tuple[list[Any], list[Any]]:
     return valid, invalid + ([None] if required else [])
 
 
-#: Each limited key of a config.json (documented in the README), and its (valid, invalid) values.
+#: Each limited key of a config.json (documented in docs/rules-and-limits.md), and its (valid, invalid) values.
 POOLS: dict[str, tuple[list[Any], list[Any]]] = {
     "num_hidden_layers": _integer_pools(MAX_MODEL_LAYERS, required=True),
     "num_attention_heads": _integer_pools(MAX_ATTENTION_HEADS, required=True),

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from nemo_rl_attn_align.preflight import gpu as gpus
-from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, RolloutQuery, TrainingQuery
-from nemo_rl_attn_align.preflight.kernels import NEMO_RL_PINS, predict_rollout, predict_training
+from nemo_rl_attn_align.kernels import gpu as gpus
+from nemo_rl_attn_align.kernels import kernel_table
+from nemo_rl_attn_align.kernels.kernel_prediction import NEMO_RL_PINS, predict_rollout, predict_training
+from nemo_rl_attn_align.kernels.kernel_query import KernelOptions, RolloutQuery, TrainingQuery
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 from .conftest import EXAMPLES, REPO, cli_in_fresh_process
@@ -171,7 +171,7 @@ def test_parse_gpu_takes_generations_capabilities_and_product_names():
 
 def test_every_table_file_is_over_this_grid_of_every_generation():
     for side, prefix in kernel_table.PREFIXES.items():
-        files = sorted(kernel_table.TABLE_DIR.glob(f"{prefix}-*.json.gz"))
+        files = sorted(kernel_table.TABLE_DIR.glob(f"{prefix}-*.json.xz"))
         assert len(files) == len(kernel_table.versions(side)) == len(kernel_table.load(side)) >= 2  # none skipped
         for table in kernel_table.load(side).values():
             assert (

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from nemo_rl_attn_align.cli.check import evaluate
-from nemo_rl_attn_align.preflight import architectures
-from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
+from nemo_rl_attn_align.kernels.kernel_query import KernelOptions
+from nemo_rl_attn_align.model import architectures
 from tests.conftest import EXAMPLES, REPO, write_transformers_config
 
 transformers = pytest.importorskip("transformers", reason="the test models are made with transformers' classes")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import nemo_rl_attn_align
-from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
+from nemo_rl_attn_align.config.example_recipes import EXAMPLES_DIR
 
 PACKAGE = Path(nemo_rl_attn_align.__file__).parent
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.report.load import ReportError, load_report
 from nemo_rl_attn_align.report.store import (

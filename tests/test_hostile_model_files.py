@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.vocab.limits import MAX_TOKENIZER_HASH_BYTES
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.preflight.expected_workers import expected_workers
 from nemo_rl_attn_align.preflight.facts import COUNT_KEYS, LAYOUT

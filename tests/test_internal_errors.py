@@ -16,7 +16,7 @@ import pytest
 
 from nemo_rl_attn_align.cli import COMMANDS, main
 from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_UNUSABLE, ISSUES_URL
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.hosts import driver_report, handoff, megatron_worker, nemo_rl_driver
 from nemo_rl_attn_align.vocab.errors import RuleViolation, UsageError
@@ -31,7 +31,7 @@ BREAK_POINTS = {
     "report": ("nemo_rl_attn_align.report.load", "load_report", ["somewhere"]),
     "drift": ("nemo_rl_attn_align.cli.drift", "_prepare", []),
     "probe": ("nemo_rl_attn_align.cli.probe", "_sides", ["a.json", "b.json"]),
-    "examples": ("nemo_rl_attn_align.config.examples", "example_paths", []),
+    "examples": ("nemo_rl_attn_align.config.example_recipes", "example_paths", []),
     "run": ("nemo_rl_attn_align.cli.run", "launch_environment", ["--", "true"]),
 }
 

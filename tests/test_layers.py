@@ -1,9 +1,9 @@
 """The layers ARCHITECTURE.md documents hold: a module imports only its own layer and those below.
 
 Layers, bottom up, one folder each: ``vocab`` (the stdlib-only words every layer uses), ``config``,
-``preflight``, ``contract``, ``compare``, ``report``, ``reference``, ``drift``, ``probe``, then
-``hosts`` and ``cli`` (which may import everything). Imports inside functions count as much as those at the top
-of a module; the only upward imports are listed in ``ALLOWED_UPWARD``, each with its reason.
+``model``, ``preflight``, ``contract``, ``kernels``, ``binding``, ``aligning``, ``report``, ``reference``,
+``drift``, ``probe``, then ``hosts`` and ``cli`` (which may import everything). Imports inside functions
+count as much as those at the top of a module; no upward import is allowed.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align"
 LAYERS = (
     "vocab",
     "config",
+    "model",
     "preflight",
     "contract",
-    "compare",
+    "kernels",
+    "binding",
+    "aligning",
     "report",
     "reference",
     "drift",
@@ -25,18 +28,6 @@ LAYERS = (
     "hosts",
     "cli",
 )
-#: (importer, imported) -> why the import goes up.
-ALLOWED_UPWARD = {
-    (
-        "preflight.kernels",
-        "hosts.te_selector",
-    ): "check --gpu runs Transformer Engine's own selector where TE is installed",
-    ("preflight.kernels", "hosts.vllm_selector"): "check --gpu runs vLLM's own selector where vLLM is installed",
-    (
-        "preflight.vllm_worker_kwargs",
-        "hosts.versions",
-    ): "the keys NeMo-RL's vLLM worker passes itself depend on the installed NeMo-RL's version",
-}
 
 
 def _module_name(path: Path) -> str:
@@ -75,8 +66,6 @@ def _violations() -> list[str]:
     for path in sorted(PACKAGE.rglob("*.py")):
         importer = _module_name(path)
         for imported in sorted(_imports(path)):
-            if (importer, imported) in ALLOWED_UPWARD:
-                continue
             if (PACKAGE / imported).is_dir() and (PACKAGE / imported / "__init__.py").exists() and imported in LAYERS:
                 continue  # ``from nemo_rl_attn_align.hosts import x``: judged by x
             if _rank(imported) > _rank(importer):
@@ -95,20 +84,23 @@ def test_every_module_is_in_a_layer():
 
 
 def test_an_upward_import_is_found(tmp_path):
-    """The check itself: a config module importing compare (as settings.py once did) is a violation."""
+    """The check itself: a config module importing binding (as settings.py once did) is a violation."""
     fake = tmp_path / "nemo_rl_attn_align"
     (fake / "config").mkdir(parents=True)
-    (fake / "compare").mkdir()
-    (fake / "config" / "settings.py").write_text("from nemo_rl_attn_align.compare.binding import Mandate\n")
-    (fake / "compare" / "binding.py").write_text("from nemo_rl_attn_align.config.settings import x\n")
+    (fake / "binding").mkdir()
+    (fake / "config" / "settings.py").write_text("from nemo_rl_attn_align.binding.binding import Mandate\n")
+    (fake / "binding" / "binding.py").write_text("from nemo_rl_attn_align.config.settings import x\n")
     globals()["PACKAGE"] = fake
     try:
-        assert _violations() == ["config.settings imports compare.binding"]
+        assert _violations() == ["config.settings imports binding.binding"]
     finally:
         globals()["PACKAGE"] = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align"
 
 
-def test_every_allowed_upward_import_still_exists():
-    for importer, imported in ALLOWED_UPWARD:
-        path = PACKAGE / (importer.replace(".", "/") + ".py")
-        assert imported in _imports(path), f"{importer} no longer imports {imported}: remove it from ALLOWED_UPWARD"
+def test_no_module_name_is_used_twice():
+    """One home per idea: a module's file name says which (``__init__`` and ``__main__`` aside)."""
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__"):
+            names.setdefault(path.stem, []).append(_module_name(path))
+    assert {name: where for name, where in names.items() if len(where) > 1} == {}

@@ -88,7 +88,7 @@ RUN_HERE_PREFIXES = ("nemo-rl-attn-align report examples/sample-run/", "echo ")
 def words(command: str) -> list[str]:
     """The command's words, the packaged example's path put for ``$(nemo-rl-attn-align examples NAME)``
     and the environment variables in front dropped."""
-    from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
+    from nemo_rl_attn_align.config.example_recipes import EXAMPLES_DIR
 
     command = EXAMPLE.sub(lambda m: shlex.quote(str(EXAMPLES_DIR / m.group(1))), command)
     split = shlex.split(command)
@@ -265,7 +265,7 @@ def test_shell_scripts_exist_and_parse():
 
 
 def test_nemo_rl_launchers_name_packaged_examples():
-    from nemo_rl_attn_align.config.examples import EXAMPLES_DIR
+    from nemo_rl_attn_align.config.example_recipes import EXAMPLES_DIR
 
     for name, part in checked("nemo-rl"):
         for example in EXAMPLE.findall(part):
@@ -316,7 +316,7 @@ def test_no_undocumented_code_in_the_rule_table():
 
 
 def test_supported_versions_table_is_generated_from_the_data():
-    from nemo_rl_attn_align.hosts.versions import supported_table
+    from nemo_rl_attn_align.vocab.host_versions import supported_table
 
     assert supported_table() in page("docs/running-in-nemo-rl.md")
 

@@ -27,7 +27,7 @@ def tracked_files() -> list[str]:
 
 def test_no_tracked_file_references_files_outside_the_repository():
     files = tracked_files()
-    assert "README.md" in files and "nemo_rl_attn_align/compare/determinism.py" in files
+    assert "README.md" in files and "nemo_rl_attn_align/binding/determinism.py" in files
     found = []
     for name in files:
         path = REPO / name

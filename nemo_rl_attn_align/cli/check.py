@@ -25,10 +25,10 @@ from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABL
 from nemo_rl_attn_align.vocab import jsonio
 
 if TYPE_CHECKING:
-    from nemo_rl_attn_align.compare.preset import Alignment
-    from nemo_rl_attn_align.compare.preview import BindingPreview
+    from nemo_rl_attn_align.aligning.preset import Alignment
+    from nemo_rl_attn_align.binding.binding_preview import BindingPreview
     from nemo_rl_attn_align.config.settings import AlignSettings
-    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, KernelPlan
+    from nemo_rl_attn_align.kernels.kernel_query import KernelOptions, KernelPlan
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 
 
@@ -84,7 +84,7 @@ def _looks_like_override(token: str) -> bool:
 
 def split_config_and_overrides(tokens: list[str]) -> tuple[Path, list[str]]:
     """The CONFIG path (the packaged example when the first token is already an override) and the overrides."""
-    from nemo_rl_attn_align.config.examples import default_example_path
+    from nemo_rl_attn_align.config.example_recipes import default_example_path
 
     if not tokens or (_looks_like_override(tokens[0]) and not os.path.lexists(tokens[0])):
         return default_example_path(), list(tokens)
@@ -105,8 +105,8 @@ def evaluate(
     say (on its ``gpu``, default this machine's); with ``behaviour`` (side -> interpreter, None: this
     one), each side's rope, mask and softmax computed by its host (``check_behaviour``). The
     JSON-ready dict ``--json`` prints."""
-    from nemo_rl_attn_align.compare.preset import align
-    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.aligning.preset import align
+    from nemo_rl_attn_align.binding.binding_preview import preview_binding
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.plan import build_plan
@@ -163,7 +163,7 @@ def _preview_text(
 ) -> str:
     """The binding preview as ``check`` prints it (``--full``: every field), without what the model
     line says; an unknown model's pending identity fields are one phrase."""
-    from nemo_rl_attn_align.report.render import render_preview
+    from nemo_rl_attn_align.report.report_render import render_preview
 
     said = model_said(model)
     if full:
@@ -176,8 +176,8 @@ def _preview_text(
 def _gpu(options: KernelOptions | None) -> tuple[str | None, str, KernelOptions]:
     """The GPU the kernels are predicted for (``options.gpu``, ``--gpu``, else this machine's), how it
     was chosen, and ``options`` with ``live`` set when it is this machine's."""
-    from nemo_rl_attn_align.preflight import gpu as gpus
-    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
+    from nemo_rl_attn_align.kernels import gpu as gpus
+    from nemo_rl_attn_align.kernels.kernel_query import KernelOptions
 
     options = options or KernelOptions()
     local, local_source = gpus.local_gpu()
@@ -190,12 +190,12 @@ def _kernels(
 ) -> tuple[KernelPlan, dict[str, Any]]:
     """The kernel each side runs on ``gpu`` and its JSON form, with the model and the kernel findings.
     With no GPU known nothing is predicted, and the kernel machinery is not even imported."""
-    from nemo_rl_attn_align.preflight.kernel_query import KernelPlan
+    from nemo_rl_attn_align.kernels.kernel_query import KernelPlan
 
     if gpu is None:
         plan, findings = KernelPlan.pending(source), []
     else:
-        from nemo_rl_attn_align.preflight.kernels import kernel_findings, plan_kernels
+        from nemo_rl_attn_align.kernels.kernel_prediction import kernel_findings, plan_kernels
 
         plan = plan_kernels(facts, gpu, source, environ, options)
         findings = [f.to_dict() for f in kernel_findings(plan, options)]
@@ -206,7 +206,7 @@ def _kernel_step(gpu: str | None, environ: Mapping[str, str], options: KernelOpt
     """``kernel_choice.kernel_step`` on ``gpu``; None with no GPU known (it chooses nothing: not imported)."""
     if gpu is None:
         return None
-    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
+    from nemo_rl_attn_align.kernels.kernel_choice import kernel_step
 
     return functools.partial(kernel_step, gpu=gpu, environ=environ, options=options)
 
@@ -228,8 +228,8 @@ def _rollout_backends(plan: KernelPlan) -> tuple[str, ...] | None:
 def _fix(cfg: Mapping[str, Any], read, preview_of, kernels) -> dict[str, Any]:
     """The smallest set of overrides after which the preview's semantic and determinism tiers pass,
     and the kernel step's (one flash-attn generation on both sides, on the GPU known)."""
-    from nemo_rl_attn_align.compare.fix import minimal
-    from nemo_rl_attn_align.compare.preset import align
+    from nemo_rl_attn_align.aligning.fix import minimal
+    from nemo_rl_attn_align.aligning.preset import align
 
     alignment = align(cfg, read, preview_of, alter_ok=True, kernels=kernels)
     if alignment.preview.binding is None:
@@ -264,7 +264,7 @@ def _require_table_versions(options: KernelOptions) -> None:
     they know (the kernel machinery is imported only when one is given)."""
     if options.te is None and options.vllm is None:
         return
-    from nemo_rl_attn_align.preflight.kernels import unknown_version
+    from nemo_rl_attn_align.kernels.kernel_prediction import unknown_version
     from nemo_rl_attn_align.vocab.errors import UsageError
 
     for side, requested in (("training", options.te), ("rollout", options.vllm)):
@@ -290,8 +290,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
-    from nemo_rl_attn_align.preflight.model_facts import hosts_read_here
+    from nemo_rl_attn_align.kernels.kernel_query import KernelOptions
+    from nemo_rl_attn_align.model.model_facts import hosts_read_here
     from nemo_rl_attn_align.vocab.errors import UsageError, strict_json
     from nemo_rl_attn_align.vocab.limits import shown_text
 

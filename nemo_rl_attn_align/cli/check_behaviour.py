@@ -62,7 +62,7 @@ def requested(args: argparse.Namespace) -> dict[str, str | None] | None:
 def compute(cfg: Mapping[str, Any], facts: RecipeFacts, pythons: Mapping[str, str | None]) -> RecipeFacts:
     """``facts`` with the behaviour each bound side's host computed for ``cfg`` (the recipe as the run
     starts, ``facts`` read from it)."""
-    from nemo_rl_attn_align.contract.preview import absent_sides
+    from nemo_rl_attn_align.contract.contract_preview import absent_sides
 
     absent = absent_sides(facts)
     specs, results = {}, {}

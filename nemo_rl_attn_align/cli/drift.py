@@ -119,7 +119,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any]]:
     from nemo_rl_attn_align.cli.check import split_config_and_overrides
     from nemo_rl_attn_align.config.loader import load_config
     from nemo_rl_attn_align.config.settings import load_settings
-    from nemo_rl_attn_align.preflight.gpu import parse_gpu
+    from nemo_rl_attn_align.kernels.gpu import parse_gpu
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
     from nemo_rl_attn_align.vocab.errors import UsageError
 
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as err:
         print(f"error: {shown_text(str(err), 2000)}", file=sys.stderr)
         return EXIT_UNUSABLE
-    from nemo_rl_attn_align.drift import render as drift_render
+    from nemo_rl_attn_align.drift import drift_render
     from nemo_rl_attn_align.drift import sweep as drift
     from nemo_rl_attn_align.report.store import atomic_write_json
 

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """Print one example's path, or all of them."""
-    from nemo_rl_attn_align.config.examples import example_paths
+    from nemo_rl_attn_align.config.example_recipes import example_paths
 
     paths = {path.name: path for path in example_paths()}
     if args.name is None:

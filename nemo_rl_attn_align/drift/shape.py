@@ -17,19 +17,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.preflight.architectures import NotRead
+from nemo_rl_attn_align.kernels.gpu import capability
+from nemo_rl_attn_align.kernels.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET
-from nemo_rl_attn_align.preflight.gpu import capability
-from nemo_rl_attn_align.preflight.kernel_query import DTYPE_OF_PRECISION, Kernel, KernelPlan
-from nemo_rl_attn_align.preflight.model_attention import LayerKind
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.vocab.errors import UsageError
 
 #: dtypes the sweep runs (``sweep.DTYPES`` maps them to torch): ``policy.precision``'s, by their short names.
 DTYPE_NAMES = tuple(DTYPE_OF_PRECISION.values())
 DEFAULT_DTYPES = DTYPE_NAMES
-#: The GPU plans are selected for when ``--gpu`` names none (any of ``preflight.gpu.GPUS``); NeMo-RL's
+#: The GPU plans are selected for when ``--gpu`` names none (any of ``kernels.gpu.GPUS``); NeMo-RL's
 #: recipes target Hopper.
 DEFAULT_GPU = "sm90"
 #: Training engines swept when the config names no backend of its own (``default_engines``); the
@@ -272,7 +272,7 @@ def default_engines(
 ) -> tuple[EnginePrediction, EnginePrediction]:
     """``(training, rollout)``: the engines the recipe runs on ``gpu`` (torch-free).
 
-    They follow the kernels ``check --gpu`` predicts (``preflight.kernels``, from TE's and vLLM's own
+    They follow the kernels ``check --gpu`` predicts (``kernels.kernel_prediction``, from TE's and vLLM's own
     selectors): FlashAttention -> ``flash`` (the CP rings with ``context_parallel_size > 1``),
     FusedAttention -> ``te-fused``, ``transformer_impl: local`` -> Megatron's own attention; vLLM
     FLASH_ATTN FA3 on sm90 -> ``vllm-fa3``, FA2 on sm80 -> ``vllm`` (``ROLLOUT_REPLAYS``). Where a
@@ -280,7 +280,7 @@ def default_engines(
     so; a kernel no materializer replays leaves its side to the reference. A config without
     ``megatron_cfg`` sweeps ``DEFAULT_TRAINING`` against vLLM's kernel.
     """
-    from nemo_rl_attn_align.preflight.kernels import plan_kernels
+    from nemo_rl_attn_align.kernels.kernel_prediction import plan_kernels
 
     policy = facts.policy
     plan = plan_kernels(facts, gpu, "--gpu", os.environ if environ is None else environ)

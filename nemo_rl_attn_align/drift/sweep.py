@@ -12,7 +12,7 @@ fused/flash backends or vLLM), and one whose order is not public (TE fused / cuD
 not replayable, with no figures.
 
 The attention shape and the sweep's defaults come from ``shape`` (torch-free, so the CLI can
-validate a config without importing torch); ``render`` shows a result (table, heatmap).
+validate a config without importing torch); ``drift_render`` shows a result (table, heatmap).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from nemo_rl_attn_align.drift.shape import DEFAULT_GPU, DEFAULT_VOCAB, DTYPE_NAMES, Shape
-from nemo_rl_attn_align.preflight.kernel_query import PRECISION_OF_DTYPE
+from nemo_rl_attn_align.kernels.kernel_query import PRECISION_OF_DTYPE
 from nemo_rl_attn_align.reference.attention import exact_attention, reference_attention
 from nemo_rl_attn_align.reference.blocks import ReferenceSpec
 from nemo_rl_attn_align.reference.causal import Causal

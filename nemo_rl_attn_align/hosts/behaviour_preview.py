@@ -144,7 +144,7 @@ def _rollout(spec: SideSpec) -> tuple[dict[str, Any], list[str], list[str]]:
 def preview(spec: SideSpec) -> dict[str, Any]:
     """The side's behaviour fields (``FieldValue.to_dict``), the reader's problems, what was replaced
     to build the model here, the host's versions and the seconds it took."""
-    from nemo_rl_attn_align.hosts.versions import library_versions
+    from nemo_rl_attn_align.vocab.host_versions import library_versions
 
     started = time.perf_counter()
     try:

@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import _patching
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.names import BLOCK, NEMO_RL_DRIFT_METRICS
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def report_dir_for(cfg: Mapping[str, Any], report_dir: str) -> str:
 
 def absent_sides(cfg: Mapping[str, Any], facts: RecipeFacts, algorithm: str) -> dict[str, str]:
     """The sides this run has no workers for (``facts``: ``cfg`` read), with the reason the report states."""
-    from nemo_rl_attn_align.contract.preview import absent_sides as absent_in_config
+    from nemo_rl_attn_align.contract.contract_preview import absent_sides as absent_in_config
     from nemo_rl_attn_align.preflight.expected_workers import generation_gpus
     from nemo_rl_attn_align.vocab.schema import NotBound
 

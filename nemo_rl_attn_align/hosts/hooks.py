@@ -13,8 +13,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, handoff, versions
+from nemo_rl_attn_align.hosts import bootstrap, handoff
 from nemo_rl_attn_align.hosts.seams import HOOKS, OPTIONAL, Seam
+from nemo_rl_attn_align.vocab import host_versions as versions
+from nemo_rl_attn_align.vocab import patching as _patching
 
 log = logging.getLogger("nemo_rl_attn_align")
 
@@ -93,7 +95,7 @@ class Hook:
         return bool(self._wrapped)
 
     def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
-        """``_patching.wrap`` and remember it for ``detach``."""
+        """``patching.wrap`` and remember it for ``detach``."""
         done = _patching.wrap(owner, name, make_wrapper)
         if done:
             self._wrapped.append((owner, name))

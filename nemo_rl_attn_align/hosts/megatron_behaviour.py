@@ -36,7 +36,7 @@ from typing import Any
 
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.hosts.behaviour_probe import NotARotation, no_rotation, rope_value, rotation_kind
-from nemo_rl_attn_align.preflight.model_attention import layer_ranges
+from nemo_rl_attn_align.model.model_attention import layer_ranges
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS, ROPE_POSITIONS, per_layer
 from nemo_rl_attn_align.vocab.schema import field_spec
 

@@ -6,7 +6,7 @@ self, mcore_generation_config)``, which every ``MegatronPolicyWorker`` inherits 
 first ``prepare_for_generation``. After it, ``self.inference_context`` is the
 ``DynamicInferenceContext`` the engine runs and ``self._gen_model`` the model it wraps (the
 training model, or the dedicated inference-layout one): the rollout record is written from them
-(``contract.megatron_inference``), with the determinism probe of this process.
+(``contract.megatron_generation_contract``), with the determinism probe of this process.
 
 The same worker trains (colocated) or belongs to a dedicated inference ``Policy`` (not colocated,
 ``megatron_cfg`` merged with ``mcore_generation_config``): there the Megatron worker hook writes no
@@ -23,9 +23,10 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import hooks, versions
+from nemo_rl_attn_align.hosts import hooks
 from nemo_rl_attn_align.hosts.seams import Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, guarded_step, world_size
+from nemo_rl_attn_align.vocab import host_versions as versions
 from nemo_rl_attn_align.vocab.worker_ids import megatron_generation_peers, megatron_generation_worker_id
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class GenerationRecord(HostRecord):
         return megatron_generation_peers(world_size())
 
     def contract(self):
-        from nemo_rl_attn_align.contract.megatron_inference import VERSIONED, megatron_inference_contract
+        from nemo_rl_attn_align.contract.megatron_generation_contract import VERSIONED, megatron_inference_contract
 
         return megatron_inference_contract(self.snapshot, self.worker_id, versions.library_versions(VERSIONED))
 
@@ -103,7 +104,7 @@ def _unwrapped(model: Any) -> Any:
 def record_engine(worker: Any) -> GenerationRecord:
     """Read the inference engine ``worker`` has just initialized and write its record."""
     global record
-    from nemo_rl_attn_align.compare.determinism import probe
+    from nemo_rl_attn_align.binding.determinism import probe
     from nemo_rl_attn_align.contract.megatron_snapshot import read_inference
 
     gen_model = getattr(worker, "_gen_model", None)  # a method: the model the engine wraps

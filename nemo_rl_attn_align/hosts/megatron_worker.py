@@ -30,9 +30,10 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import hooks, versions
+from nemo_rl_attn_align.hosts import hooks
 from nemo_rl_attn_align.hosts.seams import Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, world_size
+from nemo_rl_attn_align.vocab import host_versions as versions
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.worker_ids import training_peers, training_worker_id
 
@@ -178,7 +179,7 @@ def _read_behaviour(model: Any) -> None:
 
 
 def _record_built_model() -> None:
-    from nemo_rl_attn_align.compare.determinism import probe
+    from nemo_rl_attn_align.binding.determinism import probe
     from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 
     record.nvte = {name: os.environ.get(name) for name in NVTE_VARIABLES}

@@ -16,7 +16,7 @@
 
 No weights are read and nothing is downloaded. ``python -m nemo_rl_attn_align.hosts.model_readers
 megatron|vllm OUT.json DIR [DIR ...]`` reads several directories in one process (the generator of
-``preflight/tables/architectures.json`` and ``check`` where a host is installed run it as a
+``model/tables/architectures.json`` and ``check`` where a host is installed run it as a
 subprocess: vLLM's reader initialises torch.distributed). Each result is JSON-ready; a directory the
 host cannot read gives ``{"error": "..."}`` with the host's own message.
 """
@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.preflight.model_attention import MEGATRON_ATTRIBUTES, left_window, vllm_layer_facts
+from nemo_rl_attn_align.model.model_attention import MEGATRON_ATTRIBUTES, left_window, vllm_layer_facts
 from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
 from nemo_rl_attn_align.vocab import jsonio
 

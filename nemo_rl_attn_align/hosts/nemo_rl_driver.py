@@ -45,8 +45,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, hooks
+from nemo_rl_attn_align.hosts import bootstrap, driver_report, handoff, hooks
 from nemo_rl_attn_align.hosts.seams import SINGLE_CONTROLLER, Seam
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.names import BLOCK
 
 if TYPE_CHECKING:
@@ -112,8 +113,8 @@ def apply_preset(master_config: Any, facts: RecipeFacts, settings: AlignSettings
     config before any worker group exists (NeMo-RL builds every worker's environment from it), log
     each change and, where a cause needs a layout change, the one finding that says so. Returns the
     alignment (``preset.Alignment.to_dict()``) for the report, and the aligned config's facts."""
-    from nemo_rl_attn_align.compare.preset import align, apply_changes
-    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.aligning.preset import align, apply_changes
+    from nemo_rl_attn_align.binding.binding_preview import preview_binding
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     kernels, no_kernels = _kernel_step()
@@ -139,10 +140,10 @@ def _kernel_step() -> tuple[Any, str | None]:
     """The preset's kernel step on this (the driver's) node's GPU, for the vLLM installed here, or why
     there is none: the step writes vLLM engine arguments only for a vLLM version the tables hold
     (``attention_config`` does not exist in every vLLM NeMo-RL pins)."""
-    from nemo_rl_attn_align.compare.kernel_choice import kernel_step
-    from nemo_rl_attn_align.preflight.gpu import local_gpu
-    from nemo_rl_attn_align.preflight.kernel_query import KernelOptions
-    from nemo_rl_attn_align.preflight.kernels import installed_table_version
+    from nemo_rl_attn_align.kernels.gpu import local_gpu
+    from nemo_rl_attn_align.kernels.kernel_choice import kernel_step
+    from nemo_rl_attn_align.kernels.kernel_prediction import installed_table_version
+    from nemo_rl_attn_align.kernels.kernel_query import KernelOptions
 
     gpu, why = local_gpu()
     if gpu is None:

@@ -34,8 +34,9 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching, hooks
+from nemo_rl_attn_align.hosts import hooks
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import finding
 

@@ -25,7 +25,7 @@ class Seam:
 
 class HookSeams:
     """One hook module's seams, the host its warnings name, the hosts whose versions it checks
-    (``versions.SUPPORTED``) when it first patches, and the host versions of its layouts."""
+    (``host_versions.SUPPORTED``) when it first patches, and the host versions of its layouts."""
 
     __slots__ = ("checks", "host", "layouts", "seams")
 

@@ -20,23 +20,21 @@ never that the request was applied.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.hosts import _patching, hooks
+from nemo_rl_attn_align.hosts import hooks
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
+from nemo_rl_attn_align.kernels.kernel_query import substantive
+from nemo_rl_attn_align.kernels.te_selector import call_collecting_reasons
 from nemo_rl_attn_align.preflight.backend import TE_CLASS_BY_BACKEND
-from nemo_rl_attn_align.preflight.kernel_query import substantive
+from nemo_rl_attn_align.vocab import patching as _patching
 
 UTILS_MODULE = HOOKS["te_readback"].seams[0].module  # where get_attention_backend is
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
 
 LOCAL_ATTENTION_CLASS = ("megatron.core.transformer.dot_product_attention", "DotProductAttention")
-TE_LOGGER = "DotProductAttention"
-#: Most of TE's reasons a selection keeps (TE logs one line per backend it disables).
-MAX_REASONS = 12
 
 #: Distinct selections ``get_attention_backend`` returned in this process, in order.
 selections: list[dict[str, Any]] = []
@@ -57,46 +55,6 @@ def selection_from_flags(
     if use_unfused:
         return {"backend": "UnfusedDotProductAttention", "detail": ""}
     return {"backend": None, "detail": "no backend available"}
-
-
-class _ReasonCollector(logging.Handler):
-    """Keeps the "Disabling ..." lines of one ``get_attention_backend`` call."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.reasons: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed TE record is not ours to fail on
-            return
-        if message.startswith("Disabling") and message not in self.reasons and len(self.reasons) < MAX_REASONS:
-            self.reasons.append(message)
-
-
-def call_collecting_reasons(original: Callable, args: tuple, kwargs: dict) -> tuple[Any, list[str]]:
-    """``original(*args, **kwargs)`` with TE's debug reasons collected; TE's own handler, and the
-    logger's level afterwards, stay as the user's ``NVTE_DEBUG`` set them."""
-    attn_log: Any = getattr(sys.modules.get(UTILS_MODULE), "AttentionLogging", None)
-    stream = getattr(attn_log, "_stream_handler", None)
-    level = getattr(attn_log, "_log_level", None)
-    if not isinstance(level, int) or not isinstance(stream, logging.Handler):
-        return original(*args, **kwargs), []
-    logger = logging.getLogger(TE_LOGGER)
-    if not logger.hasHandlers():  # what get_attention_backend does on its first call
-        logger.addHandler(stream)
-    collector, stream_level = _ReasonCollector(), stream.level
-    stream.setLevel(max(stream_level, level))
-    logger.addHandler(collector)
-    attn_log._log_level = logging.DEBUG
-    try:
-        return original(*args, **kwargs), collector.reasons
-    finally:
-        attn_log._log_level = level
-        logger.setLevel(level)
-        logger.removeHandler(collector)
-        stream.setLevel(stream_level)
 
 
 def _record_selection(result: Any, reasons: list[str]) -> None:
@@ -161,7 +119,7 @@ def _te_selection() -> tuple[dict[str, Any] | None, str]:
 
 
 def observe(modules: Iterable[Any]) -> dict[str, Any]:
-    """What the attention modules among ``modules`` (e.g. ``model.modules()``) really ran: ``status``
+    """What the attention modules among ``modules`` (e.g. a model's ``modules()``) really ran: ``status``
     ``observed`` (with ``backend``, ``detail``, TE's ``reasons``), ``no_backend`` (TE found none, and
     why) or ``unobservable``."""
     local, te = _attention_module_kinds(modules)

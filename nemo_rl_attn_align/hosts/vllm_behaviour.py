@@ -35,7 +35,7 @@ import torch
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.contract.vllm_snapshot import impl_left_window, impl_soft_cap
 from nemo_rl_attn_align.hosts.behaviour_probe import NotARotation, no_rotation, rope_value, rotation_kind
-from nemo_rl_attn_align.preflight.model_attention import is_attention_module, layer_index
+from nemo_rl_attn_align.model.model_attention import is_attention_module, layer_index
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS, ROPE_POSITIONS, mask, per_layer, softmax
 from nemo_rl_attn_align.vocab.kinds import ContractError
 

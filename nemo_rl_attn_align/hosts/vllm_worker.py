@@ -18,7 +18,7 @@ and ``VLLM_BATCH_INVARIANT``'s rewrites of the environment have happened. The ba
 plugin may bring its own) are covered when they are instantiated: ``Worker.__init__`` is wrapped
 too, and wraps the method on the class of ``self`` that defines it. A subclass calling ``super()``
 records once. A class whose method cannot be wrapped is one warning naming it (an error in strict
-mode). The vLLM version is checked against ``versions.SUPPORTED`` once, at the first patch.
+mode). The vLLM version is checked against ``host_versions.SUPPORTED`` once, at the first patch.
 
 One record per engine: each worker an engine warms up gets a token of its own, and claims its id
 (``report.store.claim_worker_id``) before its first write. A second engine recording under the same
@@ -42,9 +42,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, hooks, versions
+from nemo_rl_attn_align.hosts import bootstrap, hooks
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
 from nemo_rl_attn_align.hosts.worker_records import HostRecord, guarded_step, log, world_size
+from nemo_rl_attn_align.vocab import host_versions as versions
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.worker_ids import engine_worker_id, rollout_peers, rollout_worker_id
 
 if TYPE_CHECKING:
@@ -174,7 +176,7 @@ def _model_modules(worker: Any) -> dict[str, Any] | None:
 def record_engine(worker: Any) -> RolloutRecord:
     """Read one warmed-up vLLM worker and write its record."""
     global record
-    from nemo_rl_attn_align.compare.determinism import probe
+    from nemo_rl_attn_align.binding.determinism import probe
     from nemo_rl_attn_align.contract.vllm_snapshot import read_vllm_snapshot
 
     vllm_config = worker.vllm_config

@@ -23,6 +23,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
+from nemo_rl_attn_align.kernels.gpu import of_capability
+
 if TYPE_CHECKING:
     from nemo_rl_attn_align.vocab.errors import Finding
 
@@ -62,7 +65,7 @@ def write(
 def guarded_step(step: str, action: Callable[[], object]) -> None:
     """Run one observability step of a worker that has no record yet: its failure is a warning,
     or an error in strict mode."""
-    from nemo_rl_attn_align.hosts._patching import guarded
+    from nemo_rl_attn_align.vocab.patching import guarded
 
     guarded(step, action, HostRecord.settings().strict)
 
@@ -112,7 +115,6 @@ class HostRecord:
             "peers": self.peers(),
             **self.detail(),
         }
-        from nemo_rl_attn_align.hosts.device import with_device
 
         settings = self.settings()
         return write(settings.report_dir, with_device(self.contract()), self.probe, detail, settings.run_id)
@@ -132,7 +134,7 @@ class HostRecord:
 
     def stop_if_strict(self) -> None:
         """In strict mode, any finding stops the run (after it has been written)."""
-        from nemo_rl_attn_align.hosts._patching import StrictModeError
+        from nemo_rl_attn_align.vocab.patching import StrictModeError
 
         lines = [*self.findings, *(f.line() for f in self.coded_findings)]
         if lines and self.settings().strict:
@@ -142,10 +144,37 @@ class HostRecord:
         """Run one step of the plugin's work in this worker (``action``'s result, None when it failed):
         a failure is one warning and a finding of this record, written with its detail where it can
         be; the run goes on. An error in strict mode; ``stops`` (the plugin's own stops) propagate."""
-        from nemo_rl_attn_align.hosts._patching import guarded
+        from nemo_rl_attn_align.vocab.patching import guarded
 
         return guarded(step, action, self.settings().strict, stops, on_failure=self._keep_failure)
 
     def _keep_failure(self, problem: str) -> None:
         self.findings.append(problem)
         self.write(self.stage)
+
+
+# The GPU a worker runs on, recorded in its contract (``gpu``), as the kernel tables name it: read from
+# torch only where CUDA is already initialized in the worker's process (its engine has loaded the
+# model), so recording never initializes CUDA itself (a forked process could not).
+def device_gpu() -> FieldValue:
+    """This process's GPU generation (observed), that it has none (observed null), or why it is not known."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return FieldValue.observed(None, "torch.cuda.is_available(): no CUDA device")
+        if not torch.cuda.is_initialized():
+            return FieldValue.unobservable(None, "CUDA is not initialized in this process when the record is written")
+        major, minor = torch.cuda.get_device_capability()
+        name = torch.cuda.get_device_name()
+    except Exception as err:  # observability: never breaks the worker
+        return FieldValue.unobservable(None, f"torch.cuda: {type(err).__name__}: {err}")
+    generation = of_capability(major, minor) or f"sm{major}{minor}"
+    return FieldValue.observed(generation, f"torch.cuda.get_device_capability: {major}.{minor} ({name})")
+
+
+def with_device(contract: AttentionContract) -> AttentionContract:
+    """``contract`` with its ``gpu`` field read here, unless the worker's own reader set it."""
+    if contract.fields["gpu"].provenance.known:
+        return contract
+    return AttentionContract(contract.side, contract.worker_id, {**contract.fields, "gpu": device_gpu()})

@@ -16,9 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.preflight.architectures import NotRead
-from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, NVTE_VARIABLES
-from nemo_rl_attn_align.preflight.config_lookup import (
+from nemo_rl_attn_align.config.config_lookup import (
     UNSET,
     Fact,
     as_env_vars,
@@ -28,7 +26,9 @@ from nemo_rl_attn_align.preflight.config_lookup import (
     section,
     value_at,
 )
-from nemo_rl_attn_align.preflight.model_facts import ModelFacts, read_model_facts
+from nemo_rl_attn_align.model.architectures import NotRead
+from nemo_rl_attn_align.model.model_facts import ModelFacts, read_model_facts
+from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, DEFAULT_BACKEND, NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.vllm_worker_kwargs import installed_nemo_rl
 from nemo_rl_attn_align.vocab.errors import UsageError
 from nemo_rl_attn_align.vocab.schema import SOFTMAX_TYPES

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import Fact, as_env_vars, value_at
+from nemo_rl_attn_align.config.config_lookup import Fact, as_env_vars, value_at
 
 _VLLM_CFG = "policy.generation.vllm_cfg"
 

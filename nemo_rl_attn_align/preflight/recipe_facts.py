@@ -3,8 +3,9 @@
 ``read_recipe_facts(cfg, environ)`` reads a resolved NeMo-RL config (a plain dict, as
 ``config.loader.load_config`` returns it): ``policy`` (``facts.PolicyFacts``: the pre-flight rules and the
 training preview), ``generation`` (``generation_facts``: the vLLM rollout settings), ``shape``
-(``shape_facts``: the layers drift resolves a shape from) and ``megatron_generation``
-(``megatron_generation``: the generation model and engine when NeMo-RL generates with Megatron).
+(``ShapeFacts``: the ``attention_align.drift`` block and the sequence length, which drift resolves
+its sweep's shape from before the model's own attention) and ``megatron_generation``
+(``megatron_generation_facts``: the generation model and engine when NeMo-RL generates with Megatron).
 The model's ``config.json`` and the tokenizer's identity are read once (``LocalFiles``) and kept
 across the configs an entry point reads (the preset's rounds pass them on). The rules, the preview
 and drift read only these.
@@ -16,17 +17,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_rl_attn_align.config.config_lookup import UNSET, Fact, positive_int, value_at
+from nemo_rl_attn_align.model.model_config import ConfigNotRead, HFModelConfig, load_model_config
+from nemo_rl_attn_align.model.model_facts import ModelFacts
 from nemo_rl_attn_align.preflight.behaviour_facts import ComputedBehaviour
-from nemo_rl_attn_align.preflight.config_lookup import UNSET, positive_int, value_at
 from nemo_rl_attn_align.preflight.facts import PolicyFacts, policy_not_a_mapping, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts, read_generation_facts
-from nemo_rl_attn_align.preflight.megatron_generation import MegatronGenerationFacts, read_megatron_generation_facts
-from nemo_rl_attn_align.preflight.model_config import ConfigNotRead, HFModelConfig, load_model_config
-from nemo_rl_attn_align.preflight.model_facts import ModelFacts
-from nemo_rl_attn_align.preflight.shape_facts import ShapeFacts, read_shape_facts
+from nemo_rl_attn_align.preflight.megatron_generation_facts import (
+    MegatronGenerationFacts,
+    read_megatron_generation_facts,
+)
 from nemo_rl_attn_align.preflight.tokenizer import TokenizerIdentity, tokenizer_identity
 from nemo_rl_attn_align.vocab.errors import UsageError
 from nemo_rl_attn_align.vocab.limits import shown
+from nemo_rl_attn_align.vocab.names import BLOCK
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,27 @@ def read_local_files(model_name: Any, tokenizer_name: Any, known: LocalFiles | N
     if known is None or known.model_name != model_name or known.tokenizer_name != tokenizer_name:
         return LocalFiles(model_name, load_model_config(model_name), tokenizer_name, tokenizer_identity(tokenizer_name))
     return known
+
+
+@dataclass(frozen=True)
+class ShapeFacts:
+    """What the config says about the sweep's attention shape, in drift's field names (``heads``,
+    ``kv_heads``, ``head_dim``, ``window``, ``hidden``, ``seq_len``).
+
+    ``layers`` are the config's sections that set shape fields, highest priority first (the
+    ``attention_align.drift`` block), each a ``Fact`` whose value maps field -> value and whose key
+    is the section; ``seq_len`` is ``policy.max_total_sequence_length`` (None when unset)."""
+
+    layers: tuple[Fact, ...] = ()
+    seq_len: Fact | None = None
+
+
+def read_shape_facts(cfg: Any) -> ShapeFacts:
+    """Read the drift block and the sequence length of a resolved config."""
+    drift = value_at(cfg, f"{BLOCK}.drift")
+    layers = (Fact(dict(drift), f"{BLOCK}.drift"),) if isinstance(drift, dict) else ()
+    seq = value_at(cfg, "policy.max_total_sequence_length")
+    return ShapeFacts(layers, Fact(seq, "policy.max_total_sequence_length") if seq is not None else None)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,6 @@ def installed_nemo_rl() -> str | None:
 
     if "nemo_rl" not in sys.modules and importlib.util.find_spec("nemo_rl") is None:
         return None
-    from nemo_rl_attn_align.hosts import versions
+    from nemo_rl_attn_align.vocab import host_versions as versions
 
     return versions.installed_version("NeMo-RL")

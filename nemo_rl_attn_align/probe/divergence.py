@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.probe import metrics, replay
+from nemo_rl_attn_align.probe import replay
 from nemo_rl_attn_align.probe.capture import Capture
 from nemo_rl_attn_align.vocab.errors import UsageError
 
@@ -137,8 +137,8 @@ def compare(reference: Capture, other: Capture, layers: list[int] | None = None,
         layers=rows if layers is None else tuple(rows[i] for i in layers),
         first=_first(rows, atol),
         logprobs=difference(reference.logprobs, other.logprobs, "logprobs"),
-        token_mult_prob_error=metrics.token_mult_prob_error(other.logprobs, reference.logprobs),
-        gen_kl_error=metrics.gen_kl_error(other.logprobs, reference.logprobs),
+        token_mult_prob_error=token_mult_prob_error(other.logprobs, reference.logprobs),
+        gen_kl_error=gen_kl_error(other.logprobs, reference.logprobs),
         replays=_replays(reference, other),
         substitutions={c.side: list(c.settings.get("substitutions", [])) for c in (reference, other)},
     )
@@ -185,3 +185,29 @@ def _first(rows: tuple[LayerDivergence, ...], atol: float) -> FirstDivergence | 
             if diff.max_abs > atol:
                 return FirstDivergence(row.layer, stage, diff)
     return None
+
+
+# NeMo-RL's train/generation mismatch metrics, computed as its ClippedPGLossFn computes them
+# (``nemo_rl/algorithms/loss/loss_functions.py``): every token of the batch counts (mask of ones).
+def token_mult_prob_error(generation_logprobs: Any, train_logprobs: Any) -> float:
+    """``masked_mean(exp(|gen_lp - train_lp| * mask), mask)``."""
+    import torch
+
+    mask = torch.ones_like(train_logprobs)
+    lp_error = torch.abs(generation_logprobs - train_logprobs)
+    return _masked_mean(torch.exp(lp_error * mask), mask)
+
+
+def gen_kl_error(generation_logprobs: Any, train_logprobs: Any) -> float:
+    """KL(P_gen || P_train), NeMo-RL's default k3 estimate: ``exp(logr) - 1 - logr``, ``logr = train - gen``."""
+    import torch
+
+    logr = train_logprobs - generation_logprobs
+    return _masked_mean(torch.exp(logr) - 1 - logr, torch.ones_like(logr))
+
+
+def _masked_mean(values: Any, mask: Any) -> float:
+    """NeMo-RL's ``masked_mean`` with no global normalization factor."""
+    import torch
+
+    return float(torch.sum(values * mask) / (torch.sum(mask) + 1e-8))

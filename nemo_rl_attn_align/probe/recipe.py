@@ -2,7 +2,7 @@
 
 The recipe is loaded as ``check`` loads it (``config.loader.load_config``), and with
 ``attention_align.preset: aligned`` the settings the preset writes when the run starts are applied
-first (``compare.preset.align``; no kernel step: that needs the GPU the run will have). Then:
+first (``aligning.preset.align``; no kernel step: that needs the GPU the run will have). Then:
 
 * the training side (``TRAINING_ENGINE``) is megatron-core built through Megatron-Bridge from the
   checkpoint, with what NeMo-RL's ``nemo_rl/models/megatron/setup.py`` sets on the provider from
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.preflight.config_lookup import as_env_vars, section
+from nemo_rl_attn_align.config.config_lookup import as_env_vars, section
 from nemo_rl_attn_align.probe.sides import SideSpec
 from nemo_rl_attn_align.vocab.errors import UsageError
 
@@ -58,8 +58,8 @@ class RecipeSides:
 
 def as_run_starts(cfg: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     """``cfg`` with ``attention_align.preset: aligned``'s changes applied, and a note per change."""
-    from nemo_rl_attn_align.compare.preset import align
-    from nemo_rl_attn_align.compare.preview import preview_binding
+    from nemo_rl_attn_align.aligning.preset import align
+    from nemo_rl_attn_align.binding.binding_preview import preview_binding
     from nemo_rl_attn_align.config.settings import load_settings
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import BindingReport, Verdict, bind
-from nemo_rl_attn_align.compare.determinism import DeterminismProbe, collective_for, compare
+from nemo_rl_attn_align.binding.binding import BindingReport, Verdict, bind
+from nemo_rl_attn_align.binding.determinism import DeterminismProbe, collective_for, compare
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.contract import AttentionContract, contract_dicts
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import Verdict
+from nemo_rl_attn_align.binding.binding import Verdict
 from nemo_rl_attn_align.config.settings import AlignSettings, OnMismatch
 from nemo_rl_attn_align.report.document import RunDescription, collect, with_logged_drift, write_report
-from nemo_rl_attn_align.report.render import render_changes, render_summary
+from nemo_rl_attn_align.report.report_render import render_changes, render_summary
 from nemo_rl_attn_align.vocab.codes import Code, Kind, codes_of
 from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity
 

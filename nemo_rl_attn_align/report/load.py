@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import Verdict
+from nemo_rl_attn_align.binding.binding import Verdict
 from nemo_rl_attn_align.config.settings import AlignSettings, OnMismatch
 from nemo_rl_attn_align.report.document import REPORT_FILENAME, REPORT_KIND, collect, with_logged_drift
 from nemo_rl_attn_align.report.store import (

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
-from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
+from nemo_rl_attn_align.binding.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.report.record_templates import Parsed, RecordReader
 from nemo_rl_attn_align.report.worker_files import HostDetail, UnreadableFile, WorkerFiles, WorkerRecord

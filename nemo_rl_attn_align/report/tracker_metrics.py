@@ -1,5 +1,5 @@
 """The report as scalars for the user's experiment tracker, logged under ``attention_align/`` (``vocab.names.BLOCK``)
-through NeMo-RL's own ``Logger`` (so every backend it has gets them; README "Metrics in your
+through NeMo-RL's own ``Logger`` (so every backend it has gets them; docs/running-in-nemo-rl.md "Metrics in your
 tracker" has the legend). Stdlib only.
 """
 

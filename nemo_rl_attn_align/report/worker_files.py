@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_attn_align.compare.determinism_probe import DeterminismProbe
+from nemo_rl_attn_align.binding.determinism_probe import DeterminismProbe
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.vocab.errors import Finding
 from nemo_rl_attn_align.vocab.schema import SIDES

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nemo_rl_attn_align.compare.binding import same_value
+from nemo_rl_attn_align.binding.binding import same_value
 from nemo_rl_attn_align.contract.contract import AttentionContract
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
 from nemo_rl_attn_align.report.store import HOSTS_DIR, worker_detail_path

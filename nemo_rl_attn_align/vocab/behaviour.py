@@ -18,7 +18,7 @@ per-layer behaviours once, then each attention layer's; ``rope`` adds ``position
 pair]}``: channel ``a`` and ``b`` rotate together (``a`` is the cosine side), angles wrapped to
 (-pi, pi] as fp32 computes them (to 7 significant digits); a layer without rotary embedding has no
 pairs. The checks below give each value its canonical form (``vocab.kinds`` style: ``(value, where)
--> value`` or ``ContractError``); ``compare.behaviour`` finds the first difference. Stdlib only.
+-> value`` or ``ContractError``); ``binding.behaviour_difference`` finds the first difference. Stdlib only.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _per_layer(check_kind: Callable[[Any, str], Any], extra: tuple[str, ...] = (
 
 
 #: Significant digits a measured number keeps: fp32 holds about 7.2, and the comparison's tolerances
-#: (``compare.behaviour``) are far wider than the last one; a record stays a few kB per layer kind.
+#: (``binding.behaviour_difference``) are far wider than the last one; a record stays a few kB per layer kind.
 DIGITS = 7
 
 

@@ -2,7 +2,7 @@
 
 One member per code, written once: its value (the code as reports, logs and users' greps see it;
 never changed once released), its kind (which part of the plugin raises it), its severity and a
-one-line summary. The README's rule table and ``docs/report-schema.md``'s code table are generated
+one-line summary. The rule table of docs/rules-and-limits.md and ``docs/report-schema.md``'s code table are generated
 from here (``scripts/update_code_tables.py``; the tests fail when a table differs).
 
 Adding a code: one member here; a rule code also needs its rule in ``preflight/rules/``
@@ -45,7 +45,7 @@ class Code(str, enum.Enum):
     Each member is ``(value, kind, severity, summary)``; the severity is a ``Severity``, or the words
     that say when it varies (``severity`` is then None and ``severity_text`` gives the words)."""
 
-    # --- preflight rules (README "Rules") ----------------------------------------------------
+    # --- preflight rules (docs/rules-and-limits.md) ----------------------------------------------------
     CONFIG_VALUE_INVALID = (
         "CONFIG_VALUE_INVALID",
         RULE,
@@ -216,7 +216,7 @@ class Code(str, enum.Enum):
         "the worker raises TypeError at start, after the cluster is up.",
     )
 
-    # --- kernels on a GPU (check --gpu; README "Rules") ---------------------------------------
+    # --- kernels on a GPU (check --gpu; docs/rules-and-limits.md) ---------------------------------------
     TE_NO_BACKEND = (
         "TE_NO_BACKEND",
         KERNEL,

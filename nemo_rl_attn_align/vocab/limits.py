@@ -2,8 +2,9 @@
 
 A hostile or broken input (a YAML alias bomb, a 50 MB string, a FIFO or ``/dev/zero`` given as a
 file, a JSON record nested thousands of levels deep, an override path hundreds of keys long) is
-refused with one line before it can cost time or memory. The README's "Limits" table lists these
-values; ``benchmarks/fuzz_check.py --hostile`` measures that each refusal takes well under a second.
+refused with one line before it can cost time or memory. The "Limits on input" table of
+docs/rules-and-limits.md lists these values; ``benchmarks/fuzz_check.py --hostile`` measures that
+each refusal takes well under a second.
 """
 
 from __future__ import annotations

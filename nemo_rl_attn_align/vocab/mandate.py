@@ -1,7 +1,7 @@
 """The mandate: what the user demands of the semantic tier (``attention_align.mandate``), stdlib only.
 
 Part of the contract's vocabulary with ``schema`` and ``kinds``: ``config.settings`` builds one from
-the YAML, ``compare.binding`` checks both sides against it.
+the YAML, ``binding.binding`` checks both sides against it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.config.loader import get_path, load_config
 from nemo_rl_attn_align.vocab.errors import UsageError
 from tests.conftest import EXAMPLES

@@ -287,11 +287,11 @@ def test_replace_validates_and_keeps_the_rest():
 def test_core_modules_import_nothing_heavy():
     code = (
         "import sys\n"
-        "import nemo_rl_attn_align.vocab.schema, nemo_rl_attn_align.compare.binding, "
-        "nemo_rl_attn_align.compare.determinism\n"
+        "import nemo_rl_attn_align.vocab.schema, nemo_rl_attn_align.binding.binding, "
+        "nemo_rl_attn_align.binding.determinism\n"
         "import nemo_rl_attn_align.report.store, nemo_rl_attn_align.report.document\n"
-        "import nemo_rl_attn_align.report.render, nemo_rl_attn_align.report.finalize\n"
-        "import nemo_rl_attn_align.contract.preview, nemo_rl_attn_align.cli.report\n"
+        "import nemo_rl_attn_align.report.report_render, nemo_rl_attn_align.report.finalize\n"
+        "import nemo_rl_attn_align.contract.contract_preview, nemo_rl_attn_align.cli.report\n"
         "heavy = ['torch', 'megatron', 'vllm', 'ray', 'pydantic', 'omegaconf', 'transformer_engine']\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from nemo_rl_attn_align.compare.binding import Status
+from nemo_rl_attn_align.binding.binding import Status
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.hf_model import identity_fields
-from nemo_rl_attn_align.preflight.model_config import find_config, load_model_config, not_found_line
+from nemo_rl_attn_align.contract.contract_preview import identity_fields
+from nemo_rl_attn_align.model.model_config import find_config, load_model_config, not_found_line
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from tests.conftest import EXAMPLES, preview_of
 

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.compare.binding import Status, Verdict
-from nemo_rl_attn_align.compare.determinism import DetStatus
+from nemo_rl_attn_align.binding.binding import Status, Verdict
+from nemo_rl_attn_align.binding.determinism import DetStatus
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.preview import absent_sides, predict_rollout, predict_training
+from nemo_rl_attn_align.contract.contract_preview import absent_sides, predict_rollout, predict_training
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
-from nemo_rl_attn_align.report.render import render_preview
+from nemo_rl_attn_align.report.report_render import render_preview
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import UsageError
 from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Provenance, Tier, fields_of

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.preview import predict_rollout, predict_training
+from nemo_rl_attn_align.contract.contract_preview import predict_rollout, predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_attn_align.compare.binding import same_value
+from nemo_rl_attn_align.binding.binding import same_value
 from nemo_rl_attn_align.contract.rope import canonical_rope, hf_rope, megatron_scaling
 
 # Llama-3.1-8B's HF config.json values.

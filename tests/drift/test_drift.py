@@ -121,7 +121,7 @@ def test_sweep_json_complete(tmp_path, write_yaml, capsys):
     assert result == json.loads((out / "drift-report.json").read_text())
     assert result["shape"]["sources"]["heads"] == "attention_align.drift" and result["shape"]["seq_len"] == 64
     assert (out / "drift-heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["heatmap"]
-    from nemo_rl_attn_align.drift.render import _cell
+    from nemo_rl_attn_align.drift.drift_render import _cell
 
     # every cell says its figure, or why the pair did not run
     assert _cell(result, "bf16", "reference", "reference") == (0.0, "0\nbit-equal")

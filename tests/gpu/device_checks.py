@@ -21,7 +21,7 @@ written to ``OUT/device-checks.json`` as it finishes (a timeout keeps what is do
 * ``fingerprints`` -- both sides' behaviour fingerprints (``rope``, ``mask``, ``softmax``, read from
   the live modules by ``hosts.megatron_behaviour`` as the Megatron worker's hook reads them) of
   ``probe``'s tiny megatron-core model on the device, bf16: the two sides of one model bound by
-  ``compare.behaviour`` (no difference), a sliding window on one side named at layer 0, and each
+  ``binding.behaviour_difference`` (no difference), a sliding window on one side named at layer 0, and each
   fingerprint the same read again with the model moved to the CPU (megatron-core's ``get_emb`` may
   still evaluate on the current CUDA device). Both sides are megatron-core's: the device
   has no vLLM (bug 6 of docs/upstream-bugs.md: the kernels differ per GPU, the fingerprints must not).
@@ -285,10 +285,10 @@ def probe(device: str) -> list[dict]:
 
 def fingerprints(device: str) -> list[dict]:
     """Both sides' behaviour fingerprints of one model on ``device`` (bf16 there), per case: each side's
-    fields, what ``compare.behaviour`` finds between the sides, and whether each side reads the same
+    fields, what ``binding.behaviour_difference`` finds between the sides, and whether each side reads the same
     with its model moved to the CPU (``equal``: the expected difference only, every field observed,
     the same off the device)."""
-    from nemo_rl_attn_align.compare.behaviour import difference
+    from nemo_rl_attn_align.binding.behaviour_difference import difference
     from nemo_rl_attn_align.hosts import megatron_behaviour
     from nemo_rl_attn_align.probe.megatron_side import build
     from nemo_rl_attn_align.probe.sides import SideSpec

@@ -188,8 +188,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from nemo_rl_attn_align.contract.training import VERSIONED
-    from nemo_rl_attn_align.hosts import _patching, bootstrap, megatron_worker, versions
+    from nemo_rl_attn_align.hosts import bootstrap, megatron_worker
     from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
+    from nemo_rl_attn_align.vocab import host_versions as versions
+    from nemo_rl_attn_align.vocab import patching as _patching
 
     seed = spec.get("seed", 1234)
     result: dict[str, Any] = {"plugin_active": bootstrap.activate("gpu-suite"), "bootstrap_origin": bootstrap.origin}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_attn_align.contract.preview import predict_training
+from nemo_rl_attn_align.contract.contract_preview import predict_training
 from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND, NVTE_VARIABLES, TE_CLASS_BY_BACKEND
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.store import read_worker_files

@@ -46,7 +46,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     config_json = write_tiny_llama(model_dir, spec["hf_config"], spec.get("seed", 0))
     import vllm
 
-    from nemo_rl_attn_align.hosts import _patching, bootstrap, vllm_worker
+    from nemo_rl_attn_align.hosts import bootstrap, vllm_worker
+    from nemo_rl_attn_align.vocab import patching as _patching
 
     llm = vllm.LLM(
         model=str(model_dir),

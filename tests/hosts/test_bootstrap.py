@@ -119,7 +119,7 @@ def test_switch_off_turns_everything_off(plugin_venv):
     assert "_PostImportFinder" not in seen["finders"]
     code = (
         f"import sys; sys.path.insert(0, {str(FAKE_VLLM)!r}); import vllm.v1.worker.gpu_worker as w; "
-        "from nemo_rl_attn_align.hosts._patching import is_wrapped; "
+        "from nemo_rl_attn_align.vocab.patching import is_wrapped; "
         "print(is_wrapped(w.Worker.compile_or_warm_up_model))"
     )
     out = run_python(plugin_venv, code, NEMO_RL_ATTN_ALIGN="off")
@@ -137,7 +137,7 @@ def test_hook_fires_on_import_and_attaching_twice_is_harmless(plugin_venv):
         from nemo_rl_attn_align.hosts import vllm_worker
         first = w.Worker.compile_or_warm_up_model
         bootstrap.activate("again"); vllm_worker.attach(); vllm_worker.register(); vllm_worker.register()
-        from nemo_rl_attn_align.hosts._patching import is_wrapped
+        from nemo_rl_attn_align.vocab.patching import is_wrapped
         print("wrapped once:", w.Worker.compile_or_warm_up_model is first and is_wrapped(first) and not is_wrapped(first.__wrapped__))
         print("finders:", sum(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path))
         print("origin:", bootstrap.origin)

@@ -1,11 +1,11 @@
-"""The ``gpu`` each worker records (``hosts.device``) and the in-run estimate on the GPU the workers record."""
+"""The ``gpu`` each worker records (``hosts.worker_records``) and the in-run estimate on the GPU the workers record."""
 
 from __future__ import annotations
 
 import pytest
 
 from nemo_rl_attn_align.contract.contract import AttentionContract, FieldValue
-from nemo_rl_attn_align.hosts import device, driver_report, nemo_rl_driver
+from nemo_rl_attn_align.hosts import driver_report, nemo_rl_driver, worker_records
 from nemo_rl_attn_align.report.store import write_worker_record
 from nemo_rl_attn_align.vocab.schema import Provenance
 from tests.contract_samples import full_contract
@@ -26,7 +26,7 @@ def _unset(contract):
 
 
 def test_a_cpu_worker_records_that_it_has_no_gpu():
-    gpu = device.device_gpu()  # this machine has no CUDA device
+    gpu = worker_records.device_gpu()  # this machine has no CUDA device
     assert (gpu.value, gpu.provenance) == (None, Provenance.OBSERVED) and "no CUDA device" in gpu.source
 
 
@@ -41,7 +41,7 @@ def test_a_cpu_worker_records_that_it_has_no_gpu():
 )
 def test_the_gpu_comes_from_torch_cuda_where_cuda_is_initialized(monkeypatch, cuda, value, provenance):
     _cuda(monkeypatch, **cuda)
-    contract = device.with_device(_unset(full_contract("training")))
+    contract = worker_records.with_device(_unset(full_contract("training")))
     assert (contract["gpu"].value, contract["gpu"].provenance) == (value, provenance)
     if value == "sm90":
         assert contract["gpu"].source == "torch.cuda.get_device_capability: 9.0 (NVIDIA H100 80GB HBM3)"
@@ -50,13 +50,13 @@ def test_the_gpu_comes_from_torch_cuda_where_cuda_is_initialized(monkeypatch, cu
 def test_a_gpu_the_workers_reader_set_is_kept(monkeypatch):
     _cuda(monkeypatch)
     contract = full_contract("rollout")  # its gpu is a sample value, observed
-    assert device.with_device(contract)["gpu"] == contract["gpu"]
+    assert worker_records.with_device(contract)["gpu"] == contract["gpu"]
 
 
 def test_a_failing_torch_is_unobservable_never_raised(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: (_ for _ in ()).throw(RuntimeError("driver gone")))
-    gpu = device.device_gpu()
+    gpu = worker_records.device_gpu()
     assert gpu.provenance is Provenance.UNOBSERVABLE and "RuntimeError: driver gone" in gpu.source
 
 

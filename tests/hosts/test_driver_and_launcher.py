@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, bootstrap, driver_report, handoff, nemo_rl_driver
+from nemo_rl_attn_align.hosts import bootstrap, driver_report, handoff, nemo_rl_driver
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.errors import RuleViolation
 from tests.hosts.conftest import FAKE_NEMO_RL, standin
 

@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nemo_rl_attn_align.compare.determinism_probe import probe
+from nemo_rl_attn_align.binding.determinism_probe import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
-from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, nemo_rl_driver
+from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
 from nemo_rl_attn_align.report.document import REPORT_FILENAME
 from nemo_rl_attn_align.report.finalize import AttentionMismatch
 from nemo_rl_attn_align.report.load import load_report
 from nemo_rl_attn_align.report.store import write_worker_detail, write_worker_record
 from nemo_rl_attn_align.report.tracker_metrics import VERDICT_VALUES
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.worker_ids import rollout_peers, training_peers
 from tests.contract_samples import full_contract
@@ -444,7 +445,7 @@ def test_a_side_with_no_record_is_0_of_n_from_the_config(driver, tmp_path):
 
 
 def test_0_of_n_stops_a_strict_run_after_the_report_is_written(driver, tmp_path):
-    from nemo_rl_attn_align.hosts._patching import StrictModeError
+    from nemo_rl_attn_align.vocab.patching import StrictModeError
 
     cfg = {**config(tmp_path, strict=True), "cluster": {"num_nodes": 1, "gpus_per_node": 1}}
     run, _ = driver(cfg)

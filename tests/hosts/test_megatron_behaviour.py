@@ -22,7 +22,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from nemo_rl_attn_align.compare.behaviour import difference
+from nemo_rl_attn_align.binding.behaviour_difference import difference
 from nemo_rl_attn_align.hosts import megatron_behaviour
 from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel, own_nvte_environment
 from nemo_rl_attn_align.vocab.behaviour import layer_kinds

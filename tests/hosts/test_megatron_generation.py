@@ -12,9 +12,10 @@ import types
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, megatron_generation, megatron_worker
+from nemo_rl_attn_align.hosts import megatron_generation, megatron_worker
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.report.store import read_worker_files
+from nemo_rl_attn_align.vocab import patching as _patching
 from tests.contract.test_megatron_inference import CONTEXT
 
 MODULE = HOOKS["megatron_generation"].seams[0].module

@@ -19,13 +19,14 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from nemo_rl_attn_align.contract.preview import predict_training
-from nemo_rl_attn_align.hosts import _patching, hooks, megatron_worker
+from nemo_rl_attn_align.contract.contract_preview import predict_training
+from nemo_rl_attn_align.hosts import hooks, megatron_worker
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES
 from nemo_rl_attn_align.preflight.plan import build_plan_for_policy
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.store import read_worker_files
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.errors import RuleViolation
 from tests.fake_nemo_rl.configs import policy_config
 from tests.hosts.conftest import MEGATRON_WORKER as WORKER

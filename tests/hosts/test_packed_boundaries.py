@@ -25,8 +25,9 @@ pytest.importorskip("megatron.core")
 import torch
 
 from nemo_rl_attn_align.config.settings import AlignSettings
-from nemo_rl_attn_align.hosts import _patching, packed_boundaries
+from nemo_rl_attn_align.hosts import packed_boundaries
 from nemo_rl_attn_align.report.document import collect
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.codes import Code
 from tests.fake_nemo_rl.configs import policy_config
 

@@ -1,4 +1,4 @@
-"""``_patching``: wrappers known by identity, unwrapping back to exactly what was there.
+"""``vocab.patching``: wrappers known by identity, unwrapping back to exactly what was there.
 
 Third parties stack their own wrappers on the functions the plugin wraps (``functools.wraps`` is
 how opentelemetry's and most decorators do it): their layer must survive our ``unwrap``, and
@@ -12,7 +12,8 @@ import functools
 import gc
 import types
 
-from nemo_rl_attn_align.hosts import _patching, hooks
+from nemo_rl_attn_align.hosts import hooks
+from nemo_rl_attn_align.vocab import patching as _patching
 
 
 def recording(calls: list, label: str):
@@ -180,7 +181,7 @@ def test_original_of_names_the_host_function_under_our_layer_and_a_foreign_one()
     import functools
     import types
 
-    from nemo_rl_attn_align.hosts import _patching
+    from nemo_rl_attn_align.vocab import patching as _patching
 
     def host():
         return "host"

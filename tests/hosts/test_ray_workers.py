@@ -75,7 +75,8 @@ def make_probe_actor():
 
             import vllm.v1.worker.gpu_worker as gpu_worker  # the stand-in; the plugin hooks it on import
 
-            from nemo_rl_attn_align.hosts import _patching, bootstrap
+            from nemo_rl_attn_align.hosts import bootstrap
+            from nemo_rl_attn_align.vocab import patching as _patching
 
             worker = gpu_worker.Worker(rank=0)
             worker.compile_or_warm_up_model()

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.contract.contract_preview import predict_training
 from nemo_rl_attn_align.contract.megatron_snapshot import ModelConfigSnapshot
-from nemo_rl_attn_align.contract.preview import predict_training
 from nemo_rl_attn_align.contract.rollout import rollout_contract
 from nemo_rl_attn_align.contract.semantics import VLLM_ONLINE_SOFTMAX_BACKENDS
 from nemo_rl_attn_align.contract.training import training_contract
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
-from nemo_rl_attn_align.hosts import versions
 from nemo_rl_attn_align.preflight.backend import BACKEND_NAMES, CP_COMM_TYPES
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+from nemo_rl_attn_align.vocab import host_versions as versions
 from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Tier, fields_of
 from tests.fake_nemo_rl.configs import policy_config
 
@@ -185,12 +185,12 @@ def test_the_record_modules_import_no_config_path_module():
     loaded = set(out.stdout.split())
     assert "nemo_rl_attn_align.contract.semantics" in loaded
     check_path = {
-        "contract.preview",
+        "contract.contract_preview",
         "preflight.plan",
         "preflight.rules",
         "config.loader",
         "config.settings",
-        "compare.binding",
-        "compare.determinism",
+        "binding.binding",
+        "binding.determinism",
     }
     assert loaded.isdisjoint(f"nemo_rl_attn_align.{name}" for name in check_path), loaded

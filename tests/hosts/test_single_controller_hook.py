@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, driver_report, handoff, nemo_rl_driver
+from nemo_rl_attn_align.hosts import driver_report, handoff, nemo_rl_driver
+from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.errors import RuleViolation
 from tests.hosts.conftest import standin
 from tests.hosts.test_driver_and_launcher import master_config

@@ -14,7 +14,9 @@ import textwrap
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, te_readback
+from nemo_rl_attn_align.hosts import te_readback
+from nemo_rl_attn_align.kernels import te_selector
+from nemo_rl_attn_align.vocab import patching as _patching
 from tests.hosts.conftest import standin
 
 UTILS = """
@@ -130,7 +132,7 @@ def test_reasons_are_collected_without_changing_what_te_prints(fake_te, capsys):
     te_module(fake_te).forward((False, False, True))
     assert capsys.readouterr().err == ""
     assert logger.level == logging.WARNING and utils.AttentionLogging._log_level == logging.WARNING
-    assert not any(isinstance(h, te_readback._ReasonCollector) for h in logger.handlers)
+    assert not any(isinstance(h, te_selector._ReasonCollector) for h in logger.handlers)
     assert te_readback.selections[-1]["reasons"] == ["Disabling FlashAttention 2 for a test reason"]
 
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from nemo_rl_attn_align.hosts import _patching, versions
+from nemo_rl_attn_align.vocab import host_versions as versions
+from nemo_rl_attn_align.vocab import patching as _patching
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_rl_attn_align.compare.behaviour import difference
+from nemo_rl_attn_align.binding.behaviour_difference import difference
 from nemo_rl_attn_align.hosts import vllm_behaviour
 from nemo_rl_attn_align.hosts.vllm_behaviour import read_behaviour
 from nemo_rl_attn_align.report.store import read_worker_files

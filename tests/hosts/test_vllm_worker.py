@@ -16,8 +16,9 @@ import pytest
 from nemo_rl_attn_align.contract import rollout as vllm_record
 from nemo_rl_attn_align.contract import rope, vllm_snapshot
 from nemo_rl_attn_align.contract.vllm_snapshot import VllmSnapshot
-from nemo_rl_attn_align.hosts import _patching, vllm_worker
+from nemo_rl_attn_align.hosts import vllm_worker
 from nemo_rl_attn_align.report.store import read_worker_files
+from nemo_rl_attn_align.vocab import patching as _patching
 from tests.hosts.conftest import FAKE_VLLM, standin
 
 
@@ -286,7 +287,7 @@ def test_the_environment_request_is_read_when_the_engine_argument_is_unset(fake_
 def test_the_preview_predicts_what_the_worker_records(fake_vllm, tmp_path, monkeypatch, invariant, backend):
     """One rule (``semantics.vllm_semantics``) for ``check``'s preview and the worker's record."""
     from nemo_rl_attn_align.config.loader import load_config
-    from nemo_rl_attn_align.contract.preview import predict_rollout
+    from nemo_rl_attn_align.contract.contract_preview import predict_rollout
     from nemo_rl_attn_align.contract.semantics import VLLM_DERIVED
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
     from tests.conftest import EXAMPLES

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
+from nemo_rl_attn_align.model.model_config import ConfigNotRead, HFModelConfig
 from nemo_rl_attn_align.preflight.facts import UNSET, Fact, read_policy_facts
 from nemo_rl_attn_align.preflight.generation_facts import GenerationFacts
-from nemo_rl_attn_align.preflight.model_config import ConfigNotRead, HFModelConfig
 from nemo_rl_attn_align.preflight.recipe_facts import LocalFiles, RecipeFacts, read_recipe_facts
 from nemo_rl_attn_align.preflight.tokenizer import TokenizerIdentity
 from nemo_rl_attn_align.vocab.errors import UsageError

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nemo_rl_attn_align.probe import capture as capture_file
-from nemo_rl_attn_align.probe import divergence, metrics, render
+from nemo_rl_attn_align.probe import divergence, render
 from nemo_rl_attn_align.vocab.errors import UsageError
 from tests.probe.synthetic import capture, perturbed, with_replay
 
@@ -78,11 +78,11 @@ def test_layers_choose_rows_but_the_first_divergence_is_searched_from_layer_zero
 def test_metrics_are_nemo_rls_formulas():
     train = torch.tensor([-1.0, -2.0, -0.5, -3.0])
     gen = train + torch.tensor([0.1, -0.2, 0.0, 0.3])
-    assert metrics.token_mult_prob_error(gen, train) == pytest.approx(
+    assert divergence.token_mult_prob_error(gen, train) == pytest.approx(
         (math.exp(0.1) + math.exp(0.2) + 1 + math.exp(0.3)) / 4, rel=1e-6
     )
     logr = [-0.1, 0.2, 0.0, -0.3]
-    assert metrics.gen_kl_error(gen, train) == pytest.approx(sum(math.exp(x) - 1 - x for x in logr) / 4, rel=1e-5)
+    assert divergence.gen_kl_error(gen, train) == pytest.approx(sum(math.exp(x) - 1 - x for x in logr) / 4, rel=1e-5)
 
 
 def test_json_round_trips_and_names_the_operator():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.probe.recipe import TRAINING_ENGINE, recipe_sides
 from nemo_rl_attn_align.vocab.errors import UsageError

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from tests.real_cross_engine.conftest import REPO
 from tests.real_cross_engine.test_bridge_vs_vllm import ATOL
 from tests.real_vllm.conftest import KV_CACHE_GIB
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.real_cross_engine
 
 
 #: The overrides that point the shipped example at the tiny checkpoint in float32 on CPU (docs/probe.md's
-#: and the README's example show the same command: tests/test_readme.py compares them).
+#: example shows the same command: tests/test_readme.py compares them).
 ON_CPU = (
     "policy.precision=float32",
     "policy.generation.vllm_cfg.precision=float32",

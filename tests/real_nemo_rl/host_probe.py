@@ -118,7 +118,7 @@ def _records(report_dir: Path) -> dict[str, Any]:
 
 def _worker_call(worker, setup, tree: Path, checkpoint: Path, overrides: list[str], report_dir: Path) -> dict[str, Any]:
     from nemo_rl_attn_align.hosts import megatron_worker
-    from nemo_rl_attn_align.hosts._patching import original_of
+    from nemo_rl_attn_align.vocab.patching import original_of
     from tests.gpu import real_worker
 
     policy = real_worker.policy_config(tree, checkpoint, overrides)
@@ -176,7 +176,8 @@ def _worker_inline_seam(tree: Path) -> dict[str, Any]:
 
 
 def worker_path(tree: Path, workdir: Path) -> dict[str, Any]:
-    from nemo_rl_attn_align.hosts import _patching, megatron_worker
+    from nemo_rl_attn_align.hosts import megatron_worker
+    from nemo_rl_attn_align.vocab import patching as _patching
     from tests.gpu import real_worker
 
     try:
@@ -260,7 +261,7 @@ def _defined(path: Path) -> dict[str, list[str]]:
 
 
 def _module_hook(name: str, defined: dict[str, list[str]]) -> dict[str, Any]:
-    from nemo_rl_attn_align.hosts._patching import is_wrapped, original_of
+    from nemo_rl_attn_align.vocab.patching import is_wrapped, original_of
 
     module = importlib.import_module(name)
     trains = sorted(f for f in defined if f.endswith("_train") or "_train_" in f)
@@ -278,7 +279,7 @@ def _flash_fp32_setup(tree: Path, algorithm: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from nemo_rl_attn_align.hosts import handoff
-    from nemo_rl_attn_align.hosts._patching import is_wrapped, original_of
+    from nemo_rl_attn_align.vocab.patching import is_wrapped, original_of
 
     recipe, import_line = RECIPES[algorithm]
     names: dict[str, Any] = {}

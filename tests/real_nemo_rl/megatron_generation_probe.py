@@ -154,7 +154,7 @@ def recipes(tree: Path) -> dict[str, Any]:
 
     from nemo_rl_attn_align.hosts.megatron_generation import is_generation_only
     from nemo_rl_attn_align.preflight.facts import LAYOUT_KEYS
-    from nemo_rl_attn_align.preflight.megatron_generation import read_megatron_generation_facts
+    from nemo_rl_attn_align.preflight.megatron_generation_facts import read_megatron_generation_facts
 
     register_omegaconf_resolvers()
     out = {}

@@ -82,7 +82,7 @@ def test_the_per_layer_layout_is_megatron_cores_own():
     from megatron.core.models.hybrid.hybrid_layer_allocation import Symbols, parse_hybrid_pattern
     from megatron.core.transformer.utils import is_layer_window_attention
 
-    from nemo_rl_attn_align.preflight.model_attention import megatron_symbols, megatron_window
+    from nemo_rl_attn_align.model.model_attention import megatron_symbols, megatron_window
 
     rng = random.Random(29)
     for _ in range(400):
@@ -110,8 +110,8 @@ def _config_dir(tmp_path: Path, model_type: str) -> Path:
 
 
 def test_an_architecture_the_table_lacks_is_read_by_megatron_bridge_itself(tmp_path, monkeypatch):
-    from nemo_rl_attn_align.preflight import architectures
-    from nemo_rl_attn_align.preflight.model_facts import hosts_read_here, read_model_facts
+    from nemo_rl_attn_align.model import architectures
+    from nemo_rl_attn_align.model.model_facts import hosts_read_here, read_model_facts
 
     model = _config_dir(tmp_path, "gpt_oss")
     from_table = read_model_facts(str(model)).training
@@ -134,8 +134,8 @@ def test_the_worker_record_of_megatron_bridges_provider_is_what_the_preview_pred
     from transformers import AutoConfig
 
     from nemo_rl_attn_align.contract.attention_identity import FIELDS
+    from nemo_rl_attn_align.contract.contract_preview import predict_training
     from nemo_rl_attn_align.contract.megatron_snapshot import read_model_config
-    from nemo_rl_attn_align.contract.preview import predict_training
     from nemo_rl_attn_align.contract.training import training_contract
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
@@ -180,7 +180,7 @@ def _layout(layers: list[dict]) -> list[tuple]:
 
 def _predicted(model_dir: Path):
     """Both sides of the preview's reading of ``model_dir`` (the committed table's rules)."""
-    from nemo_rl_attn_align.preflight.model_facts import read_model_facts
+    from nemo_rl_attn_align.model.model_facts import read_model_facts
 
     facts = read_model_facts(str(model_dir))
     assert "its own attention modules" in facts.training.source, facts.training
@@ -205,7 +205,7 @@ def test_gemmas_per_layer_layout_in_the_table_is_what_the_providers_modules_hold
 
 
 def test_gemma2s_layer_kinds_inverted_by_the_4875_revert_show_against_the_table_and_in_the_reader(tmp_path):
-    from nemo_rl_attn_align.preflight.model_attention import megatron_model
+    from nemo_rl_attn_align.model.model_attention import megatron_model
 
     settings = GEMMA_CASES[0][1]
     model = _gemma_dir(tmp_path, "gemma2", settings)

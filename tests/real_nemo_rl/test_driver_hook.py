@@ -28,7 +28,8 @@ before = os.environ.get("PYTHONPATH", "").split(os.pathsep)
 import attn_align_stand_ins
 import nemo_rl.algorithms.grpo as grpo  # examples/run_grpo.py, at its top
 from nemo_rl.utils.logger import Logger
-from nemo_rl_attn_align.hosts import _patching, bootstrap
+from nemo_rl_attn_align.hosts import bootstrap
+from nemo_rl_attn_align.vocab import patching as _patching
 print(json.dumps({
     "origin": bootstrap.origin, "shim": bootstrap.SHIM_DIR, "before": before,
     "after": os.environ.get("PYTHONPATH", "").split(os.pathsep),

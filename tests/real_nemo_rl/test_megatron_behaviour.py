@@ -3,7 +3,7 @@
 subprocess: megatron-core must be imported before the Transformer Engine stand-in there, while this
 lane's other modules load the stand-in first). Windows in visible tokens, Gemma 2's layer kinds in
 Hugging Face's order, RoPE angles and YaRN's attention factor, scales, soft caps and sinks agree
-within ``compare.behaviour``'s tolerance. The upstream bugs these fields catch are re-introduced and
+within ``binding.behaviour_difference``'s tolerance. The upstream bugs these fields catch are re-introduced and
 caught end to end in ``tests/upstream_bugs``.
 """
 
@@ -37,7 +37,7 @@ def _checked(field: str, value: dict) -> dict:
 
 @pytest.mark.parametrize("model_type", MODELS)
 def test_each_models_behaviour_is_hugging_faces(built, model_type):
-    from nemo_rl_attn_align.compare.behaviour import difference
+    from nemo_rl_attn_align.binding.behaviour_difference import difference
 
     seen = built[model_type]
     assert seen["problems"] == []

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
-from nemo_rl_attn_align.contract.preview import predict_rollout
+from nemo_rl_attn_align.contract.contract_preview import predict_rollout
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Provenance
 from tests.conftest import preview_of

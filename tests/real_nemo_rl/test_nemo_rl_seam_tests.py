@@ -81,7 +81,7 @@ def _outcomes(tree: Path, plugin: str, junit: Path) -> dict[str, str]:
 def _seam_wrapped(tree: Path, plugin: str) -> bool:
     code = (
         "import attn_align_stand_ins, nemo_rl.models.megatron.setup as setup\n"
-        "from nemo_rl_attn_align.hosts._patching import is_wrapped\n"
+        "from nemo_rl_attn_align.vocab.patching import is_wrapped\n"
         "print(is_wrapped(setup._apply_performance_config))"
     )
     proc = subprocess.run(

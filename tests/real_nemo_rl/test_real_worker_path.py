@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.contract.contract import AttentionContract
-from nemo_rl_attn_align.contract.preview import predict_training
+from nemo_rl_attn_align.contract.contract_preview import predict_training
 from nemo_rl_attn_align.hosts.seams import HOOKS, OPTIONAL
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.vocab.schema import FIELD_NAMES, Tier, fields_of

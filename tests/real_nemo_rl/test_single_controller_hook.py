@@ -36,7 +36,8 @@ import nemo_rl.algorithms.single_controller_utils.setup as setup_module
 from nemo_rl.utils.config import load_config, parse_hydra_overrides, register_omegaconf_resolvers
 from omegaconf import OmegaConf
 from nemo_rl_attn_align.vocab.errors import RuleViolation
-from nemo_rl_attn_align.hosts import _patching, driver_report, handoff
+from nemo_rl_attn_align.hosts import driver_report, handoff
+from nemo_rl_attn_align.vocab import patching as _patching
 
 register_omegaconf_resolvers()
 original = _patching.original_of(setup_single_controller)

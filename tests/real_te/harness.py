@@ -29,7 +29,7 @@ stand_ins.install()
 import torch  # noqa: E402  (after the TE stand-in: megatron-core imports TE at import)
 import torch.distributed as dist  # noqa: E402
 
-from nemo_rl_attn_align.hosts import te_selector  # noqa: E402
+from nemo_rl_attn_align.kernels import te_selector  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NVTE_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_ALLOW_NONDETERMINISTIC_ALGO")

@@ -1,6 +1,6 @@
 """Transformer Engine's selector on head-dim pairs the training table holds one class of: ``python -m
 tests.real_te.head_dim_classes`` prints, as JSON, every sampled query whose answer differs from its
-class representative's (``preflight.kernel_table.training_head_dims``): [] when the classes are exact.
+class representative's (``kernels.kernel_table.training_head_dims``): [] when the classes are exact.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from tests.real_te import stand_ins
 
 stand_ins.install()
 
-from nemo_rl_attn_align.hosts import te_selector  # noqa: E402
-from nemo_rl_attn_align.preflight import kernel_table  # noqa: E402
-from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
+from nemo_rl_attn_align.kernels import kernel_table, te_selector  # noqa: E402
+from nemo_rl_attn_align.kernels.gpu import capability  # noqa: E402
 from tests.real_te.table_worker import FLASH_ATTN, FLASH_ATTN_3  # noqa: E402
 
 DIMS = [*range(8, 656, 8), 12, 20, 36, 100, 132, 260, 300]

@@ -1,7 +1,7 @@
 """Stand-ins for the parts of Transformer Engine that cannot load on a CPU machine, and nothing else.
 
 Transformer Engine's Python (``transformer_engine``, the 1.2 MB ``transformer-engine`` wheel) is
-real; it stays real down to these five stand-ins, each named in the README:
+real; it stays real down to these five stand-ins, each named in CONTRIBUTING.md:
 
 1. ``transformer_engine_torch``, TE's compiled torch extension (``tex``): a module with TE's enums
    (names and values from TE's C++ headers, ``transformer_engine/common/util/pybind_helper.h`` and

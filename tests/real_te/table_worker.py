@@ -1,7 +1,7 @@
 """The training kernel table for the TE this interpreter imports: ``python -m tests.real_te.table_worker OUT``.
 
-Runs the plugin's ``hosts.te_selector.select`` (TE's real ``get_attention_backend``) on every cell of
-``preflight.kernel_table.TRAINING_AXES``, each on its declared GPU with flash-attn 2.8.3 (and the
+Runs the plugin's ``kernels.te_selector.select`` (TE's real ``get_attention_backend``) on every cell of
+``kernels.kernel_table.TRAINING_AXES``, each on its declared GPU with flash-attn 2.8.3 (and the
 flash-attn 3 hopper build where the cell says so), and writes that TE version's encoded table as
 JSON to OUT. ``scripts/update_kernel_tables.py`` runs it once per TE version (another version's
 wheel on ``PYTHONPATH`` first) and the lane test compares its answers with the committed table.
@@ -18,10 +18,9 @@ from tests.real_te import stand_ins
 
 stand_ins.install()
 
-from nemo_rl_attn_align.hosts import te_selector  # noqa: E402
-from nemo_rl_attn_align.preflight import kernel_table  # noqa: E402
-from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import Kernel  # noqa: E402
+from nemo_rl_attn_align.kernels import kernel_table, te_selector  # noqa: E402
+from nemo_rl_attn_align.kernels.gpu import capability  # noqa: E402
+from nemo_rl_attn_align.kernels.kernel_query import Kernel  # noqa: E402
 
 FLASH_ATTN, FLASH_ATTN_3 = "2.8.3", "3.0.0b1"
 

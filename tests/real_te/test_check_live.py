@@ -17,10 +17,10 @@ from tests.real_te import stand_ins  # noqa: E402
 stand_ins.install()
 
 from nemo_rl_attn_align.cli import check  # noqa: E402
-from nemo_rl_attn_align.preflight import gpu as gpus  # noqa: E402
-from nemo_rl_attn_align.preflight.gpu import capability  # noqa: E402
-from nemo_rl_attn_align.preflight.kernel_query import KernelOptions, TrainingQuery  # noqa: E402
-from nemo_rl_attn_align.preflight.kernels import predict_training  # noqa: E402
+from nemo_rl_attn_align.kernels import gpu as gpus  # noqa: E402
+from nemo_rl_attn_align.kernels.gpu import capability  # noqa: E402
+from nemo_rl_attn_align.kernels.kernel_prediction import predict_training  # noqa: E402
+from nemo_rl_attn_align.kernels.kernel_query import KernelOptions, TrainingQuery  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 
 pytestmark = pytest.mark.real_te

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.preflight import kernel_table
+from nemo_rl_attn_align.kernels import kernel_table
 
 pytestmark = pytest.mark.real_te
 

@@ -13,8 +13,9 @@ import itertools
 
 import pytest
 
-from nemo_rl_attn_align.hosts import te_readback, te_selector
-from nemo_rl_attn_align.preflight.kernel_query import TrainingQuery
+from nemo_rl_attn_align.hosts import te_readback
+from nemo_rl_attn_align.kernels import te_selector
+from nemo_rl_attn_align.kernels.kernel_query import TrainingQuery
 from tests.real_te import require_te
 
 require_te()

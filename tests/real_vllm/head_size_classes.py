@@ -1,6 +1,6 @@
 """vLLM's CUDA selector on head sizes the rollout table holds one class of: ``python -m
 tests.real_vllm.head_size_classes`` prints, as JSON, every sampled query whose answer differs from
-its class representative's (``preflight.kernel_table.rollout_head_size``): [] when the classes are exact.
+its class representative's (``kernels.kernel_table.rollout_head_size``): [] when the classes are exact.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import json
 import random
 from dataclasses import replace
 
-from nemo_rl_attn_align.hosts import vllm_selector
-from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.gpu import capability
+from nemo_rl_attn_align.kernels import kernel_table, vllm_selector
+from nemo_rl_attn_align.kernels.gpu import capability
 from tests.real_vllm import cuda_stand_ins
 
 SIZES = [*range(8, 656, 8), 12, 20, 36, 44, 52, 100, 132, 260, 300, 520]

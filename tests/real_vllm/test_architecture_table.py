@@ -33,8 +33,8 @@ def test_the_committed_rollout_side_is_what_vllm_answers_today():
 
 
 def test_an_architecture_the_table_lacks_is_read_by_vllm_itself(models, monkeypatch):
-    from nemo_rl_attn_align.preflight import architectures
-    from nemo_rl_attn_align.preflight.model_facts import hosts_read_here, read_model_facts
+    from nemo_rl_attn_align.model import architectures
+    from nemo_rl_attn_align.model.model_facts import hosts_read_here, read_model_facts
 
     model = str(models["mistral"])
     from_table = read_model_facts(model).rollout
@@ -63,7 +63,7 @@ ENGINE_ATTENTION = {
 def test_a_real_engine_records_the_attention_the_preview_predicts(engines, name):
     from nemo_rl_attn_align.contract.attention_identity import FIELDS
     from nemo_rl_attn_align.contract.contract import AttentionContract
-    from nemo_rl_attn_align.contract.preview import predict_rollout
+    from nemo_rl_attn_align.contract.contract_preview import predict_rollout
     from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 
     engine = engines(name)

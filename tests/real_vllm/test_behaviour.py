@@ -1,10 +1,10 @@
 """The behaviour fields (``rope``, ``mask``, ``softmax``) real vLLM engines record
 (``hosts.vllm_behaviour``, from the ``vllm.general_plugins`` entry point), held against what Hugging
 Face's own modules compute for the same ``config.json`` (``hf_behaviour.py``), within
-``compare.behaviour``'s tolerances: default RoPE (qwen3, mistral), Gemma 2's interleaved windows and
+``binding.behaviour_difference``'s tolerances: default RoPE (qwen3, mistral), Gemma 2's interleaved windows and
 soft cap, Gemma 3's local and global RoPE, GLM-4's partial rotary in adjacent pairs, gpt-oss's YaRN
 (``truncate: false``) and sinks. Then vLLM #27722 re-introduced into a gpt-oss engine
-(``reverts.py``): the configuration fields stay equal, the rope differs, and ``compare.behaviour``
+(``reverts.py``): the configuration fields stay equal, the rope differs, and ``binding.behaviour_difference``
 names the layer, the position and the channels.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.compare.behaviour import difference
+from nemo_rl_attn_align.binding.behaviour_difference import difference
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS, ROPE_POSITIONS, layer_kinds
 from tests.real_vllm.hf_behaviour import hf_behaviour
 

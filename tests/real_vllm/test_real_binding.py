@@ -12,7 +12,7 @@ import pytest
 
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.report.document import collect
-from nemo_rl_attn_align.report.render import render_summary
+from nemo_rl_attn_align.report.report_render import render_summary
 from nemo_rl_attn_align.vocab.mandate import Mandate
 from nemo_rl_attn_align.vocab.schema import Tier, fields_of
 from tests.hosts.conftest import FAKE_NEMO_RL, REPO

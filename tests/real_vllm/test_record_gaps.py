@@ -25,7 +25,7 @@ import pytest
 
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import AlignSettings
-from nemo_rl_attn_align.contract.preview import predict_rollout
+from nemo_rl_attn_align.contract.contract_preview import predict_rollout
 from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
 from nemo_rl_attn_align.report.document import collect
 from nemo_rl_attn_align.vocab.mandate import Mandate

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.preflight import kernel_table
-from nemo_rl_attn_align.preflight.kernel_query import RolloutQuery
-from nemo_rl_attn_align.preflight.kernels import predict_rollout
+from nemo_rl_attn_align.kernels import kernel_table
+from nemo_rl_attn_align.kernels.kernel_prediction import predict_rollout
+from nemo_rl_attn_align.kernels.kernel_query import RolloutQuery
 
 pytestmark = pytest.mark.real_vllm
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from nemo_rl_attn_align.compare.determinism_probe import probe
+from nemo_rl_attn_align.binding.determinism_probe import probe
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.report.document import collect
 from nemo_rl_attn_align.report.finalize import failed_tiers

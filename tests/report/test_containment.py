@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_rl_attn_align.compare.determinism_probe import probe
+from nemo_rl_attn_align.binding.determinism_probe import probe
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.report.document import collect, write_report
 from nemo_rl_attn_align.report.drift_log import append_step, drift_log_path, read_steps

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
+from nemo_rl_attn_align.binding.determinism_probe import probe
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.compare.determinism_probe import probe
 from nemo_rl_attn_align.config.settings import AlignSettings
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.report.document import RunDescription, add_drift, collect, write_report
-from nemo_rl_attn_align.report.plot import (
+from nemo_rl_attn_align.report.report_plot import (
     BAND_LABEL,
     FRAMEWORK_THRESHOLD,
     NO_MATPLOTLIB,

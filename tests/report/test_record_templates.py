@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.compare.determinism_probe import probe
+from nemo_rl_attn_align.binding.determinism_probe import probe
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.report import store
 from nemo_rl_attn_align.report.record_templates import RecordReader

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_attn_align.binding.determinism_probe import probe
+from nemo_rl_attn_align.binding.profiles import PROFILES
 from nemo_rl_attn_align.cli import main
-from nemo_rl_attn_align.compare.determinism_probe import probe
-from nemo_rl_attn_align.compare.profiles import PROFILES
 from nemo_rl_attn_align.config.settings import AlignSettings, load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
 from nemo_rl_attn_align.preflight.expected_workers import ExpectedSide
@@ -29,7 +29,7 @@ from nemo_rl_attn_align.report.document import (
 )
 from nemo_rl_attn_align.report.finalize import AttentionMismatch, Collection, finalize
 from nemo_rl_attn_align.report.load import ReportError, load_report
-from nemo_rl_attn_align.report.render import render_changes, render_summary
+from nemo_rl_attn_align.report.report_render import render_changes, render_summary
 from nemo_rl_attn_align.report.store import (
     atomic_write_json,
     read_worker_files,

@@ -115,9 +115,9 @@ def run(report_dir: Path) -> dict[str, Any]:
     from nemo_rl.models.megatron import data, train
 
     from nemo_rl_attn_align.hosts import megatron_worker
-    from nemo_rl_attn_align.hosts._patching import is_wrapped
     from nemo_rl_attn_align.probe.megatron_side import cpu_only
     from nemo_rl_attn_align.report.store import read_worker_files
+    from nemo_rl_attn_align.vocab.patching import is_wrapped
     from tests.fake_nemo_rl.cpu_megatron import TINY_MODEL, StandInGPTProvider, build_gpt
 
     os.environ["NEMO_RL_ATTN_ALIGN_REPORT_DIR"] = str(report_dir)

@@ -7,7 +7,7 @@ function registered with ``@rule(Code.X, ...)`` (``registry.py``; the codes it r
 ``combinations.py`` (values that cannot work together) or ``alignment.py`` (what batch-invariant
 training and Megatron generation require) or ``host_start.py`` (what would crash the host at
 start). ``evaluate`` runs them in registration order: the values first, then the combinations.
-Each code's severity and summary are in ``codes.Code``, which the README's rule table is generated
+Each code's severity and summary are in ``codes.Code``, which the rule table of docs/rules-and-limits.md is generated
 from.
 """
 

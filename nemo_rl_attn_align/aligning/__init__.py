@@ -1,0 +1,1 @@
+"""Aligning a recipe: the preset (``attention_align.preset``) and ``check --fix``."""
