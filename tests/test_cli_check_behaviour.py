@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from nemo_rl_attn_align.cli.check import evaluate
 from nemo_rl_attn_align.binding.binding_preview import preview_binding
+from nemo_rl_attn_align.cli.check import evaluate
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.config.settings import load_settings
 from nemo_rl_attn_align.contract.contract import FieldValue
