@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_attn_align.config.examples import default_example_path
+from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.vocab.behaviour import BEHAVIOUR_FIELDS
 from tests.real_cross_engine.conftest import REPO
 
