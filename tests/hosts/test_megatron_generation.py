@@ -16,7 +16,7 @@ from nemo_rl_attn_align.hosts import megatron_generation, megatron_worker
 from nemo_rl_attn_align.hosts.seams import HOOKS
 from nemo_rl_attn_align.report.store import read_worker_files
 from nemo_rl_attn_align.vocab import patching as _patching
-from tests.contract.test_megatron_inference import CONTEXT
+from tests.contract.test_megatron_generation_contract import CONTEXT
 
 MODULE = HOOKS["megatron_generation"].seams[0].module
 
