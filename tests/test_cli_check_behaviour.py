@@ -200,6 +200,7 @@ def test_a_window_one_token_wider_in_training_fails_the_identity_tier_before_lau
     [finding] = [f for f in preview.binding.findings() if f.code is Code.ATTN_BEHAVIOUR_MISMATCH]
     assert "mask: layer 0: from query position 4096 on, the training kernel sees 4097 tokens" in finding.message
     assert "the window is off by one" in finding.fix
+    assert "add the override ++policy.megatron_cfg.model_overrides.window_size=[4095,0]" in finding.fix  # as typed
     assert "identity" in preview.binding.failed_tiers
 
 

@@ -175,8 +175,8 @@ def _mask(t: Mapping[str, Any], r: Mapping[str, Any]) -> BehaviourDifference | N
         fix = (
             f"the window is off by one: a query sees {wt + 1} tokens in training and {wr + 1} in rollout "
             "(Megatron's window_size counts the keys before the query; Hugging Face's sliding_window counts the "
-            "query too): set policy.megatron_cfg.model_overrides.window_size="
-            f"[{wr}, 0] to see what vLLM sees, or use a converter (Megatron-Bridge) that gives window_size "
+            "query too): add the override ++policy.megatron_cfg.model_overrides.window_size="
+            f"[{wr},0] to see what vLLM sees, or use a converter (Megatron-Bridge) that gives window_size "
             "(sliding_window - 1, 0)"
         )
     else:

@@ -122,7 +122,7 @@ def test_megatron_bridge_2656_reintroduced_stops_the_recipe_naming_the_window_of
     )
     assert f"the rollout kernel {window} tokens" in finding["message"]
     assert finding["fix"].startswith("the window is off by one")
-    assert f"set policy.megatron_cfg.model_overrides.window_size=[{window - 1}, 0]" in finding["fix"]
+    assert f"++policy.megatron_cfg.model_overrides.window_size=[{window - 1},0]" in finding["fix"]
     assert {r["field"]: r["status"] for r in binding["fields"]}["rope"] == "match"
 
 

@@ -33,7 +33,10 @@ def test_megatron_bridge_2656_window_off_by_one(step0, model):
     assert found is not None and report.exit_code != 0, report.text
     seen = f"the training kernel sees {w + 1} tokens, the rollout kernel {w} tokens"
     assert found["message"].startswith(f"mask: layer 0: from query position {w} on, {seen}")
-    assert "the window is off by one" in found["fix"] and f"model_overrides.window_size=[{w - 1}, 0]" in found["fix"]
+    assert (
+        "the window is off by one" in found["fix"]
+        and f"++policy.megatron_cfg.model_overrides.window_size=[{w - 1},0]" in found["fix"]
+    )
     assert report.row("mask")["status"] == "mismatch"
     print(report.line(BEHAVIOUR, "mask"))
 
