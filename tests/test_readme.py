@@ -200,6 +200,8 @@ def test_the_commands_run_here_print_what_the_page_shows(name, part, output, tmp
     from tests.example_models import write_transformers_config
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-cache"))  # the shown output has no cached model
+    for variable in [k for k in os.environ if k.startswith("NVTE_")]:  # nor NVTE_* set in the shell
+        monkeypatch.delenv(variable)
     (tmp_path / "examples").symlink_to(REPO / "examples")
     for folder, (model_type, config) in MODEL_DIRS.items():
         if folder in part:

@@ -40,8 +40,9 @@ def test_default_of_transformer_config_is_auto():
 
 
 def _megatron_sets(member, monkeypatch, preset=None):
-    for var in NVTE_VARIABLES:
-        monkeypatch.delenv(var, raising=False)
+    for var in NVTE_VARIABLES:  # set, then removed: monkeypatch then undoes what Megatron sets too
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     for var, value in (preset or {}).items():
         monkeypatch.setenv(var, value)
     fake_module = SimpleNamespace(config=SimpleNamespace(attention_backend=member))
