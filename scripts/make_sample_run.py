@@ -82,19 +82,11 @@ def serve_rollout(model: Path, env: dict[str, str], cwd: Path) -> None:
 
 
 def build_training(model: Path, hf: dict, env: dict[str, str], cwd: Path) -> None:
+    from tests.real_vllm.train_side import transformer_config
+
     spec = {
         "paths": [str(REPO / "tests" / "fake_nemo_rl" / "v0_6"), str(REPO)],
-        "model": {
-            "num_layers": hf["num_hidden_layers"],
-            "hidden_size": hf["hidden_size"],
-            "ffn_hidden_size": hf["intermediate_size"],
-            "num_attention_heads": hf["num_attention_heads"],
-            "num_query_groups": hf["num_key_value_heads"],
-            "kv_channels": hf["head_dim"],
-            "vocab_size": hf["vocab_size"],
-            "rotary_base": int(hf.get("rope_parameters", hf).get("rope_theta", 10000)),
-            "seq_length": 64,
-        },
+        "model": transformer_config(hf),
         "tokenizer": str(model),
     }
     side = REPO / "tests" / "real_vllm" / "train_side.py"

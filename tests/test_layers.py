@@ -104,3 +104,34 @@ def test_no_module_name_is_used_twice():
         if path.stem not in ("__init__", "__main__"):
             names.setdefault(path.stem, []).append(_module_name(path))
     assert {name: where for name, where in names.items() if len(where) > 1} == {}
+
+
+#: The recipe's readers: the only modules that look values up in the raw config (``config_lookup``'s
+#: lookups). ``check``, ``drift``, ``probe`` and the driver read what they build (``RecipeFacts``).
+RECIPE_READERS = {
+    "config.config_lookup",
+    "preflight.facts",
+    "preflight.generation_facts",
+    "preflight.megatron_generation_facts",
+    "preflight.recipe_facts",
+}
+LOOKUPS = {"section", "value_at", "get_or_unset"}
+
+
+def _looks_up(path: Path) -> bool:
+    """Whether a module imports one of ``LOOKUPS`` (or ``config_lookup`` itself, to call them through it)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "nemo_rl_attn_align.config.config_lookup":
+            if LOOKUPS & {alias.name for alias in node.names}:
+                return True
+        if isinstance(node, ast.ImportFrom) and node.module == "nemo_rl_attn_align.config":
+            if "config_lookup" in {alias.name for alias in node.names}:
+                return True
+    return False
+
+
+def test_only_the_recipe_readers_look_values_up_in_the_raw_config():
+    """One reading of the recipe: no entry point goes back to its raw sections after the facts."""
+    readers = {_module_name(path) for path in PACKAGE.rglob("*.py") if _looks_up(path)}
+    assert readers <= RECIPE_READERS, sorted(readers - RECIPE_READERS)
+    assert "preflight.facts" in readers  # the check sees the imports it looks for

@@ -130,7 +130,7 @@ def evaluate(
     predicted = _rollout_backends(kernel_plan)  # the preset and --fix search with vLLM's choice assumed
     aligned = alignment.config if alignment is not None else cfg
     if behaviour is not None:
-        final = check_behaviour.compute(aligned, final, behaviour)
+        final = check_behaviour.compute(final, behaviour)
     if predicted is not None or behaviour is not None:
         preview = preview_binding(final, settings, environ, predicted)
     else:

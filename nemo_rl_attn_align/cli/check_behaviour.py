@@ -59,16 +59,15 @@ def requested(args: argparse.Namespace) -> dict[str, str | None] | None:
     return pythons
 
 
-def compute(cfg: Mapping[str, Any], facts: RecipeFacts, pythons: Mapping[str, str | None]) -> RecipeFacts:
-    """``facts`` with the behaviour each bound side's host computed for ``cfg`` (the recipe as the run
-    starts, ``facts`` read from it)."""
+def compute(facts: RecipeFacts, pythons: Mapping[str, str | None]) -> RecipeFacts:
+    """``facts`` (the recipe as the run starts) with the behaviour each bound side's host computed for it."""
     from nemo_rl_attn_align.contract.contract_preview import absent_sides
 
     absent = absent_sides(facts)
     specs, results = {}, {}
     for side in (s for s in FLAGS if s not in absent):
         python = pythons.get(side) or sys.executable
-        found = _side(cfg, facts, side)
+        found = _side(facts, side)
         if isinstance(found, str):
             results[side] = ComputedBehaviour(side, python, why_not=found)
         elif pythons.get(side) is None and not _has_host(side):
@@ -80,7 +79,7 @@ def compute(cfg: Mapping[str, Any], facts: RecipeFacts, pythons: Mapping[str, st
     return replace(facts, behaviour=tuple(results[side] for side in FLAGS if side in results))
 
 
-def _side(cfg: Mapping[str, Any], facts: RecipeFacts, side: str) -> Any:
+def _side(facts: RecipeFacts, side: str) -> Any:
     """The probe side file of ``side`` on the directory of the config.json check read, or why not."""
     from nemo_rl_attn_align.probe.recipe import rollout_side, training_side
 
@@ -89,7 +88,7 @@ def _side(cfg: Mapping[str, Any], facts: RecipeFacts, side: str) -> Any:
     if side == "rollout" and facts.megatron_generation is not None:
         return "the rollout generates with Megatron (check computes a vLLM rollout's)"
     try:
-        spec, _ = (training_side if side == "training" else rollout_side)(cfg, str(facts.model.config.path.parent))
+        spec, _ = (training_side if side == "training" else rollout_side)(facts, str(facts.model.config.path.parent))
     except UsageError as err:
         return str(err)
     return spec

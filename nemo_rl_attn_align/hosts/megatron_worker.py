@@ -137,14 +137,15 @@ def _plan(policy_cfg: dict) -> Any:
     return plan
 
 
-def _map_backend(model_cfg: Any, policy_cfg: dict, mapper: str) -> None:
-    """Set ``model_cfg.attention_backend`` from the config, as upstream does since v0.6.0 (only
-    where NeMo-RL enables Megatron; a no-op where upstream already mapped it)."""
+def _map_backend(model_cfg: Any, mapper: str) -> None:
+    """Set ``model_cfg.attention_backend`` to the plan's request (``check_policy`` read it from the
+    worker's config), as upstream does since v0.6.0 (only where NeMo-RL enables Megatron; a no-op
+    where upstream already mapped it)."""
     from nemo_rl_attn_align.preflight.backend import NVTE_VARIABLES, to_attn_backend
 
     if record.plan is None or not record.plan.megatron_enabled:
         return
-    requested = (policy_cfg.get("megatron_cfg") or {}).get("attention_backend")
+    requested = record.plan.requested
     if requested is None:
         return
     member = to_attn_backend(requested)
@@ -217,7 +218,7 @@ def _wrap_performance_config(original: Callable, seam: Seam) -> Callable:
     def _apply_performance_config(model_cfg, config, *args, **kwargs):
         check_policy(config)
         result = original(model_cfg, config, *args, **kwargs)
-        record.guarded("applying attention_backend", lambda: _map_backend(model_cfg, config, "nemo_rl_attn_align"))
+        record.guarded("applying attention_backend", lambda: _map_backend(model_cfg, "nemo_rl_attn_align"))
         return result
 
     return _apply_performance_config
@@ -252,7 +253,7 @@ def _wrap_setup_megatron_model(original: Callable, seam: Seam) -> Callable:
         check_policy(policy_cfg, "worker-inline")
         record.guarded(
             "applying attention_backend",
-            lambda: _map_backend(cfg.model, policy_cfg, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)"),
+            lambda: _map_backend(cfg.model, "nemo_rl_attn_align (NeMo-RL 0.5.x has no attention_backend)"),
         )
         result = original(policy_cfg, cfg, *args, **kwargs)
         record.guarded("recording the model config", lambda: _record_model_config(cfg.model))

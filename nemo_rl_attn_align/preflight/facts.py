@@ -74,6 +74,7 @@ COUNT_KEYS: dict[str, str] = {
     "max_total_sequence_length": LENIENT,
     "generation.vllm_cfg.tensor_parallel_size": LAYOUT,
     "generation.vllm_cfg.pipeline_parallel_size": LAYOUT,
+    "generation.vllm_cfg.max_model_len": LENIENT,
     "generation.vllm_kwargs.block_size": LENIENT,
     "generation.vllm_kwargs.max_num_batched_tokens": LENIENT,
     "generation.vllm_kwargs.max_num_seqs": LENIENT,
@@ -83,6 +84,9 @@ COUNT_KEYS: dict[str, str] = {
     "generation.colocated.resources.gpus_per_node": LENIENT,
     "generation.colocated.resources.num_nodes": LENIENT,
 }
+#: ``policy.megatron_cfg`` keys NeMo-RL's ``megatron/setup.py`` sets on the model's provider, beyond the
+#: backend and ``model_overrides``, that change one device's forward (``PolicyFacts.provider_settings``).
+PROVIDER_KEYS = ("apply_rope_fusion", "bias_activation_fusion", "layernorm_epsilon", "transformer_impl")
 #: TE switches beyond the three Megatron sets that the worker environment may carry.
 TE_SWITCHES = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4")
 
@@ -147,6 +151,11 @@ class PolicyFacts:
     #: ``policy.generation.vllm_kwargs`` where NeMo-RL generates with vLLM (its vLLM worker adds
     #: them to the engine arguments it passes itself), else empty.
     vllm_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: What NeMo-RL's ``megatron/setup.py`` sets on the model's provider from ``megatron_cfg`` as
+    #: written: ``PROVIDER_KEYS`` present, ``attention_backend`` unless null, ``model_overrides`` over them.
+    provider_settings: Mapping[str, Any] = field(default_factory=dict)
+    #: ``policy.hf_config_overrides`` when a mapping (NeMo-RL passes them to ``AutoBridge.from_hf_pretrained``).
+    hf_config_overrides: Mapping[str, Any] = field(default_factory=dict)
     #: The installed NeMo-RL's version (``vllm_worker_kwargs.installed_nemo_rl``; None where
     #: NeMo-RL is not installed, as where ``check`` runs).
     nemo_rl_version: str | None = None
@@ -312,8 +321,19 @@ def read_policy_facts(
         generation_model=generation_model_config(policy_cfg),
         counts=_counts(policy_cfg, megatron_enabled(policy_cfg)),
         vllm_kwargs=_vllm_kwargs(policy_cfg),
+        provider_settings=_provider_settings(mcfg, overrides),
+        hf_config_overrides=section(policy_cfg, "hf_config_overrides"),
         nemo_rl_version=installed_nemo_rl(),
     )
+
+
+def _provider_settings(megatron_cfg: Mapping[str, Any], overrides: Any) -> dict[str, Any]:
+    """``PolicyFacts.provider_settings`` of a ``megatron_cfg`` mapping and its ``model_overrides``."""
+    settings = {key: megatron_cfg[key] for key in PROVIDER_KEYS if key in megatron_cfg}
+    if megatron_cfg.get("attention_backend") is not None:
+        settings["attention_backend"] = megatron_cfg["attention_backend"]
+    settings.update(overrides if isinstance(overrides, dict) else {})
+    return settings
 
 
 def _vllm_kwargs(policy_cfg: Mapping[str, Any]) -> Mapping[str, Any]:

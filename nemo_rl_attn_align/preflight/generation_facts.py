@@ -35,6 +35,8 @@ class GenerationFacts:
     kv_cache_dtype: Fact = Fact("auto", f"{_VLLM_CFG}.kv_cache_dtype")
     tensor_parallel_size: Fact = Fact(1, f"{_VLLM_CFG}.tensor_parallel_size")
     enable_prefix_caching: Fact = Fact(None, f"{_VLLM_CFG}.enable_prefix_caching")
+    #: ``vllm_cfg.max_model_len`` as written (None: unset; vLLM then takes the model's own).
+    max_model_len: Any = None
     #: ``vllm_cfg.env_vars`` as the worker gets them.
     env_vars: Mapping[str, str] = field(default_factory=dict)
     #: ``vllm_kwargs`` values (engine arguments).
@@ -74,6 +76,7 @@ def read_generation_facts(cfg: Any) -> GenerationFacts:
         kv_cache_dtype=Fact(vcfg.get("kv_cache_dtype", "auto"), f"{_VLLM_CFG}.kv_cache_dtype"),
         tensor_parallel_size=Fact(vcfg.get("tensor_parallel_size", 1), f"{_VLLM_CFG}.tensor_parallel_size"),
         enable_prefix_caching=Fact(vcfg.get("enable_prefix_caching"), f"{_VLLM_CFG}.enable_prefix_caching"),
+        max_model_len=vcfg.get("max_model_len"),
         env_vars=as_env_vars(value_at(cfg, f"{_VLLM_CFG}.env_vars")),
         attention_backend=kwargs.get("attention_backend"),
         flash_attn_version=_mapping(kwargs, "attention_config").get("flash_attn_version"),

@@ -17,7 +17,7 @@ from nemo_rl_attn_align.preflight.backend import NVTE_BY_BACKEND
 from nemo_rl_attn_align.preflight.facts import UNSET, PolicyFacts, read_policy_facts
 from nemo_rl_attn_align.preflight.recipe_facts import RecipeFacts
 from nemo_rl_attn_align.preflight.rules import evaluate
-from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity, UsageError, json_value
+from nemo_rl_attn_align.vocab.errors import Finding, RuleViolation, Severity, json_value
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,4 @@ def _plan(facts: PolicyFacts) -> BackendPlan:
 
 def build_plan(facts: RecipeFacts) -> BackendPlan:
     """Plan and rule verdicts for a whole recipe."""
-    if facts.policy_raw is UNSET:
-        raise UsageError(
-            "the config has no `policy:` section. Fix: pass a NeMo-RL recipe config (GRPO, SFT, DPO, ...)."
-        )
     return _plan(facts.require_policy())

@@ -128,9 +128,14 @@ class RecipeFacts:
                 raise UsageError(line)
 
     def require_policy(self) -> PolicyFacts:
-        """``policy``, or the ``UsageError`` for a ``policy`` section that is not a mapping."""
+        """``policy``, or the ``UsageError`` for a config without a ``policy`` section or with one that
+        is not a mapping."""
+        if self.policy_raw is UNSET:
+            raise UsageError(
+                "the config has no `policy:` section. Fix: pass a NeMo-RL recipe config (GRPO, SFT, DPO, ...)."
+            )
         if self.policy is None:
-            raise policy_not_a_mapping(None if self.policy_raw is UNSET else self.policy_raw)
+            raise policy_not_a_mapping(self.policy_raw)
         return self.policy
 
 

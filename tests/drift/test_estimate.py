@@ -151,7 +151,7 @@ def test_engine_that_cannot_be_replayed_is_unavailable_with_the_reason():
 @pytest.mark.parametrize(
     "read, kwargs, message",
     [
-        (lambda: read_recipe_facts({}), {}, "policy is NoneType, not a mapping"),
+        (lambda: read_recipe_facts({}), {}, "the config has no `policy:` section"),
         (grpo, {"gpu": "sm70"}, "no kernel prediction for this GPU"),
         (grpo, {"seeds": 0}, "seeds=0 must be an integer >= 1"),
         (grpo, {"max_seq_len": 0}, "max_seq_len=0 is not a positive integer"),

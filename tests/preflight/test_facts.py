@@ -107,6 +107,27 @@ def test_odd_megatron_values_keep_what_was_written():
     assert read_policy_facts({}, {}).physical_batch == Fact(None, "policy.logprob_batch_size")
     assert policy.model_overrides == {} and policy.model_overrides_raw == "oops"
     assert policy.env_vars == {} and policy.nvte_env == {} and policy.env_vars_raw == ["NVTE_FLASH_ATTN=1"]
+    # the provider gets what was written (the rules report it), never a malformed model_overrides
+    assert policy.provider_settings == {
+        "attention_backend": "Flash",
+        "apply_rope_fusion": "no",
+        "transformer_impl": "TE",
+    }
+
+
+def test_the_provider_settings_are_the_written_keys_then_the_model_overrides():
+    mcfg = {
+        "enabled": True,
+        "attention_backend": None,
+        "layernorm_epsilon": 1e-5,
+        "bias_activation_fusion": False,
+        "model_overrides": {"layernorm_epsilon": 1e-6, "rotary_base": 5000},
+    }
+    policy = read_policy_facts({"megatron_cfg": mcfg, "hf_config_overrides": {"rope_theta": 5}}, {})
+    assert policy.provider_settings == {"layernorm_epsilon": 1e-6, "bias_activation_fusion": False, "rotary_base": 5000}
+    assert policy.hf_config_overrides == {"rope_theta": 5}
+    assert read_policy_facts({"hf_config_overrides": ["rope_theta"]}, {}).hf_config_overrides == {}
+    assert read_policy_facts({"megatron_cfg": "x"}, {}).provider_settings == {}
 
 
 def test_env_vars_overlay_the_environment_for_nvte_and_are_strings_for_the_worker():
@@ -145,7 +166,9 @@ def test_generation_values_as_written_or_the_engine_default():
     assert gen.kv_cache_dtype == Fact(None, "policy.generation.vllm_cfg.kv_cache_dtype")
     assert gen.enable_prefix_caching.value == "on" and gen.tensor_parallel_size.value == 1
     assert (gen.block_size, gen.enable_chunked_prefill, gen.max_num_seqs, gen.attention_backend) == (32, False, 8, None)
-    assert gen.env_vars == {"X": "1"}
+    assert gen.env_vars == {"X": "1"} and gen.max_model_len is None
+    cfg["policy"]["generation"]["vllm_cfg"]["max_model_len"] = 512
+    assert read_recipe_facts(cfg, {}).generation.max_model_len == 512
     odd = {"policy": {"generation": {"backend": "vllm", "vllm_cfg": "x", "vllm_kwargs": 3}}}
     gen = read_recipe_facts(odd, {}).generation
     assert gen.is_vllm and gen.kv_cache_dtype.value == "auto" and gen.enable_chunked_prefill is True

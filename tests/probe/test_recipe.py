@@ -74,8 +74,17 @@ def test_overrides_reach_the_sides_and_the_executor_argument_is_not_taken_over()
 
 
 def test_parallelism_one_process_cannot_reproduce_is_a_note(tmp_path: Path):
-    read = sides("policy.megatron_cfg.tensor_model_parallel_size=2", checkpoint=str(tmp_path))
-    assert "policy.megatron_cfg.tensor_model_parallel_size=2 runs as 1 here (one process)" in read.notes
+    read = sides(
+        "policy.megatron_cfg.tensor_model_parallel_size=2",
+        "++policy.megatron_cfg.expert_tensor_parallel_size=4",
+        "policy.megatron_cfg.pipeline_model_parallel_size=1",
+        checkpoint=str(tmp_path),
+    )
+    ran_as_one = [note for note in read.notes if note.endswith("runs as 1 here (one process)")]
+    assert ran_as_one == [
+        "policy.megatron_cfg.tensor_model_parallel_size=2 runs as 1 here (one process)",
+        "policy.megatron_cfg.expert_tensor_parallel_size=4 runs as 1 here (one process)",
+    ]
     assert read.training.model["checkpoint"] == read.rollout.model["model"] == str(tmp_path.resolve())
 
 
@@ -84,6 +93,7 @@ def test_parallelism_one_process_cannot_reproduce_is_a_note(tmp_path: Path):
     [
         ("policy.megatron_cfg.enabled=false", "policy.megatron_cfg.enabled"),
         ("policy.generation.backend=megatron", "policy.generation.backend='megatron'"),
+        ("policy.generation=null", "policy.generation.backend"),
         ("policy.model_name=null", "policy.model_name"),
     ],
 )
@@ -91,6 +101,30 @@ def test_a_recipe_the_probe_cannot_run_is_one_line_naming_the_key(override: str,
     with pytest.raises(UsageError, match="Fix") as err:
         sides("attention_align.preset=null", override)
     assert names in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "check_reads"),
+    [
+        ((), "policy.generation.vllm_cfg.precision"),
+        (("~policy.generation.vllm_cfg.precision",), "policy.precision"),
+        (("~policy.generation.vllm_cfg.precision", "policy.precision=float16"), "policy.precision"),
+    ],
+)
+def test_the_sides_are_what_checks_facts_say_the_run_starts_with(overrides: tuple[str, ...], check_reads: str):
+    from nemo_rl_attn_align.preflight.recipe_facts import read_recipe_facts
+
+    cfg = load_config(EXAMPLE, ["attention_align.preset=null", *overrides])
+    facts, read = read_recipe_facts(cfg, {}), recipe_sides(cfg, environ={})
+    assert facts.generation.precision.key == check_reads
+    assert read.rollout.model["dtype"] == facts.generation.precision.value
+    assert read.training.model["precision"] == facts.require_policy().precision
+    assert read.training.env == facts.require_policy().env_vars and read.rollout.env == facts.generation.env_vars
+
+
+def test_a_config_without_a_policy_section_says_so():
+    with pytest.raises(UsageError, match="the config has no `policy:` section"):
+        recipe_sides({"grpo": {}}, environ={})
 
 
 @pytest.mark.parametrize("after_options", [False, True])

@@ -17,26 +17,12 @@ from nemo_rl_attn_align.vocab.mandate import Mandate
 from nemo_rl_attn_align.vocab.schema import Tier, fields_of
 from tests.hosts.conftest import FAKE_NEMO_RL, REPO
 from tests.real_vllm.conftest import HERE
+from tests.real_vllm.train_side import transformer_config
 
 #: No semantic demand (every mandate field None).
 NO_DEMAND = AlignSettings(mandate=Mandate(None, None, None, None, None))
 
 pytestmark = pytest.mark.real_vllm
-
-
-def megatron_config(hf: dict) -> dict:
-    """The TransformerConfig of the same model (what Megatron-Bridge's Qwen3 provider maps config.json to)."""
-    return {
-        "num_layers": hf["num_hidden_layers"],
-        "hidden_size": hf["hidden_size"],
-        "ffn_hidden_size": hf["intermediate_size"],
-        "num_attention_heads": hf["num_attention_heads"],
-        "num_query_groups": hf["num_key_value_heads"],
-        "kv_channels": hf["head_dim"],
-        "vocab_size": hf["vocab_size"],
-        "rotary_base": int(hf["rope_parameters"]["rope_theta"]) if "rope_parameters" in hf else int(hf["rope_theta"]),
-        "seq_length": 64,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +33,7 @@ def bound(engines, tmp_path_factory):
     hf = json.loads((engine.model / "config.json").read_text())
     spec = {
         "paths": [str(FAKE_NEMO_RL / "v0_6"), str(REPO)],
-        "model": megatron_config(hf),
+        "model": transformer_config(hf),
         "tokenizer": str(engine.model),
     }
     env = {"NEMO_RL_ATTN_ALIGN_REPORT_DIR": str(report_dir), "PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": "1"}

@@ -10,6 +10,15 @@ import json
 import sys
 
 
+def transformer_config(hf: dict) -> dict:
+    """The ``model`` of a spec: the TransformerConfig of the model whose ``config.json`` is ``hf``
+    (``tests/gpu/cases.megatron_model_from_hf``), its RoPE base an integer, at 64 tokens."""
+    from tests.gpu.cases import megatron_model_from_hf
+
+    model = megatron_model_from_hf(hf)
+    return {**model, "rotary_base": int(model.get("rotary_base", 10000)), "seq_length": 64}
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     sys.path[:0] = spec["paths"]
