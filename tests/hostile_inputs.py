@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from nemo_rl_attn_align.cli import main as cli_main
-from nemo_rl_attn_align.cli.exit_codes import EXIT_INTERNAL_ERROR
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_INTERNAL_ERROR
 
 #: Marks "remove the key".
 UNSET = "<unset>"

@@ -1,7 +1,7 @@
 """An internal error never looks like a verdict (issue #40, item 3): an exception no command expects
 is one line naming the command, the exception and where to report it, and exit code 3 (not 0, 1 or
 2); inside NeMo-RL's processes it is a warning and a finding, and the run goes on (strict mode aside).
-Every CLI module takes its exit codes from ``cli.exit_codes``."""
+Every command and ``python -m`` entry takes its exit codes from ``vocab.exit_codes``."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_attn_align.cli import COMMANDS, main
-from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_UNUSABLE, ISSUES_URL
 from nemo_rl_attn_align.config.example_recipes import default_example_path
 from nemo_rl_attn_align.config.loader import load_config
 from nemo_rl_attn_align.hosts import driver_report, handoff, megatron_worker, nemo_rl_driver
 from nemo_rl_attn_align.vocab.errors import RuleViolation, UsageError
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_FAILED, EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_UNUSABLE, ISSUES_URL
 from tests.fake_nemo_rl.configs import policy_config
 
-CLI = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align" / "cli"
+PACKAGE = Path(__file__).resolve().parents[1] / "nemo_rl_attn_align"
+#: The functions whose return value is a process's exit code (the CLI's, the side processes').
+ENTRY_POINTS = ("run", "main", "_run", "console", "side_main")
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 #: For each command: an internal function to break, and arguments that reach it.
@@ -68,8 +70,9 @@ def test_the_console_script_of_check_ends_with_it_too(tmp_path):
 
 
 def test_the_codes_have_one_home_and_the_readme_names_each():
-    """No CLI module defines an exit code or returns a bare number; the README's table says each."""
-    for path in sorted(CLI.glob("*.py")):
+    """No module defines an exit code or returns a bare number from a command or ``python -m`` entry
+    (the CLI's and the side processes' mains); the README's table says each."""
+    for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "exit_codes.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -79,7 +82,7 @@ def test_the_codes_have_one_home_and_the_readme_names_each():
                     e.id for t in node.targets if isinstance(t, ast.Tuple) for e in t.elts if isinstance(e, ast.Name)
                 ]
                 assert not any(n.startswith("EXIT_") for n in names), f"{path.name}:{node.lineno}"
-            if isinstance(node, ast.FunctionDef) and node.name in ("run", "main", "_run", "console"):  # exit codes
+            if isinstance(node, ast.FunctionDef) and node.name in ENTRY_POINTS:
                 for returned in ast.walk(node):
                     if isinstance(returned, ast.Return) and isinstance(returned.value, ast.Constant):
                         assert not isinstance(returned.value.value, int), f"{path.name}:{returned.lineno}"

@@ -21,7 +21,7 @@ import sys
 from typing import Any, NoReturn, TextIO, cast
 
 from nemo_rl_attn_align import __version__
-from nemo_rl_attn_align.cli.exit_codes import EXIT_INTERNAL_ERROR, EXIT_UNUSABLE, ISSUES_URL
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_INTERNAL_ERROR, EXIT_UNUSABLE, ISSUES_URL
 
 #: Sub-command modules, in the order ``--help`` lists them.
 COMMANDS = ("check", "report", "drift", "probe", "run", "examples")

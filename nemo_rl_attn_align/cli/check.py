@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_attn_align.cli import check_behaviour
 from nemo_rl_attn_align.cli.check_text import PENDING_IDENTITY, model_said, render_text, short_preview
-from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.vocab import jsonio
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.aligning.preset import Alignment

@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.drift import shape as drift_shape
 from nemo_rl_attn_align.vocab import jsonio
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 if TYPE_CHECKING:
     from nemo_rl_attn_align.drift.sweep import Sweep

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 
 def register(subparsers) -> None:

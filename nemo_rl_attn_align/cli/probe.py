@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 from nemo_rl_attn_align.cli import host_pythons
-from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.preflight.behaviour_facts import FLAGS
 from nemo_rl_attn_align.vocab import jsonio
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 
 def register(subparsers) -> None:

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_attn_align.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from nemo_rl_attn_align.vocab import jsonio
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 
 
 def register(subparsers) -> None:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from nemo_rl_attn_align.cli.exit_codes import EXIT_OK, EXIT_UNUSABLE
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 EXAMPLE = "nemo-rl-attn-align run -- uv run examples/run_grpo.py --config my.yaml"
 

@@ -34,6 +34,7 @@ from nemo_rl_attn_align.hosts import model_readers
 from nemo_rl_attn_align.probe.sides import SideSpec
 from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 #: engine -> (the module this interpreter must import, the host's name).
 HOSTS = {"megatron-bridge": ("megatron.bridge", "Megatron-Bridge"), "vllm": ("vllm", "vLLM")}
@@ -177,9 +178,9 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"{sys.executable} has no {module}: give the interpreter of a venv with {name}")
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     Path(argv[1]).write_text(jsonio.dumps(preview(spec)), encoding="utf-8")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from typing import Any
 from nemo_rl_attn_align.model.model_attention import MEGATRON_ATTRIBUTES, left_window, vllm_layer_facts
 from nemo_rl_attn_align.probe.megatron_side import cpu_only, ensure_model_parallel
 from nemo_rl_attn_align.vocab import jsonio
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK
 
 #: Names of provider fields that may change attention (``_own_attention_fields``).
 OWN_FIELD_PATTERN = re.compile(r"attn|attention|window|sink|softmax|head_dim")
@@ -350,7 +351,7 @@ def main(argv: list[str]) -> int:
     results = read_each(host, paths)
     with open(out, "w", encoding="utf-8") as handle:
         handle.write(jsonio.dumps(results))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

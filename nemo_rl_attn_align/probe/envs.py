@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
+
 #: The probe's engines (``sides.ENGINES``' keys).
 MEGATRON, BRIDGE, VLLM = "megatron", "megatron-bridge", "vllm"
 
@@ -176,7 +178,7 @@ def build(plan: list[list[str]], show: bool) -> int:
             if done.returncode != 0:
                 print(f"error: exit {done.returncode}: {shlex.join(command)}", file=sys.stderr)
                 return done.returncode
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python or find_python(env.python)
     if python is None:
         print(f"error: no Python {env.python} found for the {env.side} side: {NO_PYTHON}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     return build(commands(env, args.venv, python, tuple(args.extra)), args.show)
 
 

@@ -27,6 +27,7 @@ from nemo_rl_attn_align.probe import capture as capture_file
 from nemo_rl_attn_align.probe.replay import DEFAULT_REPLAYS, check_name
 from nemo_rl_attn_align.vocab import jsonio
 from nemo_rl_attn_align.vocab.errors import UsageError
+from nemo_rl_attn_align.vocab.exit_codes import EXIT_OK, EXIT_UNUSABLE
 
 #: engine -> the module that captures it (``python -m MODULE SIDE_JSON OUT [REFERENCE]``).
 ENGINES = {
@@ -186,5 +187,5 @@ def side_main(capture: Callable[[SideSpec, capture_file.Capture | None], capture
         capture_file.save(capture(SideSpec.read(Path(argv[0])), reference), Path(argv[1]))
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_UNUSABLE
+    return EXIT_OK
