@@ -36,6 +36,7 @@ from typing import Any
 
 from nemo_rl_attn_align.hosts import hooks
 from nemo_rl_attn_align.hosts.seams import HOOKS, Seam
+from nemo_rl_attn_align.preflight.facts import sequence_packing_enabled
 from nemo_rl_attn_align.vocab import patching as _patching
 from nemo_rl_attn_align.vocab.codes import Code
 from nemo_rl_attn_align.vocab.errors import finding
@@ -84,19 +85,13 @@ def sequences_attended(received: Mapping[str, Any] | None, rows: int) -> int:
     return min(counts)
 
 
-def packing_enabled(policy_cfg: Any) -> bool:
-    """Whether a policy config turns NeMo-RL's sequence packing on (``sequence_packing.enabled``)."""
-    packing = policy_cfg.get("sequence_packing") if isinstance(policy_cfg, Mapping) else None
-    return isinstance(packing, Mapping) and bool(packing.get("enabled"))
-
-
 def watch(model: Any, record: Any) -> None:
     """State the first packed micro-batch's attention calls into ``record`` (the Megatron worker's
     ``TrainingRecord``: ``policy_cfg``, ``worker_id``, ``packed_boundaries``, ``note``, ``report``,
     ``write``, ``stop_if_strict``); nothing where its policy does not pack sequences, a note where no
     packing function could be wrapped. ``model`` is a torch module or a list of model chunks."""
     global pending
-    if not packing_enabled(record.policy_cfg):
+    if not sequence_packing_enabled(record.policy_cfg):
         return
     pending = _Watch(list(model) if isinstance(model, (list, tuple)) else [model], record)
     attach()

@@ -212,6 +212,13 @@ def megatron_enabled(policy_cfg: Any) -> bool:
     return isinstance(megatron_cfg, dict) and bool(megatron_cfg.get("enabled", False))
 
 
+def sequence_packing_enabled(policy_cfg: Any) -> bool:
+    """Whether a policy config turns NeMo-RL's sequence packing on (a truthy ``sequence_packing.enabled``;
+    Megatron then gets ``thd`` packed sequences)."""
+    packing = policy_cfg.get("sequence_packing") if isinstance(policy_cfg, Mapping) else None
+    return isinstance(packing, Mapping) and bool(packing.get("enabled"))
+
+
 def generation_model_config(policy_cfg: Any) -> tuple[dict[str, Any], bool, str] | None:
     """The ``megatron_cfg`` Megatron generation's model runs with, whether it is a model of its own
     (else the training model generates) and how it was derived; None unless the backend is megatron."""
@@ -300,7 +307,7 @@ def read_policy_facts(
         physical_batch=_first_positive(policy_cfg, "policy", "logprob_batch_size", "train_micro_batch_size"),
         env_vars=as_env_vars(env_vars),
         enabled_raw=get_or_unset(megatron_cfg, "enabled"),
-        sequence_packing=bool(value_at(policy_cfg, "sequence_packing.enabled")),
+        sequence_packing=sequence_packing_enabled(policy_cfg),
         seq_len=_first_positive(policy_cfg, "policy", "max_total_sequence_length"),
         te_env=_nvte_env(env_vars, environ, TE_SWITCHES),
         missing_indexed=tuple(
